@@ -1,0 +1,281 @@
+//! Sparse file contents.
+//!
+//! A file is a map from page index to a 4 KiB page. Holes are absent pages, so a
+//! 1 TiB sparse file costs one empty map. Pages are reference counted so that a
+//! point-in-time copy of a file (for checkpoints and snapshots) is a map clone;
+//! a writer then copies only the pages it touches (`Arc::make_mut`).
+//!
+//! Invariant: no page holds bytes at or beyond the file size other than zeros.
+//! Truncation zeroes the tail of the last page, so growing a file again can never
+//! expose old contents.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::types::PAGE_SIZE;
+
+pub(crate) type Page = [u8; PAGE_SIZE];
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+#[derive(Clone, Default)]
+pub(crate) struct FileData {
+    pages: BTreeMap<u64, Arc<Page>>,
+}
+
+fn zero_page() -> Arc<Page> {
+    Arc::new([0u8; PAGE_SIZE])
+}
+
+impl FileData {
+    /// Number of pages allocated.
+    pub fn page_count(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Pages in `[first, last]` that are not allocated yet.
+    pub fn missing_pages(&self, first: u64, last: u64) -> u64 {
+        let present = self.pages.range(first..=last).count() as u64;
+        (last - first + 1) - present
+    }
+
+    /// Copies `buf.len()` bytes starting at `off` into `buf`; holes read as zeros.
+    /// The caller clamps the range to the file size.
+    pub fn read(&self, off: u64, buf: &mut [u8]) {
+        if buf.is_empty() {
+            return;
+        }
+        let end = off + buf.len() as u64;
+        let first = off / PAGE;
+        let last = (end - 1) / PAGE;
+        // Walk present pages in order, zero-filling the gaps between them.
+        let mut filled = off;
+        for (&idx, page) in self.pages.range(first..=last) {
+            let pstart = idx * PAGE;
+            if pstart > filled {
+                buf[(filled - off) as usize..(pstart - off) as usize].fill(0);
+                filled = pstart;
+            }
+            let from = filled - pstart;
+            let to = (end - pstart).min(PAGE);
+            let n = (to - from) as usize;
+            let dst = (filled - off) as usize;
+            buf[dst..dst + n].copy_from_slice(&page[from as usize..to as usize]);
+            filled += n as u64;
+        }
+        if filled < end {
+            buf[(filled - off) as usize..].fill(0);
+        }
+    }
+
+    /// Writes `data` at `off`, allocating pages as needed. Returns the number of
+    /// pages allocated (the caller has reserved capacity for them).
+    pub fn write(&mut self, off: u64, data: &[u8]) -> u64 {
+        let mut allocated = 0;
+        let mut pos = off;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let idx = pos / PAGE;
+            let in_page = (pos % PAGE) as usize;
+            let n = (PAGE_SIZE - in_page).min(rest.len());
+            let (chunk, tail) = rest.split_at(n);
+            match self.pages.get_mut(&idx) {
+                Some(page) => Arc::make_mut(page)[in_page..in_page + n].copy_from_slice(chunk),
+                None => {
+                    let page = if n == PAGE_SIZE {
+                        // A whole page: no need to zero it first.
+                        Arc::new(<Page>::try_from(chunk).expect("chunk is one page"))
+                    } else {
+                        let mut p = zero_page();
+                        Arc::make_mut(&mut p)[in_page..in_page + n].copy_from_slice(chunk);
+                        p
+                    };
+                    self.pages.insert(idx, page);
+                    allocated += 1;
+                }
+            }
+            pos += n as u64;
+            rest = tail;
+        }
+        allocated
+    }
+
+    /// Zeroes `[off, off + len)` without allocating: absent pages already read
+    /// as zeros, whole present pages are dropped. Returns pages freed.
+    pub fn punch(&mut self, off: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let end = off.saturating_add(len);
+        let first_whole = off.div_ceil(PAGE);
+        let end_whole = end / PAGE; // exclusive
+        let mut freed = 0;
+        if first_whole < end_whole {
+            let doomed: Vec<u64> = self
+                .pages
+                .range(first_whole..end_whole)
+                .map(|(&k, _)| k)
+                .collect();
+            freed = doomed.len() as u64;
+            for k in doomed {
+                self.pages.remove(&k);
+            }
+        }
+        // Partial pages at either edge.
+        let head_page = off / PAGE;
+        if off % PAGE != 0 || end < (head_page + 1) * PAGE {
+            self.zero_in_page(head_page, off, end);
+        }
+        let tail_page = end / PAGE;
+        if end % PAGE != 0 && tail_page != head_page {
+            self.zero_in_page(tail_page, end - end % PAGE, end);
+        }
+        freed
+    }
+
+    fn zero_in_page(&mut self, idx: u64, from: u64, to: u64) {
+        if let Some(page) = self.pages.get_mut(&idx) {
+            let pstart = idx * PAGE;
+            let a = (from.max(pstart) - pstart) as usize;
+            let b = (to.min(pstart + PAGE) - pstart) as usize;
+            if a < b {
+                Arc::make_mut(page)[a..b].fill(0);
+            }
+        }
+    }
+
+    /// Allocates zeroed pages over `[off, off + len)` where none exist. Returns
+    /// pages allocated (capacity reserved by the caller).
+    pub fn allocate(&mut self, off: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let first = off / PAGE;
+        let last = (off + len - 1) / PAGE;
+        let mut allocated = 0;
+        for idx in first..=last {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.pages.entry(idx) {
+                e.insert(zero_page());
+                allocated += 1;
+            }
+        }
+        allocated
+    }
+
+    /// Drops everything at or beyond `size` and zeroes the tail of the last page.
+    /// Returns pages freed.
+    pub fn truncate(&mut self, size: u64) -> u64 {
+        let keep = size.div_ceil(PAGE);
+        let doomed = self.pages.split_off(&keep);
+        if size % PAGE != 0 {
+            let idx = size / PAGE;
+            self.zero_in_page(idx, size, (idx + 1) * PAGE);
+        }
+        doomed.len() as u64
+    }
+
+    /// The first offset at or after `off` that is in data (`SEEK_DATA`), given the file size.
+    pub fn seek_data(&self, off: u64, size: u64) -> Option<u64> {
+        if off >= size {
+            return None;
+        }
+        let idx = off / PAGE;
+        let (&k, _) = self.pages.range(idx..).next()?;
+        let pos = (k * PAGE).max(off);
+        (pos < size).then_some(pos)
+    }
+
+    /// The first offset at or after `off` that is in a hole (`SEEK_HOLE`); the end
+    /// of the file counts as a hole.
+    pub fn seek_hole(&self, off: u64, size: u64) -> Option<u64> {
+        if off >= size {
+            return None;
+        }
+        let mut idx = off / PAGE;
+        for (&k, _) in self.pages.range(idx..) {
+            if k != idx {
+                break;
+            }
+            idx += 1;
+        }
+        Some((idx * PAGE).max(off).min(size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holes_read_as_zero_and_writes_allocate_pages() {
+        let mut d = FileData::default();
+        assert_eq!(d.write(10_000, b"abc"), 1);
+        let mut buf = vec![0xffu8; 10_010];
+        d.read(0, &mut buf);
+        assert!(buf[..10_000].iter().all(|&b| b == 0));
+        assert_eq!(&buf[10_000..10_003], b"abc");
+        assert!(buf[10_003..].iter().all(|&b| b == 0));
+        assert_eq!(d.page_count(), 1);
+    }
+
+    #[test]
+    fn write_across_pages_and_whole_pages() {
+        let mut d = FileData::default();
+        let data: Vec<u8> = (0..3 * PAGE_SIZE + 7).map(|i| (i % 251) as u8).collect();
+        assert_eq!(d.write(PAGE as u64 - 3, &data), 5);
+        let mut back = vec![0; data.len()];
+        d.read(PAGE - 3, &mut back);
+        assert_eq!(back, data);
+    }
+
+    #[test]
+    fn truncate_zeroes_tail_so_growth_shows_zeros() {
+        let mut d = FileData::default();
+        d.write(0, &[7u8; 5000]);
+        assert_eq!(d.truncate(100), 1);
+        let mut buf = vec![1u8; 5000];
+        d.read(0, &mut buf);
+        assert!(buf[..100].iter().all(|&b| b == 7));
+        assert!(buf[100..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn punch_frees_whole_pages_and_zeroes_edges() {
+        let mut d = FileData::default();
+        d.write(0, &[9u8; 4 * PAGE_SIZE]);
+        assert_eq!(d.punch(100, 2 * PAGE), 1);
+        let mut buf = vec![1u8; 4 * PAGE_SIZE];
+        d.read(0, &mut buf);
+        assert!(buf[..100].iter().all(|&b| b == 9));
+        assert!(buf[100..100 + 2 * PAGE_SIZE].iter().all(|&b| b == 0));
+        assert!(buf[100 + 2 * PAGE_SIZE..].iter().all(|&b| b == 9));
+    }
+
+    #[test]
+    fn seek_data_and_hole() {
+        let mut d = FileData::default();
+        let size = 10 * PAGE;
+        d.write(3 * PAGE + 5, b"x");
+        d.write(4 * PAGE, b"y");
+        assert_eq!(d.seek_data(0, size), Some(3 * PAGE));
+        assert_eq!(d.seek_hole(0, size), Some(0));
+        assert_eq!(d.seek_hole(3 * PAGE + 1, size), Some(5 * PAGE));
+        assert_eq!(d.seek_data(5 * PAGE, size), None);
+        assert_eq!(d.seek_hole(9 * PAGE, size), Some(9 * PAGE));
+        assert_eq!(d.seek_data(size, size), None);
+    }
+
+    #[test]
+    fn clone_is_copy_on_write() {
+        let mut d = FileData::default();
+        d.write(0, b"hello");
+        let snap = d.clone();
+        d.write(0, b"HE");
+        let mut a = [0u8; 5];
+        let mut b = [0u8; 5];
+        d.read(0, &mut a);
+        snap.read(0, &mut b);
+        assert_eq!(&a, b"HEllo");
+        assert_eq!(&b, b"hello");
+    }
+}

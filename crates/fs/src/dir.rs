@@ -1,0 +1,221 @@
+//! Directory contents.
+//!
+//! Entries live in a slot vector; a hash table maps names to slots. Lookup,
+//! insert and remove are O(1) on average. An entry never moves while it exists,
+//! so the readdir offset of an entry is its slot index (plus 3, after `.` and
+//! `..`): an entry present for a whole listing is returned exactly once however
+//! the directory changes meanwhile, and a listing resumed from any offset it
+//! returned continues where it left off. Freed slots are reused by later
+//! inserts (an entry created during a listing may or may not be seen, as POSIX
+//! allows).
+
+use std::hash::BuildHasher;
+use std::sync::LazyLock;
+
+use hashbrown::HashTable;
+
+use crate::types::FileType;
+
+static HASHER: LazyLock<hashbrown::DefaultHashBuilder> = LazyLock::new(Default::default);
+
+fn hash(name: &[u8]) -> u64 {
+    HASHER.hash_one(name)
+}
+
+pub(crate) struct Slot {
+    /// Empty for a free slot (names are never empty).
+    pub name: Box<[u8]>,
+    pub ino: u64,
+    pub kind: FileType,
+}
+
+#[derive(Default)]
+pub(crate) struct Dir {
+    slots: Vec<Slot>,
+    index: HashTable<u32>,
+    free: Vec<u32>,
+    /// Inode number of `..`.
+    pub parent: u64,
+}
+
+/// First readdir offset that refers to a slot: 1 and 2 follow `.` and `..`.
+pub(crate) const FIRST_SLOT_OFFSET: u64 = 2;
+
+impl Dir {
+    pub fn new(parent: u64) -> Dir {
+        Dir {
+            parent,
+            ..Default::default()
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    fn find(&self, name: &[u8]) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(hash(name), |&i| &*slots[i as usize].name == name)
+            .copied()
+    }
+
+    pub fn get(&self, name: &[u8]) -> Option<(u64, FileType)> {
+        self.find(name).map(|i| {
+            let s = &self.slots[i as usize];
+            (s.ino, s.kind)
+        })
+    }
+
+    /// Inserts a new entry; the caller has checked that `name` is absent.
+    pub fn insert(&mut self, name: &[u8], ino: u64, kind: FileType) {
+        debug_assert!(!name.is_empty() && self.find(name).is_none());
+        let slot = Slot {
+            name: name.into(),
+            ino,
+            kind,
+        };
+        let idx = loop {
+            match self.free.pop() {
+                // Stale free-list entries (past a trimmed tail, or reused) are skipped.
+                Some(i)
+                    if (i as usize) < self.slots.len()
+                        && self.slots[i as usize].name.is_empty() =>
+                {
+                    self.slots[i as usize] = slot;
+                    break i;
+                }
+                Some(_) => continue,
+                None => {
+                    self.slots.push(slot);
+                    break (self.slots.len() - 1) as u32;
+                }
+            }
+        };
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash(name), idx, |&i| hash(&slots[i as usize].name));
+    }
+
+    /// Removes an entry, returning its inode and type.
+    pub fn remove(&mut self, name: &[u8]) -> Option<(u64, FileType)> {
+        let slots = &self.slots;
+        let entry = self
+            .index
+            .find_entry(hash(name), |&i| &*slots[i as usize].name == name)
+            .ok()?;
+        let (idx, _) = entry.remove();
+        let slot = std::mem::replace(
+            &mut self.slots[idx as usize],
+            Slot {
+                name: Box::default(),
+                ino: 0,
+                kind: FileType::RegularFile,
+            },
+        );
+        if self.index.is_empty() {
+            // Nothing left to keep stable: give the memory back.
+            self.slots = Vec::new();
+            self.free = Vec::new();
+            self.index = HashTable::new();
+        } else if idx as usize == self.slots.len() - 1 {
+            while self.slots.last().is_some_and(|s| s.name.is_empty()) {
+                self.slots.pop();
+            }
+        } else {
+            self.free.push(idx);
+        }
+        Some((slot.ino, slot.kind))
+    }
+
+    /// Points an existing entry at another inode (rename over, exchange).
+    pub fn replace(&mut self, name: &[u8], ino: u64, kind: FileType) {
+        if let Some(i) = self.find(name) {
+            let s = &mut self.slots[i as usize];
+            s.ino = ino;
+            s.kind = kind;
+        }
+    }
+
+    /// Entries from readdir offset `offset` (>= FIRST_SLOT_OFFSET) on, each with
+    /// the offset that resumes after it; stops when `f` returns false.
+    pub fn list_from(&self, offset: u64, mut f: impl FnMut(&Slot, u64) -> bool) {
+        let start = (offset - FIRST_SLOT_OFFSET) as usize;
+        for (i, s) in self.slots.iter().enumerate().skip(start) {
+            if s.name.is_empty() {
+                continue;
+            }
+            if !f(s, i as u64 + FIRST_SLOT_OFFSET + 1) {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(d: &Dir, from: u64) -> Vec<(String, u64)> {
+        let mut v = Vec::new();
+        d.list_from(from, |s, off| {
+            v.push((String::from_utf8(s.name.to_vec()).unwrap(), off));
+            true
+        });
+        v
+    }
+
+    #[test]
+    fn insert_lookup_remove() {
+        let mut d = Dir::new(1);
+        d.insert(b"a", 10, FileType::RegularFile);
+        d.insert(b"b", 11, FileType::Directory);
+        assert_eq!(d.get(b"a"), Some((10, FileType::RegularFile)));
+        assert_eq!(d.get(b"c"), None);
+        assert_eq!(d.remove(b"a"), Some((10, FileType::RegularFile)));
+        assert_eq!(d.get(b"a"), None);
+        assert_eq!(d.len(), 1);
+    }
+
+    #[test]
+    fn offsets_survive_removal_and_reuse() {
+        let mut d = Dir::new(1);
+        for i in 0..10 {
+            d.insert(format!("f{i}").as_bytes(), i, FileType::RegularFile);
+        }
+        let all = names(&d, FIRST_SLOT_OFFSET);
+        assert_eq!(all.len(), 10);
+        // Resume after the 5th entry, with churn before and after the cursor.
+        let resume = all[4].1;
+        d.remove(b"f1");
+        d.remove(b"f7");
+        d.insert(b"new", 99, FileType::RegularFile); // reuses a freed slot
+        let rest: Vec<String> = names(&d, resume).into_iter().map(|x| x.0).collect();
+        for n in ["f5", "f6", "f8", "f9"] {
+            assert_eq!(
+                rest.iter().filter(|x| *x == n).count(),
+                1,
+                "{n} in {rest:?}"
+            );
+        }
+        assert!(!rest.contains(&"f7".to_string()));
+        assert!(!rest.contains(&"f2".to_string()));
+    }
+
+    #[test]
+    fn emptied_directory_releases_slots() {
+        let mut d = Dir::new(1);
+        for i in 0..100 {
+            d.insert(format!("f{i}").as_bytes(), i, FileType::RegularFile);
+        }
+        for i in 0..100 {
+            d.remove(format!("f{i}").as_bytes());
+        }
+        assert!(d.is_empty());
+        assert_eq!(d.slots.capacity(), 0);
+    }
+}

@@ -1,0 +1,1565 @@
+//! The engine: inode-level operations with Linux semantics.
+//!
+//! # Concurrency
+//! There is no global lock on lookup, read or write. The inode table is a
+//! sharded map; each inode has its own reader-writer lock over its metadata and
+//! contents. Locks are taken in this order, which rules out deadlock:
+//! 1. `rename_lock`, only by renames between two directories (it keeps the
+//!    tree's shape stable while such a rename checks ancestry, as Linux's
+//!    per-superblock rename mutex does);
+//! 2. directory inodes: an ancestor before its descendants, otherwise in
+//!    ascending inode number;
+//! 3. the inodes named by entries of those directories (the node being
+//!    linked, unlinked, renamed or replaced), in ascending inode number.
+//!
+//! Table shard locks are leaves: no inode lock is taken while one is held.
+//! A node's kernel lookup count is raised while its parent directory is still
+//! locked, so an unlink cannot free a node that a lookup is about to return.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use parking_lot::{Mutex, RwLockWriteGuard};
+
+use crate::data::FileData;
+use crate::dir::{Dir, FIRST_SLOT_OFFSET};
+use crate::inode::{Body, Inode, Meta, State};
+use crate::locks::{Family, LockCallback, LockTable, RangeLock};
+use crate::mutation::{Mutation, Recorder};
+use crate::types::*;
+use crate::xattr::{self, Xattrs};
+use crate::{Errno, Result};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// One directory entry as `readdir` returns it.
+#[derive(Debug, Clone, Copy)]
+pub struct DirEntry<'a> {
+    pub ino: u64,
+    pub kind: FileType,
+    pub name: &'a [u8],
+    /// Offset to pass to `readdir` to continue after this entry.
+    pub offset: u64,
+}
+
+/// An in-memory POSIX file system.
+pub struct Fs {
+    inodes: DashMap<u64, Arc<Inode>>,
+    next_ino: AtomicU64,
+    config: Config,
+    max_pages: u64,
+    used_pages: AtomicU64,
+    used_inodes: AtomicU64,
+    rename_lock: Mutex<()>,
+    commit: AtomicU64,
+    recorder: Option<Arc<dyn Recorder>>,
+}
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() {
+        return Err(Errno::ENOENT);
+    }
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Names a new node may not take.
+fn check_new_name(name: &[u8]) -> Result<()> {
+    check_name(name)?;
+    if name == b"." || name == b".." {
+        return Err(Errno::EEXIST);
+    }
+    Ok(())
+}
+
+fn is_dot(name: &[u8]) -> bool {
+    name == b"." || name == b".."
+}
+
+/// Clears setuid, and setgid where it means "run as group" (group-exec set).
+fn kill_priv(perm: u16) -> u16 {
+    let mut p = perm;
+    p &= !(libc::S_ISUID as u16);
+    if p & libc::S_IXGRP as u16 != 0 {
+        p &= !(libc::S_ISGID as u16);
+    }
+    p
+}
+
+impl Fs {
+    pub fn new(config: Config) -> Fs {
+        Fs::with_recorder(config, None)
+    }
+
+    /// A file system whose every mutation is passed to `recorder`.
+    pub fn with_recorder(config: Config, recorder: Option<Arc<dyn Recorder>>) -> Fs {
+        let now = Timespec::now();
+        let ctx = Ctx::current();
+        let root = Inode::new(
+            ROOT_INO,
+            FileType::Directory,
+            Meta {
+                perm: 0o1777,
+                nlink: 2,
+                uid: ctx.uid,
+                gid: ctx.gid,
+                rdev: 0,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                xattrs: None,
+            },
+            Body::Dir(Box::new(Dir::new(ROOT_INO))),
+        );
+        // The kernel never forgets the root.
+        root.nlookup.store(1, Ordering::Relaxed);
+        let inodes = DashMap::with_shard_amount(64);
+        inodes.insert(ROOT_INO, Arc::new(root));
+        Fs {
+            inodes,
+            next_ino: AtomicU64::new(ROOT_INO + 1),
+            max_pages: config.capacity / PAGE,
+            config,
+            used_pages: AtomicU64::new(0),
+            used_inodes: AtomicU64::new(1),
+            rename_lock: Mutex::new(()),
+            commit: AtomicU64::new(0),
+            recorder,
+        }
+    }
+
+    pub fn config(&self) -> Config {
+        self.config
+    }
+
+    /// Number of inodes in the table (the root included).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// Id of the last commit.
+    pub fn last_commit(&self) -> u64 {
+        self.commit.load(Ordering::Acquire)
+    }
+
+    fn log(&self, m: Mutation<'_>) {
+        let id = self.commit.fetch_add(1, Ordering::AcqRel) + 1;
+        if let Some(r) = &self.recorder {
+            r.record(id, &m);
+        }
+    }
+
+    fn get(&self, ino: u64) -> Result<Arc<Inode>> {
+        self.inodes
+            .get(&ino)
+            .map(|r| r.value().clone())
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn reserve_pages(&self, n: u64) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.used_pages
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&t| t <= self.max_pages)
+            })
+            .map(|_| ())
+            .map_err(|_| Errno::ENOSPC)
+    }
+
+    fn release_pages(&self, n: u64) {
+        if n > 0 {
+            self.used_pages.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    fn reserve_inode(&self) -> Result<u64> {
+        self.used_inodes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                (used < self.config.max_inodes).then_some(used + 1)
+            })
+            .map_err(|_| Errno::ENOSPC)?;
+        Ok(self.next_ino.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Frees a node once nothing refers to it: no link, no kernel reference, no open handle.
+    fn maybe_free(&self, inode: &Arc<Inode>) {
+        if inode.ino == ROOT_INO {
+            return;
+        }
+        let pages = {
+            let st = inode.state.read();
+            if st.meta.nlink > 0
+                || inode.nlookup.load(Ordering::Acquire) > 0
+                || inode.nopen.load(Ordering::Acquire) > 0
+            {
+                return;
+            }
+            // Nothing can raise the counts again: no directory names the node
+            // and nobody holds a reference through which to open it.
+            if inode.freed.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            match &st.body {
+                Body::File(d) => d.page_count(),
+                _ => 0,
+            }
+        };
+        self.inodes.remove(&inode.ino);
+        self.release_pages(pages);
+        self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+        self.log(Mutation::Free { ino: inode.ino });
+    }
+
+    // ---- lookup and attributes -------------------------------------------------
+
+    /// Looks `name` up in `parent` and takes a kernel reference on the result
+    /// (released by [`Fs::forget`]).
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(parent, name, true)
+    }
+
+    /// Looks `name` up without taking a reference (for direct users).
+    pub fn lookup_noref(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+        self.lookup_inner(parent, name, false)
+    }
+
+    fn lookup_inner(&self, parent: u64, name: &[u8], take_ref: bool) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let dir = self.get(parent)?;
+        let st = dir.state.read();
+        let d = st.dir().ok_or(Errno::ENOTDIR)?;
+        let ino = match name {
+            b"." => parent,
+            b".." => d.parent,
+            _ => d.get(name).ok_or(Errno::ENOENT)?.0,
+        };
+        let child = if ino == parent {
+            dir.clone()
+        } else {
+            self.get(ino)?
+        };
+        let attr = if ino == parent {
+            st.attr(ino, child.kind)
+        } else {
+            child.state.read().attr(ino, child.kind)
+        };
+        if take_ref {
+            child.nlookup.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(attr)
+    }
+
+    /// Drops `n` kernel references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        if let Ok(inode) = self.get(ino) {
+            let prev = inode
+                .nlookup
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    Some(c.saturating_sub(n))
+                })
+                .unwrap_or(0);
+            if prev <= n {
+                self.maybe_free(&inode);
+            }
+        }
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<Attr> {
+        let inode = self.get(ino)?;
+        let attr = inode.state.read().attr(ino, inode.kind);
+        Ok(attr)
+    }
+
+    pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        let inode = self.get(ino)?;
+        let mut st = inode.state.write();
+        let now = Timespec::now();
+        if let Some(size) = set.size {
+            match inode.kind {
+                FileType::RegularFile => {}
+                FileType::Directory => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
+            if size > MAX_FILE_SIZE {
+                return Err(Errno::EFBIG);
+            }
+        }
+        if let Some(size) = set.size {
+            let State { meta, body, .. } = &mut *st;
+            if let Body::File(data) = body {
+                if size < meta.size {
+                    let freed = data.truncate(size);
+                    self.release_pages(freed);
+                }
+                meta.size = size;
+            }
+            meta.mtime = now;
+            meta.ctime = now;
+            if ctx.uid != 0 {
+                meta.perm = kill_priv(meta.perm);
+            }
+        }
+        if let Some(mode) = set.mode {
+            let mut perm = (mode & 0o7777) as u16;
+            // Linux: a non-owner-group caller without privilege cannot keep setgid.
+            if ctx.uid != 0 && ctx.gid != st.meta.gid && inode.kind != FileType::Directory {
+                perm &= !(libc::S_ISGID as u16);
+            }
+            st.meta.perm = perm;
+            st.meta.ctime = now;
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            let changes = set.uid.is_some_and(|u| u != st.meta.uid)
+                || set.gid.is_some_and(|g| g != st.meta.gid);
+            if let Some(uid) = set.uid {
+                st.meta.uid = uid;
+            }
+            if let Some(gid) = set.gid {
+                st.meta.gid = gid;
+            }
+            if inode.kind != FileType::Directory && (changes || ctx.uid != 0) {
+                st.meta.perm = kill_priv(st.meta.perm);
+            }
+            st.meta.ctime = now;
+        }
+        if let Some(t) = set.atime {
+            st.meta.atime = match t {
+                SetTime::Now => now,
+                SetTime::At(t) => t,
+            };
+            st.meta.ctime = now;
+        }
+        if let Some(t) = set.mtime {
+            st.meta.mtime = match t {
+                SetTime::Now => now,
+                SetTime::At(t) => t,
+            };
+            st.meta.ctime = now;
+        }
+        if let Some(t) = set.ctime {
+            st.meta.ctime = t;
+        }
+        self.log(Mutation::SetAttr {
+            ino,
+            set: *set,
+            time: now,
+        });
+        Ok(st.attr(ino, inode.kind))
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        match &st.body {
+            Body::Symlink(t) => Ok(t.to_vec()),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    /// Permission check as the kernel does it for `access(2)`: `mask` is a
+    /// combination of `R_OK`, `W_OK`, `X_OK` (0 checks existence).
+    pub fn access(&self, ctx: Ctx, ino: u64, mask: i32) -> Result<()> {
+        let attr = self.getattr(ino)?;
+        if mask == 0 {
+            return Ok(());
+        }
+        let perm = attr.perm as u32;
+        if ctx.uid == 0 {
+            // Root may do anything but execute a file nobody may execute.
+            if mask & libc::X_OK != 0 && attr.kind != FileType::Directory && perm & 0o111 == 0 {
+                return Err(Errno::EACCES);
+            }
+            return Ok(());
+        }
+        let bits = if ctx.uid == attr.uid {
+            perm >> 6
+        } else if ctx.gid == attr.gid {
+            perm >> 3
+        } else {
+            perm
+        } & 7;
+        if (mask as u32) & !bits & 7 != 0 {
+            return Err(Errno::EACCES);
+        }
+        Ok(())
+    }
+
+    // ---- creating nodes ----------------------------------------------------------
+
+    /// Creates a node of any type in `parent`. `mode` carries the type bits.
+    fn make_node(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        symlink: Option<&[u8]>,
+        take_ref: bool,
+    ) -> Result<Attr> {
+        check_new_name(name)?;
+        let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
+        let dir = self.get(parent)?;
+        let mut st = dir.state.write();
+        let d = st.dir().ok_or(Errno::ENOTDIR)?;
+        if st.meta.nlink == 0 {
+            // The directory was removed while someone still had it open.
+            return Err(Errno::ENOENT);
+        }
+        if d.get(name).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if kind == FileType::Directory && st.meta.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        let ino = self.reserve_inode()?;
+        let now = Timespec::now();
+        let mut perm = (mode & 0o7777) as u16;
+        // New nodes in a setgid directory take its group; subdirectories keep the bit.
+        let parent_sgid = st.meta.perm & libc::S_ISGID as u16 != 0;
+        let gid = if parent_sgid { st.meta.gid } else { ctx.gid };
+        if kind == FileType::Directory && parent_sgid {
+            perm |= libc::S_ISGID as u16;
+        } else if kind != FileType::Directory && ctx.uid != 0 && gid != ctx.gid {
+            // Linux drops setgid on a new file whose group the creator is not in.
+            perm &= !(libc::S_ISGID as u16);
+        }
+        let body = match kind {
+            FileType::RegularFile => Body::File(FileData::default()),
+            FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
+            FileType::Symlink => Body::Symlink(symlink.unwrap_or_default().into()),
+            _ => Body::Special,
+        };
+        let meta = Meta {
+            perm,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: ctx.uid,
+            gid,
+            rdev: match kind {
+                FileType::CharDevice | FileType::BlockDevice => rdev,
+                _ => 0,
+            },
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: None,
+        };
+        let inode = Arc::new(Inode::new(ino, kind, meta, body));
+        let attr = inode.state.read().attr(ino, kind);
+        if take_ref {
+            inode.nlookup.store(1, Ordering::Relaxed);
+        }
+        self.inodes.insert(ino, inode);
+        st.dir_mut().expect("checked above").insert(name, ino, kind);
+        if kind == FileType::Directory {
+            st.meta.nlink += 1;
+        }
+        st.touch_mc(now);
+        self.log(Mutation::Create {
+            parent,
+            name,
+            attr,
+            symlink_target: symlink,
+        });
+        Ok(attr)
+    }
+
+    /// `mknod`: regular files, FIFOs, sockets and device nodes (`mode` has the type).
+    pub fn mknod(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
+        match FileType::from_mode(mode) {
+            Some(FileType::Directory | FileType::Symlink) | None => Err(Errno::EINVAL),
+            Some(_) => self.make_node(ctx, parent, name, mode, rdev, None, true),
+        }
+    }
+
+    pub fn mkdir(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.make_node(
+            ctx,
+            parent,
+            name,
+            libc::S_IFDIR | (mode & 0o7777),
+            0,
+            None,
+            true,
+        )
+    }
+
+    pub fn symlink(&self, ctx: Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if target.len() > SYMLINK_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.make_node(
+            ctx,
+            parent,
+            name,
+            libc::S_IFLNK | 0o777,
+            0,
+            Some(target),
+            true,
+        )
+    }
+
+    /// `open(O_CREAT)`: creates a regular file, or with `excl == false` opens an
+    /// existing one of that name. Returns the attributes and whether it was created.
+    /// The result is open (see [`Fs::release`]) and referenced (see [`Fs::forget`]).
+    pub fn create(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+    ) -> Result<(Attr, bool)> {
+        match self.make_node(
+            ctx,
+            parent,
+            name,
+            libc::S_IFREG | (mode & 0o7777),
+            0,
+            None,
+            true,
+        ) {
+            Ok(attr) => {
+                self.get(attr.ino)?.nopen.fetch_add(1, Ordering::AcqRel);
+                Ok((attr, true))
+            }
+            Err(Errno::EEXIST) if !excl && !is_dot(name) => {
+                let attr = self.lookup(parent, name)?;
+                if attr.kind == FileType::Directory {
+                    self.forget(attr.ino, 1);
+                    return Err(Errno::EISDIR);
+                }
+                self.open(attr.ino, libc::O_RDWR)?;
+                Ok((attr, false))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
+    pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        check_new_name(newname)?;
+        let inode = self.get(ino)?;
+        if inode.kind == FileType::Directory {
+            return Err(Errno::EPERM);
+        }
+        let dir = self.get(newparent)?;
+        let mut dst = dir.state.write();
+        let d = dst.dir().ok_or(Errno::ENOTDIR)?;
+        if dst.meta.nlink == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if d.get(newname).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        let mut st = inode.state.write();
+        if st.meta.nlink == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if st.meta.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        let now = Timespec::now();
+        st.meta.nlink += 1;
+        st.meta.ctime = now;
+        dst.dir_mut()
+            .expect("checked")
+            .insert(newname, ino, inode.kind);
+        dst.touch_mc(now);
+        inode.nlookup.fetch_add(1, Ordering::AcqRel);
+        self.log(Mutation::Link {
+            ino,
+            parent: newparent,
+            name: newname,
+            time: now,
+        });
+        Ok(st.attr(ino, inode.kind))
+    }
+
+    // ---- removing nodes ------------------------------------------------------------
+
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.remove(parent, name, true)
+    }
+
+    fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        check_name(name)?;
+        if want_dir && name == b"." {
+            return Err(Errno::EINVAL);
+        }
+        if want_dir && name == b".." {
+            return Err(Errno::ENOTEMPTY);
+        }
+        if !want_dir && is_dot(name) {
+            return Err(Errno::EISDIR);
+        }
+        let dir = self.get(parent)?;
+        let mut pst = dir.state.write();
+        let (ino, kind) = pst
+            .dir()
+            .ok_or(Errno::ENOTDIR)?
+            .get(name)
+            .ok_or(Errno::ENOENT)?;
+        match (want_dir, kind == FileType::Directory) {
+            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR),
+            _ => {}
+        }
+        let child = self.get(ino)?;
+        let now = Timespec::now();
+        {
+            let mut cst = child.state.write();
+            if want_dir {
+                if !cst.dir().is_some_and(|d| d.is_empty()) {
+                    return Err(Errno::ENOTEMPTY);
+                }
+                cst.meta.nlink = 0;
+                pst.meta.nlink -= 1;
+            } else {
+                cst.meta.nlink -= 1;
+            }
+            cst.meta.ctime = now;
+            pst.dir_mut().expect("checked").remove(name);
+            pst.touch_mc(now);
+            self.log(if want_dir {
+                Mutation::Rmdir {
+                    parent,
+                    name,
+                    time: now,
+                }
+            } else {
+                Mutation::Unlink {
+                    parent,
+                    name,
+                    time: now,
+                }
+            });
+        }
+        drop(pst);
+        self.maybe_free(&child);
+        Ok(())
+    }
+
+    // ---- rename ---------------------------------------------------------------------
+
+    /// Ancestors of `ino` up to the root, `ino` first. Only meaningful under
+    /// `rename_lock`, which keeps directories from moving.
+    fn ancestors(&self, mut ino: u64) -> Result<Vec<u64>> {
+        let mut chain = vec![ino];
+        while ino != ROOT_INO {
+            let inode = self.get(ino)?;
+            let parent = inode.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+            if parent == ino {
+                break;
+            }
+            ino = parent;
+            chain.push(ino);
+        }
+        Ok(chain)
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(newname)?;
+        if is_dot(name) || is_dot(newname) {
+            return Err(Errno::EBUSY);
+        }
+        let src_dir = self.get(parent)?;
+        if parent == newparent {
+            let mut st = src_dir.state.write();
+            if st.dir().is_none() {
+                return Err(Errno::ENOTDIR);
+            }
+            let mut pair = DirPair::Same(&mut st);
+            let victim =
+                self.rename_locked(&mut pair, parent, name, newparent, newname, flags, None)?;
+            drop(st);
+            if let Some(v) = victim {
+                self.maybe_free(&v);
+            }
+            return Ok(());
+        }
+        let dst_dir = self.get(newparent)?;
+        let _shape = self.rename_lock.lock();
+        let src_chain = self.ancestors(parent)?;
+        let dst_chain = self.ancestors(newparent)?;
+        // Lock the two directories, ancestor first, else by inode number.
+        let src_first = if dst_chain.contains(&parent) {
+            true
+        } else if src_chain.contains(&newparent) {
+            false
+        } else {
+            parent < newparent
+        };
+        let (mut a, mut b);
+        let mut pair = if src_first {
+            a = src_dir.state.write();
+            b = dst_dir.state.write();
+            DirPair::Two(&mut a, &mut b)
+        } else {
+            b = dst_dir.state.write();
+            a = src_dir.state.write();
+            DirPair::Two(&mut a, &mut b)
+        };
+        if pair.src().dir().is_none() || pair.dst().dir().is_none() {
+            return Err(Errno::ENOTDIR);
+        }
+        let chains = Some((&src_chain[..], &dst_chain[..]));
+        let victim =
+            self.rename_locked(&mut pair, parent, name, newparent, newname, flags, chains)?;
+        drop(pair);
+        drop(a);
+        drop(b);
+        if let Some(v) = victim {
+            self.maybe_free(&v);
+        }
+        Ok(())
+    }
+
+    /// The rename itself, with both directories locked. Returns the replaced
+    /// node, to be freed by the caller once the locks are dropped. `chains`
+    /// holds the ancestors of both directories for a rename between two.
+    #[allow(clippy::too_many_arguments)]
+    fn rename_locked(
+        &self,
+        pair: &mut DirPair<'_, '_>,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+        chains: Option<(&[u64], &[u64])>,
+    ) -> Result<Option<Arc<Inode>>> {
+        let cross = parent != newparent;
+        let (sino, skind) = pair
+            .src()
+            .dir()
+            .expect("dir")
+            .get(name)
+            .ok_or(Errno::ENOENT)?;
+        let target = pair.dst().dir().expect("dir").get(newname);
+        if let Some((src_chain, dst_chain)) = chains {
+            // A directory cannot move into its own subtree (checked on the
+            // locked entries: the names may have changed since the chains were taken).
+            if skind == FileType::Directory && dst_chain.contains(&sino) {
+                return Err(Errno::EINVAL);
+            }
+            if flags.exchange
+                && let Some((dino, FileType::Directory)) = target
+                && src_chain.contains(&dino)
+            {
+                return Err(Errno::EINVAL);
+            }
+        }
+        if pair.dst().meta.nlink == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if target.is_none() && flags.exchange {
+            return Err(Errno::ENOENT);
+        }
+        if let Some((dino, _)) = target {
+            if flags.noreplace {
+                return Err(Errno::EEXIST);
+            }
+            if dino == sino {
+                // Two names of one node: POSIX says do nothing.
+                return Ok(None);
+            }
+        }
+        let sdir = skind == FileType::Directory;
+        if !flags.exchange
+            && let Some((dino, dkind)) = target
+        {
+            let ddir = dkind == FileType::Directory;
+            if sdir && !ddir {
+                return Err(Errno::ENOTDIR);
+            }
+            if !sdir && ddir {
+                return Err(Errno::EISDIR);
+            }
+            if ddir && dino == parent {
+                // The target is the source's own parent: it is not empty.
+                return Err(Errno::ENOTEMPTY);
+            }
+        }
+        if !flags.exchange && target.is_none() && sdir && cross && pair.dst().meta.nlink >= LINK_MAX
+        {
+            return Err(Errno::EMLINK);
+        }
+        let moved = self.get(sino)?;
+        let other = match target {
+            Some((dino, _)) => Some(self.get(dino)?),
+            None => None,
+        };
+        // Child locks in ascending inode number.
+        let (mut ms, mut os);
+        match &other {
+            Some(o) if o.ino < moved.ino => {
+                os = Some(o.state.write());
+                ms = moved.state.write();
+            }
+            Some(o) => {
+                ms = moved.state.write();
+                os = Some(o.state.write());
+            }
+            None => {
+                ms = moved.state.write();
+                os = None;
+            }
+        }
+        let now = Timespec::now();
+        if flags.exchange {
+            let (dino, dkind) = target.expect("checked");
+            let os = os.as_mut().expect("exchange has two nodes");
+            pair.src()
+                .dir_mut()
+                .expect("dir")
+                .replace(name, dino, dkind);
+            pair.dst()
+                .dir_mut()
+                .expect("dir")
+                .replace(newname, sino, skind);
+            if cross {
+                let ddir = dkind == FileType::Directory;
+                if let Some(d) = ms.dir_mut() {
+                    d.parent = newparent;
+                }
+                if let Some(d) = os.dir_mut() {
+                    d.parent = parent;
+                }
+                match (sdir, ddir) {
+                    (true, false) => {
+                        pair.src().meta.nlink -= 1;
+                        pair.dst().meta.nlink += 1;
+                    }
+                    (false, true) => {
+                        pair.src().meta.nlink += 1;
+                        pair.dst().meta.nlink -= 1;
+                    }
+                    _ => {}
+                }
+            }
+            os.meta.ctime = now;
+        } else {
+            if let Some(os) = os.as_mut() {
+                if os.dir().is_some_and(|d| !d.is_empty()) {
+                    return Err(Errno::ENOTEMPTY);
+                }
+                if sdir {
+                    os.meta.nlink = 0;
+                    pair.dst().meta.nlink -= 1;
+                } else {
+                    os.meta.nlink -= 1;
+                }
+                os.meta.ctime = now;
+            }
+            pair.src().dir_mut().expect("dir").remove(name);
+            match target {
+                Some(_) => pair
+                    .dst()
+                    .dir_mut()
+                    .expect("dir")
+                    .replace(newname, sino, skind),
+                None => pair
+                    .dst()
+                    .dir_mut()
+                    .expect("dir")
+                    .insert(newname, sino, skind),
+            }
+            if sdir {
+                if let Some(d) = ms.dir_mut() {
+                    d.parent = newparent;
+                }
+                if cross {
+                    pair.src().meta.nlink -= 1;
+                    pair.dst().meta.nlink += 1;
+                }
+            }
+        }
+        ms.meta.ctime = now;
+        pair.src().touch_mc(now);
+        pair.dst().touch_mc(now);
+        self.log(Mutation::Rename {
+            parent,
+            name,
+            new_parent: newparent,
+            new_name: newname,
+            flags,
+            time: now,
+        });
+        drop(ms);
+        drop(os);
+        Ok(if flags.exchange { None } else { other })
+    }
+
+    // ---- open files ------------------------------------------------------------------
+
+    /// Opens `ino` with `open(2)` flags; pair with [`Fs::release`].
+    pub fn open(&self, ino: u64, flags: i32) -> Result<()> {
+        let inode = self.get(ino)?;
+        let acc = flags & libc::O_ACCMODE;
+        if inode.kind == FileType::Directory
+            && (acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
+        {
+            return Err(Errno::EISDIR);
+        }
+        if flags & libc::O_TRUNC != 0
+            && acc != libc::O_RDONLY
+            && inode.kind == FileType::RegularFile
+        {
+            self.setattr(
+                Ctx::ROOT,
+                ino,
+                &SetAttr {
+                    size: Some(0),
+                    ..Default::default()
+                },
+            )?;
+        }
+        inode.nopen.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Closes one handle opened by [`Fs::open`] or [`Fs::create`].
+    pub fn release(&self, ino: u64) {
+        if let Ok(inode) = self.get(ino) {
+            let prev = inode
+                .nopen
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
+                    Some(c.saturating_sub(1))
+                })
+                .unwrap_or(0);
+            if prev <= 1 {
+                self.maybe_free(&inode);
+            }
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `off`; returns the count (0 at end of file).
+    pub fn read(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        let data = match &st.body {
+            Body::File(d) => d,
+            Body::Dir(_) => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        };
+        if off >= st.meta.size {
+            return Ok(0);
+        }
+        let n = ((st.meta.size - off) as usize).min(buf.len());
+        data.read(off, &mut buf[..n]);
+        let needs_atime = st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime;
+        drop(st);
+        if needs_atime {
+            // relatime: only when the last access predates the last change.
+            let now = Timespec::now();
+            let mut st = inode.state.write();
+            if st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime {
+                st.meta.atime = now;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Convenience: reads into a new buffer.
+    pub fn read_vec(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
+        let inode = self.get(ino)?;
+        let size = inode.state.read().meta.size;
+        let len = len.min(size.saturating_sub(off) as usize);
+        let mut buf = vec![0; len];
+        let n = self.read(ino, off, &mut buf)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `off` (at the end of file with `append`); returns the
+    /// count written, which is all of it or an error.
+    pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
+        let inode = self.get(ino)?;
+        let mut st = inode.state.write();
+        let State { meta, body, .. } = &mut *st;
+        let file = match body {
+            Body::File(d) => d,
+            Body::Dir(_) => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        };
+        let off = if append { meta.size } else { off };
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let end = off.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
+        self.reserve_pages(missing)?;
+        let allocated = file.write(off, data);
+        debug_assert_eq!(allocated, missing);
+        meta.size = meta.size.max(end);
+        let now = Timespec::now();
+        meta.mtime = now;
+        meta.ctime = now;
+        if ctx.uid != 0 {
+            meta.perm = kill_priv(meta.perm);
+        }
+        self.log(Mutation::Write {
+            ino,
+            offset: off,
+            data,
+            time: now,
+        });
+        Ok(data.len())
+    }
+
+    /// `fsync`: every change is already in memory; durable modes hook in here.
+    pub fn fsync(&self, ino: u64) -> Result<()> {
+        self.get(ino).map(|_| ())
+    }
+
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (other whences are the caller's).
+    pub fn lseek(&self, ino: u64, off: u64, whence: i32) -> Result<u64> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        let Body::File(d) = &st.body else {
+            return Err(Errno::EINVAL);
+        };
+        let size = st.meta.size;
+        match whence {
+            libc::SEEK_DATA => d.seek_data(off, size).ok_or(Errno::ENXIO),
+            libc::SEEK_HOLE => d.seek_hole(off, size).ok_or(Errno::ENXIO),
+            libc::SEEK_SET => Ok(off),
+            libc::SEEK_END => Ok(size),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        if len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let end = off.checked_add(len).ok_or(Errno::EFBIG)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let inode = self.get(ino)?;
+        let mut st = inode.state.write();
+        let State { meta, body, .. } = &mut *st;
+        let file = match body {
+            Body::File(d) => d,
+            Body::Dir(_) => return Err(Errno::EISDIR),
+            _ => return Err(Errno::ENODEV),
+        };
+        let now = Timespec::now();
+        if mode.punch_hole {
+            let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
+            self.release_pages(freed);
+        } else {
+            if mode.zero_range {
+                let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
+                self.release_pages(freed);
+            }
+            let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
+            self.reserve_pages(missing)?;
+            file.allocate(off, len);
+            if !mode.keep_size {
+                meta.size = meta.size.max(end);
+            }
+        }
+        meta.mtime = now;
+        meta.ctime = now;
+        self.log(Mutation::Fallocate {
+            ino,
+            offset: off,
+            len,
+            mode,
+            time: now,
+        });
+        Ok(())
+    }
+
+    /// Copies a range between files inside the engine (no user-space round trip).
+    pub fn copy_file_range(
+        &self,
+        ctx: Ctx,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        const CHUNK: u64 = 1 << 20;
+        let src = self.get(ino_in)?;
+        let dst = self.get(ino_out)?;
+        if src.kind == FileType::Directory || dst.kind == FileType::Directory {
+            return Err(Errno::EISDIR);
+        }
+        if src.kind != FileType::RegularFile || dst.kind != FileType::RegularFile {
+            return Err(Errno::EINVAL);
+        }
+        if ino_in == ino_out
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(Errno::EINVAL);
+        }
+        let mut done = 0;
+        let mut buf = Vec::new();
+        while done < len {
+            let want = (len - done).min(CHUNK) as usize;
+            buf.resize(want, 0);
+            let n = self.read(ino_in, off_in + done, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            self.write(ctx, ino_out, off_out + done, &buf[..n], false)?;
+            done += n as u64;
+        }
+        Ok(done)
+    }
+
+    // ---- directories -------------------------------------------------------------------
+
+    /// Lists `ino` from `offset` (0 to start): `.`, `..`, then the entries.
+    /// `f` returns false when it wants no more.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> Result<()> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        let d = st.dir().ok_or(Errno::ENOTDIR)?;
+        if offset == 0
+            && !f(DirEntry {
+                ino,
+                kind: FileType::Directory,
+                name: b".",
+                offset: 1,
+            })
+        {
+            return Ok(());
+        }
+        if offset <= 1
+            && !f(DirEntry {
+                ino: d.parent,
+                kind: FileType::Directory,
+                name: b"..",
+                offset: FIRST_SLOT_OFFSET,
+            })
+        {
+            return Ok(());
+        }
+        d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
+            f(DirEntry {
+                ino: s.ino,
+                kind: s.kind,
+                name: &s.name,
+                offset: next,
+            })
+        });
+        Ok(())
+    }
+
+    /// Like [`Fs::readdir`] with each entry's attributes; every entry that `f`
+    /// accepts (returns true for), other than `.` and `..`, takes a kernel reference.
+    pub fn readdirplus(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(DirEntry<'_>, &Attr) -> bool,
+    ) -> Result<()> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        let d = st.dir().ok_or(Errno::ENOTDIR)?;
+        if offset == 0 {
+            let attr = st.attr(ino, inode.kind);
+            let e = DirEntry {
+                ino,
+                kind: FileType::Directory,
+                name: b".",
+                offset: 1,
+            };
+            if !f(e, &attr) {
+                return Ok(());
+            }
+        }
+        if offset <= 1 {
+            let attr = if d.parent == ino {
+                st.attr(ino, inode.kind)
+            } else {
+                self.getattr(d.parent)?
+            };
+            let e = DirEntry {
+                ino: d.parent,
+                kind: FileType::Directory,
+                name: b"..",
+                offset: FIRST_SLOT_OFFSET,
+            };
+            if !f(e, &attr) {
+                return Ok(());
+            }
+        }
+        d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
+            let Ok(child) = self.get(s.ino) else {
+                return true;
+            };
+            let attr = child.state.read().attr(s.ino, child.kind);
+            let e = DirEntry {
+                ino: s.ino,
+                kind: s.kind,
+                name: &s.name,
+                offset: next,
+            };
+            let accepted = f(e, &attr);
+            if accepted {
+                child.nlookup.fetch_add(1, Ordering::AcqRel);
+            }
+            accepted
+        });
+        Ok(())
+    }
+
+    pub fn statfs(&self) -> StatFs {
+        let used = self.used_pages.load(Ordering::Acquire);
+        let files_used = self.used_inodes.load(Ordering::Acquire);
+        StatFs {
+            blocks: self.max_pages,
+            bfree: self.max_pages.saturating_sub(used),
+            bavail: self.max_pages.saturating_sub(used),
+            files: self.config.max_inodes,
+            ffree: self.config.max_inodes.saturating_sub(files_used),
+            bsize: PAGE_SIZE as u32,
+            namelen: NAME_MAX as u32,
+            frsize: PAGE_SIZE as u32,
+        }
+    }
+
+    // ---- extended attributes -----------------------------------------------------------
+
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        xattr::check_name(name)?;
+        let inode = self.get(ino)?;
+        if name.starts_with(b"user.")
+            && !matches!(inode.kind, FileType::RegularFile | FileType::Directory)
+        {
+            return Err(Errno::EPERM);
+        }
+        let mut st = inode.state.write();
+        let xs = st
+            .meta
+            .xattrs
+            .get_or_insert_with(|| Box::new(Xattrs::default()));
+        let r = xs.set(name, value, mode);
+        if xs.is_empty() {
+            st.meta.xattrs = None;
+        }
+        r?;
+        let now = Timespec::now();
+        st.meta.ctime = now;
+        self.log(Mutation::SetXattr {
+            ino,
+            name,
+            value,
+            time: now,
+        });
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        xattr::check_name(name)?;
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        st.meta
+            .xattrs
+            .as_ref()
+            .and_then(|x| x.get(name))
+            .map(|v| v.to_vec())
+            .ok_or(Errno::ENODATA)
+    }
+
+    /// Names, each followed by NUL.
+    pub fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        Ok(st
+            .meta
+            .xattrs
+            .as_ref()
+            .map(|x| x.list())
+            .unwrap_or_default())
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        xattr::check_name(name)?;
+        let inode = self.get(ino)?;
+        let mut st = inode.state.write();
+        let xs = st.meta.xattrs.as_mut().ok_or(Errno::ENODATA)?;
+        xs.remove(name)?;
+        if xs.is_empty() {
+            st.meta.xattrs = None;
+        }
+        let now = Timespec::now();
+        st.meta.ctime = now;
+        self.log(Mutation::RemoveXattr {
+            ino,
+            name,
+            time: now,
+        });
+        Ok(())
+    }
+
+    // ---- locks -------------------------------------------------------------------------
+
+    fn lock_request(
+        start: u64,
+        end: u64,
+        typ: i32,
+        owner: u64,
+        pid: u32,
+    ) -> Result<(RangeLock, bool)> {
+        if end < start {
+            return Err(Errno::EINVAL);
+        }
+        let set = match typ {
+            libc::F_RDLCK | libc::F_WRLCK => true,
+            libc::F_UNLCK => false,
+            _ => return Err(Errno::EINVAL),
+        };
+        Ok((
+            RangeLock {
+                start,
+                end,
+                write: typ == libc::F_WRLCK,
+                owner,
+                pid,
+            },
+            set,
+        ))
+    }
+
+    fn file_lock_table<'a>(&self, st: &'a mut RwLockWriteGuard<'_, State>) -> &'a mut LockTable {
+        st.locks.get_or_insert_with(Default::default)
+    }
+
+    fn run_callbacks(done: Vec<(LockCallback, Result<()>)>) {
+        for (cb, r) in done {
+            cb(r);
+        }
+    }
+
+    /// `F_GETLK`: the first lock that would block the request, or `F_UNLCK`.
+    pub fn getlk(
+        &self,
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> Result<LockInfo> {
+        let (req, _) = Self::lock_request(start, end, typ, owner, pid)?;
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        let conflict = st
+            .locks
+            .as_ref()
+            .and_then(|t| t.conflict(Family::Posix, &req));
+        Ok(match conflict {
+            Some(l) => LockInfo {
+                start: l.start,
+                end: l.end,
+                typ: if l.write {
+                    libc::F_WRLCK
+                } else {
+                    libc::F_RDLCK
+                },
+                pid: l.pid,
+            },
+            None => LockInfo {
+                start,
+                end,
+                typ: libc::F_UNLCK,
+                pid: 0,
+            },
+        })
+    }
+
+    /// `F_SETLK`: sets or clears a record lock without waiting (`EAGAIN` on conflict).
+    pub fn setlk(
+        &self,
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> Result<()> {
+        self.lock_common(Family::Posix, ino, owner, start, end, typ, pid, None)
+    }
+
+    /// `F_SETLKW`: like [`Fs::setlk`], but a conflicting request is parked and
+    /// `done` runs once it is granted (or cancelled with `EINTR` when its owner
+    /// releases its locks). `done` may run before this returns.
+    #[allow(clippy::too_many_arguments)]
+    pub fn setlkw(
+        &self,
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        done: LockCallback,
+    ) {
+        // With a callback every outcome, errors included, is delivered through it.
+        let _ = self.lock_common(Family::Posix, ino, owner, start, end, typ, pid, Some(done));
+    }
+
+    /// `flock(2)`: `typ` is `F_RDLCK` (shared), `F_WRLCK` (exclusive) or `F_UNLCK`.
+    pub fn flock(&self, ino: u64, owner: u64, typ: i32, wait: Option<LockCallback>) -> Result<()> {
+        self.lock_common(Family::Flock, ino, owner, 0, u64::MAX, typ, 0, wait)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lock_common(
+        &self,
+        family: Family,
+        ino: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        wait: Option<LockCallback>,
+    ) -> Result<()> {
+        let fail = |e: Errno, wait: Option<LockCallback>| -> Result<()> {
+            match wait {
+                Some(cb) => {
+                    cb(Err(e));
+                    Ok(())
+                }
+                None => Err(e),
+            }
+        };
+        let (req, set) = match Self::lock_request(start, end, typ, owner, pid) {
+            Ok(r) => r,
+            Err(e) => return fail(e, wait),
+        };
+        let inode = match self.get(ino) {
+            Ok(i) => i,
+            Err(e) => return fail(e, wait),
+        };
+        let mut st = inode.state.write();
+        let table = self.file_lock_table(&mut st);
+        if set && let Some(blocker) = table.conflict(family, &req) {
+            let Some(cb) = wait else {
+                return Err(Errno::EAGAIN);
+            };
+            // A waiter whose blocker waits (on this file) for the waiter is a deadlock.
+            if family == Family::Posix && table.blockers_of(blocker.owner).contains(&owner) {
+                drop(st);
+                cb(Err(Errno::EDEADLK));
+                return Ok(());
+            }
+            table.park(family, req, cb);
+            return Ok(());
+        }
+        // Flock conversions drop the old lock first, as Linux does.
+        let done = table.apply(family, req, set);
+        if table.is_empty() {
+            st.locks = None;
+        }
+        drop(st);
+        Self::run_callbacks(done);
+        if let Some(cb) = wait {
+            cb(Ok(()));
+        }
+        Ok(())
+    }
+
+    /// Drops every record lock (and pending wait) of `owner` on `ino`: a close by
+    /// the owning process, or the end of an open file description.
+    pub fn release_locks(&self, ino: u64, owner: u64) {
+        self.release_family(ino, owner, Family::Posix);
+    }
+
+    /// Drops the flock lock of `owner` (an open file description) on `ino`.
+    pub fn release_flock(&self, ino: u64, owner: u64) {
+        self.release_family(ino, owner, Family::Flock);
+    }
+
+    fn release_family(&self, ino: u64, owner: u64, family: Family) {
+        let Ok(inode) = self.get(ino) else { return };
+        let mut st = inode.state.write();
+        let Some(table) = st.locks.as_mut() else {
+            return;
+        };
+        let done = table.release_owner(family, owner);
+        if table.is_empty() {
+            st.locks = None;
+        }
+        drop(st);
+        Self::run_callbacks(done);
+    }
+}
+
+/// The source and target directories of a rename, locked; one guard when they are the same.
+enum DirPair<'a, 'g> {
+    Same(&'a mut RwLockWriteGuard<'g, State>),
+    Two(
+        &'a mut RwLockWriteGuard<'g, State>,
+        &'a mut RwLockWriteGuard<'g, State>,
+    ),
+}
+
+impl DirPair<'_, '_> {
+    fn src(&mut self) -> &mut State {
+        match self {
+            DirPair::Same(s) => s,
+            DirPair::Two(s, _) => s,
+        }
+    }
+
+    fn dst(&mut self) -> &mut State {
+        match self {
+            DirPair::Same(s) => s,
+            DirPair::Two(_, d) => d,
+        }
+    }
+}

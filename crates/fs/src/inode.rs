@@ -1,0 +1,117 @@
+//! Inodes and their lock-protected state.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+
+use parking_lot::RwLock;
+
+use crate::data::FileData;
+use crate::dir::Dir;
+use crate::locks::LockTable;
+use crate::types::{Attr, FileType, PAGE_SIZE, Timespec};
+use crate::xattr::Xattrs;
+
+/// Size `stat` reports for a directory, per entry (as tmpfs does).
+const DIRENT_SIZE: u64 = 20;
+
+pub(crate) struct Inode {
+    pub ino: u64,
+    pub kind: FileType,
+    /// References the kernel holds (lookup replies not yet forgotten).
+    pub nlookup: AtomicU64,
+    /// Open handles of direct (non-kernel) users and of the kernel.
+    pub nopen: AtomicU32,
+    /// Set once when the inode leaves the table, so it is freed exactly once.
+    pub freed: AtomicBool,
+    pub state: RwLock<State>,
+}
+
+pub(crate) struct State {
+    pub meta: Meta,
+    pub body: Body,
+    /// Record and flock locks; allocated on first use.
+    pub locks: Option<Box<LockTable>>,
+}
+
+pub(crate) struct Meta {
+    /// Permission bits with setuid, setgid and sticky.
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub size: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub xattrs: Option<Box<Xattrs>>,
+}
+
+pub(crate) enum Body {
+    File(FileData),
+    Dir(Box<Dir>),
+    Symlink(Box<[u8]>),
+    Special,
+}
+
+impl Inode {
+    pub fn new(ino: u64, kind: FileType, meta: Meta, body: Body) -> Inode {
+        Inode {
+            ino,
+            kind,
+            nlookup: AtomicU64::new(0),
+            nopen: AtomicU32::new(0),
+            freed: AtomicBool::new(false),
+            state: RwLock::new(State {
+                meta,
+                body,
+                locks: None,
+            }),
+        }
+    }
+}
+
+impl State {
+    pub fn attr(&self, ino: u64, kind: FileType) -> Attr {
+        let m = &self.meta;
+        let (size, blocks) = match &self.body {
+            Body::File(d) => (m.size, d.page_count() * (PAGE_SIZE as u64 / 512)),
+            Body::Dir(d) => ((d.len() as u64 + 2) * DIRENT_SIZE, 0),
+            Body::Symlink(t) => (t.len() as u64, 0),
+            Body::Special => (0, 0),
+        };
+        Attr {
+            ino,
+            kind,
+            perm: m.perm,
+            nlink: m.nlink,
+            uid: m.uid,
+            gid: m.gid,
+            rdev: m.rdev,
+            size,
+            blocks,
+            atime: m.atime,
+            mtime: m.mtime,
+            ctime: m.ctime,
+            blksize: PAGE_SIZE as u32,
+        }
+    }
+
+    pub fn dir(&self) -> Option<&Dir> {
+        match &self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn dir_mut(&mut self) -> Option<&mut Dir> {
+        match &mut self.body {
+            Body::Dir(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn touch_mc(&mut self, now: Timespec) {
+        self.meta.mtime = now;
+        self.meta.ctime = now;
+    }
+}
