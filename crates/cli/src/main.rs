@@ -4,10 +4,11 @@
 //! parses the command line and dispatches, so that adding a command touches one
 //! line here.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench_block;
 mod bench_lock;
+mod mount;
 mod store_cmd;
 
 #[derive(Parser)]
@@ -23,6 +24,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Mount a memfs (returns once it is usable; serves in the background).
+    Mount(mount::MountArgs),
+    /// Unmount a memfs.
+    #[command(alias = "unmount")]
+    Umount(mount::UmountArgs),
     /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
     Store(store_cmd::Args),
     /// Run a benchmark against its baseline.
@@ -38,9 +44,38 @@ enum BenchCommand {
     Lock(bench_lock::Args),
 }
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MEMFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// mount(8) runs `memfs SOURCE MOUNTPOINT -o OPTIONS` for `-t fuse.memfs` and
+/// `memfs#SOURCE` entries in /etc/fstab: treat that as `memfs mount`.
+fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let is_command = |a: &std::ffi::OsStr| {
+        let s = a.to_string_lossy();
+        s.starts_with('-') || Cli::command().find_subcommand(&*s).is_some() || s == "help"
+    };
+    if args.len() >= 3 && !is_command(&args[1]) {
+        args.remove(1); // the source ("memfs"): there is no device
+        args.insert(1, "mount".into());
+    }
+    args
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    init_tracing();
+    let cli = Cli::parse_from(mount_helper_args(std::env::args_os().collect()));
     let result: anyhow::Result<()> = match cli.command {
+        Command::Mount(args) => mount::run_mount(args),
+        Command::Umount(args) => mount::run_umount(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),

@@ -401,6 +401,7 @@ impl Fs {
     // ---- creating nodes ----------------------------------------------------------
 
     /// Creates a node of any type in `parent`. `mode` carries the type bits.
+    #[allow(clippy::too_many_arguments)]
     fn make_node(
         &self,
         ctx: Ctx,
@@ -741,7 +742,7 @@ impl Fs {
         let chains = Some((&src_chain[..], &dst_chain[..]));
         let victim =
             self.rename_locked(&mut pair, parent, name, newparent, newname, flags, chains)?;
-        drop(pair);
+        let _ = pair;
         drop(a);
         drop(b);
         if let Some(v) = victim {

@@ -37,7 +37,8 @@ pub(crate) enum Family {
 pub(crate) struct Waiter {
     family: Family,
     req: RangeLock,
-    done: LockCallback,
+    // In a mutex only to make the table Sync; it is never contended.
+    done: parking_lot::Mutex<LockCallback>,
 }
 
 #[derive(Default)]
@@ -134,7 +135,7 @@ impl LockTable {
         while i < self.waiters.len() {
             if self.waiters[i].family == family && self.waiters[i].req.owner == owner {
                 let w = self.waiters.remove(i);
-                done.push((w.done, Err(Errno::EINTR)));
+                done.push((w.done.into_inner(), Err(Errno::EINTR)));
             } else {
                 i += 1;
             }
@@ -144,7 +145,11 @@ impl LockTable {
     }
 
     pub fn park(&mut self, family: Family, req: RangeLock, done: LockCallback) {
-        self.waiters.push(Waiter { family, req, done });
+        self.waiters.push(Waiter {
+            family,
+            req,
+            done: parking_lot::Mutex::new(done),
+        });
     }
 
     /// Owners some waiter of `owner` is blocked by (for deadlock detection).
@@ -170,7 +175,7 @@ impl LockTable {
             // Granting cannot release anything, so no recursion is needed.
             let more = self.apply(w.family, w.req, true);
             debug_assert!(more.is_empty());
-            granted.push((w.done, Ok(())));
+            granted.push((w.done.into_inner(), Ok(())));
         }
     }
 }

@@ -3,9 +3,12 @@
 use crate::types::{XATTR_LIST_MAX, XATTR_NAME_MAX, XATTR_SIZE_MAX, XattrMode};
 use crate::{Errno, Result};
 
+/// A name and its value.
+type Entry = (Box<[u8]>, Box<[u8]>);
+
 #[derive(Clone, Default)]
 pub(crate) struct Xattrs {
-    entries: Vec<(Box<[u8]>, Box<[u8]>)>,
+    entries: Vec<Entry>,
 }
 
 /// Checks a name the way Linux's VFS does before a file system sees it.

@@ -1,1 +1,758 @@
-//! memfs-fuse
+//! memfs kernel adapter: serves a [`memfs_fs::Fs`] through FUSE.
+//!
+//! This crate is a translation layer only: every decision about file system
+//! semantics lives in the engine. What is decided here is how the kernel is
+//! talked to: worker threads (one cloned `/dev/fuse` descriptor each), the
+//! capabilities negotiated at INIT, cache timeouts, and replies to blocking
+//! lock requests that are sent later, from whichever thread releases the lock.
+
+use std::cell::RefCell;
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Config, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+};
+use memfs_fs::{
+    Attr, Ctx, Errno, FallocateMode, FileType, Fs, RenameFlags, SetAttr, SetTime, Timespec,
+    XattrMode,
+};
+
+/// Largest request the kernel sends us: 1 MiB (256 pages).
+pub const MAX_WRITE: u32 = 1 << 20;
+
+/// How the file system is presented to the kernel.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Worker threads reading requests, each from its own cloned /dev/fuse descriptor.
+    pub threads: usize,
+    /// Let the kernel cache writes and send them in the background.
+    pub writeback_cache: bool,
+    /// Let users other than the one who mounted use the file system.
+    pub allow_other: bool,
+    /// How long the kernel may cache names and attributes.
+    pub entry_timeout: Duration,
+    pub attr_timeout: Duration,
+    /// Name shown as the source in /proc/mounts.
+    pub fsname: String,
+    /// Further mount options passed to the kernel as they are.
+    pub extra: Vec<String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            threads: default_threads(),
+            writeback_cache: false,
+            allow_other: false,
+            entry_timeout: Duration::from_secs(1),
+            attr_timeout: Duration::from_secs(1),
+            fsname: "memfs".into(),
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// One worker per CPU: see docs/fuse.md for the measurements behind it.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 16)
+}
+
+/// A mounted file system that is not served yet; [`Mounted::run`] serves it.
+pub struct Mounted {
+    session: fuser::Session<MemFuse>,
+}
+
+/// Unmounts a [`Mounted`] from another thread (signal handlers).
+pub struct Unmounter(fuser::SessionUnmounter);
+
+impl Unmounter {
+    pub fn unmount(&mut self) -> io::Result<()> {
+        self.0.unmount()
+    }
+}
+
+impl Mounted {
+    pub fn unmounter(&mut self) -> Unmounter {
+        Unmounter(self.session.unmount_callable())
+    }
+
+    /// Serves requests until the file system is unmounted.
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
+    }
+}
+
+/// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
+/// FUSE handshake, so the mount is usable when this returns.
+pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+    let mut mount_options = vec![
+        MountOption::FSName(opts.fsname.clone()),
+        MountOption::Subtype("memfs".into()),
+        MountOption::DefaultPermissions,
+        // Like tmpfs: device nodes and setuid programs work unless the user says otherwise.
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    for o in &opts.extra {
+        let o = kernel_option(o);
+        // A later flag overrides an earlier one (nodev after the default dev).
+        let opposite = match o {
+            MountOption::NoDev => Some(MountOption::Dev),
+            MountOption::NoSuid => Some(MountOption::Suid),
+            _ => None,
+        };
+        mount_options.retain(|m| Some(m) != opposite.as_ref());
+        mount_options.push(o);
+    }
+    let mut config = Config::default();
+    config.mount_options = mount_options;
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    let adapter = MemFuse {
+        fs,
+        entry_ttl: opts.entry_timeout,
+        attr_ttl: opts.attr_timeout,
+        writeback: opts.writeback_cache,
+    };
+    let session = fuser::Session::new(adapter, mountpoint, &config)?;
+    Ok(Mounted { session })
+}
+
+fn kernel_option(o: &str) -> MountOption {
+    match o {
+        "ro" => MountOption::RO,
+        "rw" => MountOption::RW,
+        "exec" => MountOption::Exec,
+        "noexec" => MountOption::NoExec,
+        "suid" => MountOption::Suid,
+        "nosuid" => MountOption::NoSuid,
+        "dev" => MountOption::Dev,
+        "nodev" => MountOption::NoDev,
+        "atime" => MountOption::Atime,
+        "noatime" => MountOption::NoAtime,
+        "sync" => MountOption::Sync,
+        "async" => MountOption::Async,
+        "dirsync" => MountOption::DirSync,
+        other => MountOption::CUSTOM(other.to_string()),
+    }
+}
+
+/// The FUSE face of the engine.
+pub struct MemFuse {
+    fs: Arc<Fs>,
+    entry_ttl: Duration,
+    attr_ttl: Duration,
+    writeback: bool,
+}
+
+fn err(e: Errno) -> fuser::Errno {
+    fuser::Errno::from_i32(e.0)
+}
+
+fn kind(k: FileType) -> fuser::FileType {
+    match k {
+        FileType::RegularFile => fuser::FileType::RegularFile,
+        FileType::Directory => fuser::FileType::Directory,
+        FileType::Symlink => fuser::FileType::Symlink,
+        FileType::NamedPipe => fuser::FileType::NamedPipe,
+        FileType::Socket => fuser::FileType::Socket,
+        FileType::CharDevice => fuser::FileType::CharDevice,
+        FileType::BlockDevice => fuser::FileType::BlockDevice,
+    }
+}
+
+fn fuse_attr(a: &Attr) -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime.to_system_time(),
+        mtime: a.mtime.to_system_time(),
+        ctime: a.ctime.to_system_time(),
+        crtime: a.ctime.to_system_time(),
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
+    t.map(|t| match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(Timespec::from_system_time(st)),
+    })
+}
+
+thread_local! {
+    // Reads reuse one buffer per worker instead of allocating up to 1 MiB per request.
+    static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Kernel lock owners and flock ids are distinct spaces; memfs keeps POSIX
+/// record locks in the engine and lets the kernel emulate flock locally (the
+/// FUSE library in use cannot tell a flock request from a record lock).
+const GENERATION: Generation = Generation(0);
+
+impl MemFuse {
+    fn entry(&self, reply: ReplyEntry, r: memfs_fs::Result<Attr>) {
+        match r {
+            Ok(a) => {
+                reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &fuse_attr(&a), GENERATION)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn empty(reply: ReplyEmpty, r: memfs_fs::Result<()>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        // Every change goes through this kernel, so its page cache never goes
+        // stale: keep it across opens. Direct writes to one file may run in parallel:
+        // the engine serialises them per inode itself.
+        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+    }
+}
+
+impl Filesystem for MemFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let wanted = [
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_POSIX_LOCKS,
+            InitFlags::FUSE_EXPORT_SUPPORT,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ];
+        for f in wanted {
+            if let Err(missing) = config.add_capabilities(f) {
+                tracing::debug!("kernel lacks capability {missing:?}");
+            }
+        }
+        if self.writeback {
+            config
+                .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
+                .map_err(|_| io::Error::other("the kernel does not support writeback caching"))?;
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_readahead(MAX_WRITE);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: set_time(atime),
+            mtime: set_time(mtime),
+            ctime: ctime.map(Timespec::from_system_time),
+        };
+        match self.fs.setattr(ctx(req), ino.0, &set) {
+            Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            reply,
+            self.fs
+                .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            reply,
+            self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let r = self.fs.symlink(
+            ctx(req),
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        );
+        self.entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = RenameFlags::from_bits(flags.bits()).and_then(|f| {
+            self.fs.rename(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                f,
+            )
+        });
+        Self::empty(reply, r);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.open(ino.0, flags.0) {
+            Ok(()) => reply.opened(FileHandle(0), self.open_flags()),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        READ_BUF.with_borrow_mut(|buf| {
+            if buf.len() < size as usize {
+                buf.resize(size as usize, 0);
+            }
+            match self.fs.read(ino.0, offset, &mut buf[..size as usize]) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(err(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // With writeback caching the kernel places every page itself; honouring
+        // O_APPEND here too would move cached pages to the end of the file.
+        let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
+        match self.fs.write(ctx(req), ino.0, offset, data, append) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close(2) by a process drops all of its record locks on the file.
+        self.fs.release_locks(ino.0, lock_owner.0);
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        if let Some(owner) = lock_owner {
+            // The end of an open file description ends its OFD locks.
+            self.fs.release_locks(ino.0, owner.0);
+        }
+        self.fs.release(ino.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.fs.fsync(ino.0));
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.getattr(ino.0) {
+            Ok(a) if a.kind == FileType::Directory => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
+            Ok(_) => reply.error(fuser::Errno::ENOTDIR),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.fs.readdir(ino.0, offset, |e| {
+            !reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                kind(e.kind),
+                OsStr::from_bytes(e.name),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let r = self.fs.readdirplus(ino.0, offset, |e, a| {
+            !reply.add(
+                INodeNo(e.ino),
+                e.offset,
+                OsStr::from_bytes(e.name),
+                &self.entry_ttl,
+                &fuse_attr(a),
+                GENERATION,
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.fs.fsync(ino.0));
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let r = XattrMode::from_flags(flags)
+            .and_then(|m| self.fs.setxattr(ino.0, name.as_bytes(), value, m));
+        Self::empty(reply, r);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.fs.listxattr(ino.0));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let excl = flags & libc::O_EXCL != 0;
+        match self
+            .fs
+            .create(ctx(req), parent.0, name.as_bytes(), mode, excl)
+        {
+            Ok((a, _)) => reply.created(
+                &self.entry_ttl,
+                &fuse_attr(&a),
+                GENERATION,
+                FileHandle(0),
+                self.open_flags(),
+            ),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        match self.fs.getlk(ino.0, lock_owner.0, start, end, typ, pid) {
+            Ok(l) => reply.locked(l.start, l.end, l.typ, l.pid),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        if sleep {
+            // The reply travels with the waiter and is sent by whichever thread
+            // grants the lock: no worker sleeps while a lock is held elsewhere.
+            self.fs.setlkw(
+                ino.0,
+                lock_owner.0,
+                start,
+                end,
+                typ,
+                pid,
+                Box::new(move |r| Self::empty(reply, r)),
+            );
+        } else {
+            Self::empty(
+                reply,
+                self.fs.setlk(ino.0, lock_owner.0, start, end, typ, pid),
+            );
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = FallocateMode::from_bits(mode)
+            .and_then(|m| self.fs.fallocate(ino.0, offset, length, m));
+        Self::empty(reply, r);
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        if offset < 0 {
+            return reply.error(fuser::Errno::ENXIO);
+        }
+        match self.fs.lseek(ino.0, offset as u64, whence) {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    fn copy_file_range(
+        &self,
+        req: &Request,
+        ino_in: INodeNo,
+        _fh_in: FileHandle,
+        offset_in: u64,
+        ino_out: INodeNo,
+        _fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel caps one request; it loops for larger copies.
+        let len = len.min(u32::MAX as u64 & !0xfff);
+        match self
+            .fs
+            .copy_file_range(ctx(req), ino_in.0, offset_in, ino_out.0, offset_out, len)
+        {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(err(e)),
+        }
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, r: memfs_fs::Result<Vec<u8>>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(err(e)),
+    }
+}
