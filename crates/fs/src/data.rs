@@ -222,7 +222,7 @@ mod tests {
     fn write_across_pages_and_whole_pages() {
         let mut d = FileData::default();
         let data: Vec<u8> = (0..3 * PAGE_SIZE + 7).map(|i| (i % 251) as u8).collect();
-        assert_eq!(d.write(PAGE as u64 - 3, &data), 5);
+        assert_eq!(d.write(PAGE - 3, &data), 5);
         let mut back = vec![0; data.len()];
         d.read(PAGE - 3, &mut back);
         assert_eq!(back, data);
