@@ -130,6 +130,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         fs,
         next_fh: AtomicU64::new(1),
         lock_owners: Mutex::new(HashMap::new()),
+        waits: Arc::new(Mutex::new(HashMap::new())),
         entry_ttl: opts.entry_timeout,
         attr_ttl: opts.attr_timeout,
         writeback: opts.writeback_cache,
@@ -170,6 +171,8 @@ pub struct MemFuse {
     /// handle is released, every process that used it has closed it.)
     /// Touched only by lock requests and releases of handles that locked.
     lock_owners: Mutex<HashMap<u64, Vec<u64>>>,
+    /// Blocked lock requests by FUSE request id, so an interrupt can cancel them.
+    waits: Arc<Mutex<HashMap<u64, u64>>>,
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback: bool,
@@ -697,9 +700,24 @@ impl Filesystem for MemFuse {
         }
     }
 
+    fn interrupt(&self, _req: &Request, unique: fuser::RequestId) -> Result<(), fuser::Errno> {
+        // Only lock waits block for long; anything else finishes by itself.
+        let ino = self
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&unique.0)
+            .copied();
+        match ino {
+            Some(ino) if self.fs.cancel_lock_wait(ino, unique.0) => Ok(()),
+            // Not parked yet (or already answered: then the kernel drops this reply).
+            _ => Err(fuser::Errno::EAGAIN),
+        }
+    }
+
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         lock_owner: LockOwner,
@@ -716,6 +734,12 @@ impl Filesystem for MemFuse {
         if sleep {
             // The reply travels with the waiter and is sent by whichever thread
             // grants the lock: no worker sleeps while a lock is held elsewhere.
+            let unique = req.unique().0;
+            self.waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(unique, ino.0);
+            let waits = self.waits.clone();
             self.fs.setlkw(
                 ino.0,
                 lock_owner.0,
@@ -723,7 +747,14 @@ impl Filesystem for MemFuse {
                 end,
                 typ,
                 pid,
-                Box::new(move |r| Self::empty(reply, r)),
+                unique,
+                Box::new(move |r| {
+                    waits
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&unique);
+                    Self::empty(reply, r)
+                }),
             );
         } else {
             Self::empty(
