@@ -235,6 +235,7 @@ mod tests {
         t.park(
             Family::Posix,
             l(0, 0, true, 2),
+            7,
             Box::new(move |r| *g.lock().unwrap() = Some(r)),
         );
         let done = t.release_owner(Family::Posix, 1);
