@@ -1565,6 +1565,10 @@ impl Fs {
 
     fn release_family(&self, ino: u64, owner: u64, family: Family) {
         let Ok(inode) = self.get(ino) else { return };
+        // Closes are frequent and locks rare: do not queue behind writers for nothing.
+        if inode.state.read().locks.is_none() {
+            return;
+        }
         let mut st = inode.state.write();
         let Some(table) = st.locks.as_mut() else {
             return;
