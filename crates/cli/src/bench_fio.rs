@@ -175,7 +175,11 @@ pub fn parse_fio_json(out: &str) -> anyhow::Result<FioResult> {
         .get("jobs")
         .and_then(|j| j.get(0))
         .context("fio's JSON has no jobs")?;
-    if let Some(err) = job.get("error").and_then(|e| e.as_i64()).filter(|&e| e != 0) {
+    if let Some(err) = job
+        .get("error")
+        .and_then(|e| e.as_i64())
+        .filter(|&e| e != 0)
+    {
         bail!(
             "fio reported error {err} ({})",
             nix::errno::Errno::from_raw(err as i32).desc()
@@ -285,7 +289,8 @@ pub fn fio_available(fio: &Path) -> bool {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     install_interrupt_handler();
-    let size = parse_bytes(&args.size).with_context(|| format!("invalid --size {:?}", args.size))?;
+    let size =
+        parse_bytes(&args.size).with_context(|| format!("invalid --size {:?}", args.size))?;
     if args.bs.is_empty() {
         bail!("--bs needs at least one block size");
     }
@@ -334,9 +339,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     if let Target::Memfs(m) = &subject {
         let mem = m.memory()?;
-        report.figures.push(
-            Figure::new("fio.server_vmhwm", "MiB", mem.hwm as f64 / MIB).lower_is_better(),
-        );
+        report
+            .figures
+            .push(Figure::new("fio.server_vmhwm", "MiB", mem.hwm as f64 / MIB).lower_is_better());
     }
     report.duration_secs = started.elapsed().as_secs_f64();
     print!("{}", report.table());
@@ -373,7 +378,9 @@ mod tests {
         assert_eq!(job.prefix(), "fio.4k.direct.verify");
         assert_eq!(job.target(), None);
         assert_eq!(
-            FioJob::new("1m", 1 << 30, 30, true, false).unwrap().target(),
+            FioJob::new("1m", 1 << 30, 30, true, false)
+                .unwrap()
+                .target(),
             Some(3200.0)
         );
         assert!(FioJob::new("100", 1 << 20, 1, true, false).is_err());

@@ -48,7 +48,11 @@ fn settle() {
 }
 
 /// Creates `files` empty files on a fresh mount; figures `memory.files.*`.
-pub fn files_figures(files: u64, threads: usize, memfs_args: &[String]) -> anyhow::Result<Vec<Figure>> {
+pub fn files_figures(
+    files: u64,
+    threads: usize,
+    memfs_args: &[String],
+) -> anyhow::Result<Vec<Figure>> {
     if threads == 0 {
         bail!("--threads must be at least 1");
     }
@@ -68,7 +72,8 @@ pub fn files_figures(files: u64, threads: usize, memfs_args: &[String]) -> anyho
                 let (root, done) = (mount.path(), &done);
                 s.spawn(move || -> anyhow::Result<()> {
                     let dir = root.join(format!("memory-{t}"));
-                    std::fs::create_dir(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
+                    std::fs::create_dir(&dir)
+                        .with_context(|| format!("mkdir {}", dir.display()))?;
                     let fd = nix::fcntl::open(
                         &dir,
                         nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
@@ -94,7 +99,8 @@ pub fn files_figures(files: u64, threads: usize, memfs_args: &[String]) -> anyho
             }
         }
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("a creating thread panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a creating thread panicked"))??;
         }
         Ok(())
     })?;
@@ -109,7 +115,14 @@ pub fn files_figures(files: u64, threads: usize, memfs_args: &[String]) -> anyho
     );
     // The target is for a million files; below that the idle size dominates.
     let target = (files >= 1_000_000).then(|| FILES_TARGET_MIB_PER_MILLION * files as f64 / 1e6);
-    Ok(mem_figures("memory.files", idle, after, target, files as f64, "bytes/file"))
+    Ok(mem_figures(
+        "memory.files",
+        idle,
+        after,
+        target,
+        files as f64,
+        "bytes/file",
+    ))
 }
 
 fn mem_figures(
@@ -146,7 +159,8 @@ pub fn data_figures(bytes: u64, memfs_args: &[String]) -> anyhow::Result<Vec<Fig
     let idle = mount.memory()?;
     let path = mount.path().join("data");
     eprintln!("memory: writing {bytes} bytes to {}...", path.display());
-    let mut file = std::fs::File::create(&path).with_context(|| format!("create {}", path.display()))?;
+    let mut file =
+        std::fs::File::create(&path).with_context(|| format!("create {}", path.display()))?;
     // Data that no page could be shared or deduplicated from.
     let mut chunk = vec![0u8; 1 << 20];
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -164,7 +178,8 @@ pub fn data_figures(bytes: u64, memfs_args: &[String]) -> anyhow::Result<Vec<Fig
             .with_context(|| format!("write {}", path.display()))?;
         left -= n as u64;
     }
-    file.sync_all().with_context(|| format!("fsync {}", path.display()))?;
+    file.sync_all()
+        .with_context(|| format!("fsync {}", path.display()))?;
     drop(file);
     settle();
     let after = mount.memory()?;
@@ -175,7 +190,14 @@ pub fn data_figures(bytes: u64, memfs_args: &[String]) -> anyhow::Result<Vec<Fig
     );
     // The target is for 1 GiB; below that the idle size dominates.
     let target = (bytes >= 1 << 30).then(|| bytes as f64 * DATA_OVERHEAD / MIB);
-    Ok(mem_figures("memory.data", idle, after, target, bytes as f64 / MIB, "bytes/MiB"))
+    Ok(mem_figures(
+        "memory.data",
+        idle,
+        after,
+        target,
+        bytes as f64 / MIB,
+        "bytes/MiB",
+    ))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -196,7 +218,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }),
     );
     if args.files > 0 {
-        report.figures.extend(files_figures(args.files, args.threads, &memfs_args)?);
+        report
+            .figures
+            .extend(files_figures(args.files, args.threads, &memfs_args)?);
     }
     if data > 0 {
         report.figures.extend(data_figures(data, &memfs_args)?);

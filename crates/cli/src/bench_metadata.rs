@@ -158,8 +158,12 @@ fn open_all(dirfd: &OwnedFd, dir: &Path, names: &[CString]) -> anyhow::Result<()
 
 fn stat_all(dirfd: &OwnedFd, dir: &Path, names: &[CString]) -> anyhow::Result<()> {
     for name in names {
-        let st = fstatat(dirfd, name.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| op_err("stat", dir, name, e))?;
+        let st = fstatat(
+            dirfd,
+            name.as_c_str(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| op_err("stat", dir, name, e))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             bail!(
                 "stat {}/{}: not a regular file (mode {:o})",
@@ -205,7 +209,10 @@ impl Shared {
         }
         if let Err(e) = f() {
             self.failed.store(true, Ordering::Relaxed);
-            self.error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            self.error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(e);
         }
     }
 }
@@ -360,7 +367,12 @@ pub fn measure(
                 bail!("interrupted");
             }
             let rates = run_once(t.path(), w).with_context(|| {
-                format!("iteration {} on {} ({})", i + 1, t.name(), t.path().display())
+                format!(
+                    "iteration {} on {} ({})",
+                    i + 1,
+                    t.name(),
+                    t.path().display()
+                )
             })?;
             all[ti].push(rates);
         }
@@ -463,9 +475,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     let mut report = Report::new("metadata", config);
     report.subject = subject.name();
-    let base = baseline
-        .as_ref()
-        .map(|b| (b.name(), results[1].as_slice()));
+    let base = baseline.as_ref().map(|b| (b.name(), results[1].as_slice()));
     report.figures = figures(
         &prefix(&w),
         &w,

@@ -42,9 +42,7 @@ pub fn install_interrupt_handler() {
 }
 
 pub fn interrupted() -> bool {
-    INTERRUPTED
-        .get()
-        .is_some_and(|f| f.load(Ordering::Relaxed))
+    INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
 pub fn check_interrupted() -> anyhow::Result<()> {
@@ -546,10 +544,17 @@ impl Report {
                     f.baseline.map_or_else(|| "-".into(), fmt_num),
                     f.baseline_stddev.map_or_else(String::new, fmt_num),
                     f.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
-                    f.target.map_or_else(|| "-".into(), |t| {
-                        let op = if f.better == Better::Higher { ">=" } else { "<=" };
-                        format!("{op} {}", fmt_num(t))
-                    }),
+                    f.target.map_or_else(
+                        || "-".into(),
+                        |t| {
+                            let op = if f.better == Better::Higher {
+                                ">="
+                            } else {
+                                "<="
+                            };
+                            format!("{op} {}", fmt_num(t))
+                        },
+                    ),
                     match f.met {
                         Some(true) => "yes".into(),
                         Some(false) => "NO".into(),
@@ -661,7 +666,12 @@ mod tests {
             .target(Some(300.0))
             .lower_is_better();
         assert_eq!(g.met, Some(true));
-        assert!(Figure::new("z", "u", 1.0).baseline("b", 0.0, None).ratio.is_none());
+        assert!(
+            Figure::new("z", "u", 1.0)
+                .baseline("b", 0.0, None)
+                .ratio
+                .is_none()
+        );
     }
 
     #[test]
@@ -670,9 +680,12 @@ mod tests {
         assert_eq!(fmt_num(-1234.0), "-1,234");
         assert_eq!(fmt_num(12.345), "12.3");
         let mut r = Report::new("t", serde_json::json!({}));
-        r.figures.push(Figure::new("a.b", "MiB/s", 1000.0).target(Some(10.0)));
+        r.figures
+            .push(Figure::new("a.b", "MiB/s", 1000.0).target(Some(10.0)));
         let t = r.table();
-        assert!(t.contains("a.b") && t.contains("1,000") && t.contains(">= 10.0") && t.contains("yes"));
+        assert!(
+            t.contains("a.b") && t.contains("1,000") && t.contains(">= 10.0") && t.contains("yes")
+        );
         assert_eq!(t.lines().count(), 3);
     }
 }
