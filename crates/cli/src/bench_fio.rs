@@ -3,6 +3,7 @@
 //! memfs mount and on tmpfs in the same run. The exact jobs are also written
 //! down as job files in bench/fio/.
 
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -11,8 +12,8 @@ use anyhow::{Context, bail};
 
 use crate::bench_metadata::Target;
 use crate::bench_util::{
-    Figure, MIB, MemfsMount, Report, TmpfsDir, check_interrupted, install_interrupt_handler,
-    split_args,
+    ChildGuard, Figure, MIB, MemfsMount, Report, TmpfsDir, check_interrupted,
+    install_interrupt_handler, progress, split_args,
 };
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,25 +200,44 @@ pub fn parse_fio_json(out: &str) -> anyhow::Result<FioResult> {
     })
 }
 
-/// Runs one job on `dir` and removes its test file afterwards.
-pub fn run_fio(fio: &Path, job: &FioJob, dir: &Path) -> anyhow::Result<FioResult> {
+/// Runs one job on `dir` and removes its test file afterwards. `tick` runs
+/// while fio does (for progress).
+pub fn run_fio(
+    fio: &Path,
+    job: &FioJob,
+    dir: &Path,
+    tick: impl FnMut(),
+) -> anyhow::Result<FioResult> {
     check_interrupted()?;
-    let out = Command::new(fio)
-        .args(job.args(dir))
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("cannot run {} (install fio)", fio.display()))?;
+    // Files rather than pipes: nothing to drain while we wait and poll.
+    let mut out = tempfile::tempfile().context("cannot create a file for fio's output")?;
+    let mut err = tempfile::tempfile().context("cannot create a file for fio's errors")?;
+    let mut cmd = Command::new(fio);
+    let mut guard = ChildGuard(Some(
+        ChildGuard::group(&mut cmd)
+            .args(job.args(dir))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(err.try_clone()?)
+            .spawn()
+            .with_context(|| format!("cannot run {} (install fio)", fio.display()))?,
+    ));
+    let status = guard.wait(tick);
+    drop(guard);
     let _ = std::fs::remove_file(dir.join("testfile"));
-    check_interrupted()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
+    let status = status?;
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    out.rewind()?;
+    out.read_to_string(&mut stdout)?;
+    err.rewind()?;
+    err.read_to_string(&mut stderr)?;
+    if !status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         bail!(
-            "fio {} failed ({}): {}",
+            "fio {} failed ({status}): {}",
             job.prefix(),
-            out.status,
             if tail.is_empty() {
                 stdout.chars().take(2000).collect::<String>()
             } else {
@@ -236,19 +256,28 @@ pub fn measure(
     jobs: &[FioJob],
 ) -> anyhow::Result<Vec<Vec<FioResult>>> {
     let mut all = vec![Vec::with_capacity(jobs.len()); targets.len()];
+    // Time based runs: the bar counts seconds (fio's layout comes on top).
+    let total: u64 = jobs.iter().map(|j| j.runtime_secs).sum::<u64>() * targets.len() as u64;
+    let bar = progress(
+        total,
+        "{msg:32} [{elapsed_precise}] {wide_bar} {pos}/{len} s (about {eta} left)",
+    );
+    let mut done = 0;
     for job in jobs {
         for (ti, t) in targets.iter().enumerate() {
-            eprintln!(
-                "fio: {} on {} ({} s)...",
-                job.prefix(),
-                t.name(),
-                job.runtime_secs
-            );
-            let r = run_fio(fio, job, t.path())
+            bar.set_message(format!("{} on {}", job.prefix(), t.name()));
+            let started = Instant::now();
+            let tick = || {
+                bar.set_position(done + started.elapsed().as_secs().min(job.runtime_secs));
+            };
+            let r = run_fio(fio, job, t.path(), tick)
                 .with_context(|| format!("on {} ({})", t.name(), t.path().display()))?;
+            done += job.runtime_secs;
+            bar.set_position(done);
             all[ti].push(r);
         }
     }
+    bar.finish_and_clear();
     Ok(all)
 }
 
@@ -306,6 +335,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     let started = Instant::now();
+    // Machine and load are recorded as they were when the run began.
+    let mut report = Report::new("fio", serde_json::Value::Null);
     let memfs_args = split_args(&args.memfs_args);
     let subject = Target::Memfs(MemfsMount::new(&memfs_args)?);
     let baseline = match args.baseline {
@@ -330,7 +361,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "memfs_args": memfs_args,
         "fio_args": jobs.iter().map(|j| j.args(Path::new("MNT")).join(" ")).collect::<Vec<_>>(),
     });
-    let mut report = Report::new("fio", config);
+    report.config = config;
     let base_name = baseline.as_ref().map(Target::name);
     report.figures = figures(
         &jobs,

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use crate::bench_metadata::create_files;
 use crate::bench_util::{
     Figure, MIB, MemfsMount, ProcMemory, Report, check_interrupted, install_interrupt_handler,
-    split_args,
+    progress, split_args,
 };
 
 #[derive(clap::Args, Debug, Clone)]
@@ -86,18 +86,19 @@ pub fn files_figures(
                 })
             })
             .collect();
-        let mut last = Instant::now();
+        let bar = progress(
+            files,
+            "creating files [{elapsed_precise}] {wide_bar} {pos}/{len} {msg} (about {eta} left)",
+        );
         while !handles.iter().all(|h| h.is_finished()) {
-            std::thread::sleep(Duration::from_millis(50));
-            if last.elapsed() >= Duration::from_secs(5) {
-                last = Instant::now();
-                eprintln!(
-                    "memory: {} files, server VmRSS {:.1} MiB",
-                    done.load(Ordering::Relaxed),
-                    mount.memory().map_or(0.0, |m| m.rss as f64 / MIB)
-                );
-            }
+            std::thread::sleep(Duration::from_millis(100));
+            bar.set_position(done.load(Ordering::Relaxed));
+            bar.set_message(format!(
+                "server VmRSS {:.1} MiB",
+                mount.memory().map_or(0.0, |m| m.rss as f64 / MIB)
+            ));
         }
+        bar.finish_and_clear();
         for h in handles {
             h.join()
                 .map_err(|_| anyhow::anyhow!("a creating thread panicked"))??;

@@ -22,7 +22,7 @@ use nix::unistd::{UnlinkatFlags, close, fsync, unlinkat};
 
 use crate::bench_util::{
     DiskDir, Figure, MemfsMount, Report, TmpfsDir, check_interrupted, install_interrupt_handler,
-    interrupted, mean_sd, split_args,
+    interrupted, mean_sd, progress, split_args,
 };
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,10 +359,15 @@ pub fn measure(
     iterations: usize,
 ) -> anyhow::Result<Vec<Vec<PhaseRates>>> {
     let mut all = vec![Vec::with_capacity(iterations); targets.len()];
+    let bar = progress(
+        (iterations * targets.len()) as u64,
+        "metadata [{elapsed_precise}] {wide_bar} {pos}/{len} runs {msg}",
+    );
     // Alternate targets every iteration so that a burst of load from other
     // work on the machine hits both rather than one.
     for i in 0..iterations {
         for (ti, t) in targets.iter().enumerate() {
+            bar.set_message(t.name());
             if interrupted() {
                 bail!("interrupted");
             }
@@ -375,8 +380,10 @@ pub fn measure(
                 )
             })?;
             all[ti].push(rates);
+            bar.inc(1);
         }
     }
+    bar.finish_and_clear();
     Ok(all)
 }
 
@@ -428,6 +435,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bail!("--iterations must be at least 1");
     }
     let started = Instant::now();
+    // Machine and load are recorded as they were when the run began.
+    let mut report = Report::new("metadata", serde_json::Value::Null);
     let memfs_args = split_args(&args.memfs_args);
     let subject = match &args.path {
         Some(p) => {
@@ -473,7 +482,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "baseline": baseline.as_ref().map(Target::name),
         "memfs_args": memfs_args,
     });
-    let mut report = Report::new("metadata", config);
+    report.config = config;
     report.subject = subject.name();
     let base = baseline.as_ref().map(|b| (b.name(), results[1].as_slice()));
     report.figures = figures(

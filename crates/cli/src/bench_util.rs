@@ -628,6 +628,66 @@ pub fn mean_sd(values: &[f64]) -> (f64, Option<f64>) {
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 
+/// A progress bar on standard error (hidden when it is not a terminal).
+pub fn progress(len: u64, template: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// A child process that is killed and reaped if it is still running when
+/// dropped (errors, interrupts, panics): SIGTERM, then SIGKILL after a grace
+/// period. Spawned in a process group of its own (see [`ChildGuard::group`]),
+/// it does not get the terminal's Ctrl-C directly (we stop it ourselves) and
+/// its whole group is killed if it does not leave in time.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Prepares `cmd` to lead a process group of its own.
+    pub fn group(cmd: &mut Command) -> &mut Command {
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0)
+    }
+
+    /// Waits for the child, polling so that an interrupt is noticed and
+    /// `tick` runs about every 100 ms.
+    pub fn wait(&mut self, mut tick: impl FnMut()) -> anyhow::Result<std::process::ExitStatus> {
+        let child = self.0.as_mut().context("child already reaped")?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.0 = None;
+                return Ok(status);
+            }
+            check_interrupted()?;
+            tick();
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            // Ask first: fio forks its jobs into sessions of their own and
+            // only stops them itself, on SIGTERM.
+            let pid = nix::unistd::Pid::from_raw(c.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let gone = poll_until(EXIT_GRACE, || matches!(c.try_wait(), Ok(Some(_))));
+            if !gone {
+                if nix::unistd::getpgid(Some(pid)) == Ok(pid) {
+                    // It leads its own group (and is not reaped yet, so the
+                    // id cannot have been reused): take the group with it.
+                    let _ = nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL);
+                }
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
