@@ -529,6 +529,13 @@ mod tests {
             assert!(rates.iter().all(|r| r.is_finite() && *r > 0.0), "{rates:?}");
             assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         }
+        let dir = tempfile::tempdir().unwrap();
+        let w = Workload {
+            sync: true,
+            ..shape(20, 2, true)
+        };
+        assert!(run_once(dir.path(), &w).unwrap()[0] > 0.0);
+        assert_eq!(prefix(&w), "metadata.t2.shared.sync");
     }
 
     #[test]
