@@ -200,7 +200,21 @@ pub fn parse_fio_json(out: &str) -> anyhow::Result<FioResult> {
     })
 }
 
-/// Runs one job on `dir` and removes its test file afterwards. `tick` runs
+/// Removes the test file and fio's verify state files from `dir`.
+fn remove_fio_files(dir: &Path) {
+    let _ = std::fs::remove_file(dir.join("testfile"));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("local-") && name.ends_with("-verify.state") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+/// Runs one job on `dir` and removes its files afterwards. `tick` runs
 /// while fio does (for progress).
 pub fn run_fio(
     fio: &Path,
@@ -216,6 +230,9 @@ pub fn run_fio(
     let mut guard = ChildGuard(Some(
         ChildGuard::group(&mut cmd)
             .args(job.args(dir))
+            // With verification fio saves a state file in its working
+            // directory: keep it in the directory under test.
+            .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(err.try_clone()?)
@@ -224,7 +241,7 @@ pub fn run_fio(
     ));
     let status = guard.wait(tick);
     drop(guard);
-    let _ = std::fs::remove_file(dir.join("testfile"));
+    remove_fio_files(dir);
     let status = status?;
     let mut stdout = String::new();
     let mut stderr = String::new();

@@ -263,6 +263,15 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
     );
     let figs = check_report(&v, "fio");
     assert_eq!(figs[0]["figure"], "fio.4k.direct.verify.read");
+    // fio's verify state file must not land in our working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let stray: Vec<_> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with("-verify.state"))
+        .map(|e| e.path())
+        .collect();
+    assert!(stray.is_empty(), "fio left {stray:?}");
     assert!(figs[0]["baseline"].is_null());
 
     // memory: server resident size against the idle server.
