@@ -1,17 +1,16 @@
 //! Sparse file contents.
 //!
 //! A file is a map from page index to a 4 KiB page. Holes are absent pages, so a
-//! 1 TiB sparse file costs one empty map. Pages are reference counted so that a
-//! point-in-time copy of a file (for checkpoints and snapshots) is a map clone;
-//! a writer then copies only the pages it touches (`Arc::make_mut`).
+//! 1 TiB sparse file costs one empty map. A page is exactly one 4096-byte
+//! allocation: a reference count in front of it (`Arc`) pushed each page into
+//! the allocator's next size class and cost 35 % more memory than the data
+//! (measured with `memfs bench memory`, see docs/bench-issue2.md).
 //!
 //! Invariant: no page holds bytes at or beyond the file size other than zeros.
 //! Truncation zeroes the tail of the last page, so growing a file again can never
 //! expose old contents.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use crate::types::PAGE_SIZE;
 
 pub(crate) type Page = [u8; PAGE_SIZE];
@@ -20,11 +19,16 @@ const PAGE: u64 = PAGE_SIZE as u64;
 
 #[derive(Clone, Default)]
 pub(crate) struct FileData {
-    pages: BTreeMap<u64, Arc<Page>>,
+    pages: BTreeMap<u64, Box<Page>>,
 }
 
-fn zero_page() -> Arc<Page> {
-    Arc::new([0u8; PAGE_SIZE])
+fn zero_page() -> Box<Page> {
+    // Zeroed straight from the allocator (calloc), never through the stack.
+    Box::<Page>::try_from(vec![0u8; PAGE_SIZE].into_boxed_slice()).expect("one page")
+}
+
+fn page_from(chunk: &[u8]) -> Box<Page> {
+    Box::<Page>::try_from(Box::<[u8]>::from(chunk)).expect("chunk is one page")
 }
 
 impl FileData {
@@ -80,14 +84,14 @@ impl FileData {
             let n = (PAGE_SIZE - in_page).min(rest.len());
             let (chunk, tail) = rest.split_at(n);
             match self.pages.get_mut(&idx) {
-                Some(page) => Arc::make_mut(page)[in_page..in_page + n].copy_from_slice(chunk),
+                Some(page) => page[in_page..in_page + n].copy_from_slice(chunk),
                 None => {
                     let page = if n == PAGE_SIZE {
                         // A whole page: no need to zero it first.
-                        Arc::new(<Page>::try_from(chunk).expect("chunk is one page"))
+                        page_from(chunk)
                     } else {
                         let mut p = zero_page();
-                        Arc::make_mut(&mut p)[in_page..in_page + n].copy_from_slice(chunk);
+                        p[in_page..in_page + n].copy_from_slice(chunk);
                         p
                     };
                     self.pages.insert(idx, page);
@@ -139,7 +143,7 @@ impl FileData {
             let a = (from.max(pstart) - pstart) as usize;
             let b = (to.min(pstart + PAGE) - pstart) as usize;
             if a < b {
-                Arc::make_mut(page)[a..b].fill(0);
+                page[a..b].fill(0);
             }
         }
     }
@@ -266,7 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn clone_is_copy_on_write() {
+    fn clone_is_independent() {
         let mut d = FileData::default();
         d.write(0, b"hello");
         let snap = d.clone();
