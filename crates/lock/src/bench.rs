@@ -1,0 +1,1 @@
+//! Benchmark engine (filled in below).
