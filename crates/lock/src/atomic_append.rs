@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::byte_ranges::{PoolItem, check_ofd, open_lock_file};
-use crate::sys::{self, LockKind, Liveness, ProcessId};
+use crate::sys::{self, Liveness, LockKind, ProcessId};
 use crate::{Entities, Entity, Error, Held, Result, Wait, io_err, mix64};
 
 pub(crate) const RECORD: u64 = 128;
@@ -99,11 +99,17 @@ impl<'a> Record<'a> {
     }
     fn entities(&self) -> impl Iterator<Item = Entity> + '_ {
         let n = u32::from_le_bytes(self.bytes[12..16].try_into().unwrap()) as usize;
-        (0..n).map(|i| Entity::from_raw(u64::from_le_bytes(self.bytes[32 + i * 8..40 + i * 8].try_into().unwrap())))
+        (0..n).map(|i| {
+            Entity::from_raw(u64::from_le_bytes(
+                self.bytes[32 + i * 8..40 + i * 8].try_into().unwrap(),
+            ))
+        })
     }
     fn conflicts(&self, mine: &[Entity]) -> bool {
-        self.entities()
-            .any(|t| mine.iter().any(|m| m.value() == t.value() && (m.exclusive() || t.exclusive())))
+        self.entities().any(|t| {
+            mine.iter()
+                .any(|m| m.value() == t.value() && (m.exclusive() || t.exclusive()))
+        })
     }
 }
 
@@ -175,7 +181,10 @@ impl AtomicAppend {
             .open(&self.path)
             .map_err(|e| self.err(e))?;
         let rw = open_lock_file(&self.path)?;
-        Ok(PoolItem { file: rw, aux: Some(append) })
+        Ok(PoolItem {
+            file: rw,
+            aux: Some(append),
+        })
     }
 
     fn first_live(&self, rw: &File) -> u64 {
@@ -210,7 +219,13 @@ impl AtomicAppend {
         }
     }
 
-    fn append_and_wait(&self, item: &PoolItem, held: &mut Held, wait: Wait, spin: bool) -> Result<()> {
+    fn append_and_wait(
+        &self,
+        item: &PoolItem,
+        held: &mut Held,
+        wait: Wait,
+        spin: bool,
+    ) -> Result<()> {
         use std::io::{Seek, Write};
         let rec = encode(self.me, &held.entities);
         let mut append = item.aux.as_ref().expect("append description");
@@ -241,7 +256,15 @@ impl AtomicAppend {
     }
 
     /// Waits until no valid record in [from, me) conflicts with `mine`.
-    fn scan(&self, rw: &File, from: u64, me: u64, mine: &[Entity], wait: Wait, spin: bool) -> Result<()> {
+    fn scan(
+        &self,
+        rw: &File,
+        from: u64,
+        me: u64,
+        mine: &[Entity],
+        wait: Wait,
+        spin: bool,
+    ) -> Result<()> {
         let mut buf = vec![0u8; ((me - from) as usize).min(64 << 10)];
         let mut pos = from;
         // While every record seen so far is free, the first live one is later.
@@ -292,7 +315,14 @@ impl AtomicAppend {
     }
 
     /// Sleeps until the record at `at` is released or its owner is dead.
-    fn wait_record(&self, rw: &File, at: u64, owner: ProcessId, wait: Wait, spin: bool) -> Result<()> {
+    fn wait_record(
+        &self,
+        rw: &File,
+        at: u64,
+        owner: ProcessId,
+        wait: Wait,
+        spin: bool,
+    ) -> Result<()> {
         let fd = rw.as_fd();
         let e = |err| self.err(err);
         loop {
@@ -311,7 +341,9 @@ impl AtomicAppend {
                     sys::ofd_setlkw(fd, LockKind::Shared, at, RECORD).map_err(e)?;
                     true
                 }
-                Wait::Until(d) => sys::ofd_setlkw_until(fd, LockKind::Shared, at, RECORD, d).map_err(e)?,
+                Wait::Until(d) => {
+                    sys::ofd_setlkw_until(fd, LockKind::Shared, at, RECORD, d).map_err(e)?
+                }
             };
             if !got {
                 return Err(wait.expired_error());
@@ -320,7 +352,8 @@ impl AtomicAppend {
             // died, or has not locked it yet.
             let mut r = [0u8; RECORD as usize];
             let n = read_full(rw, &mut r, at).map_err(e)?;
-            let still = n == RECORD as usize && Record::parse(&r).is_some_and(|x| x.owner() == owner);
+            let still =
+                n == RECORD as usize && Record::parse(&r).is_some_and(|x| x.owner() == owner);
             let verdict = if !still {
                 None
             } else {
@@ -357,7 +390,11 @@ impl AtomicAppend {
         let _ = rw.write_all_at(&header(new_first), 0);
         let target = new_first / PUNCH_STEP * PUNCH_STEP;
         let done = self.punched.load(Ordering::Relaxed);
-        if target > done.max(RECORD) && self.punched.compare_exchange(done, target, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        if target > done.max(RECORD)
+            && self
+                .punched
+                .compare_exchange(done, target, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
         {
             use std::os::fd::AsRawFd;
             // SAFETY: valid fd; the range lies before the first live record.

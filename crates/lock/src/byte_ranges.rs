@@ -48,8 +48,16 @@ pub(crate) fn open_lock_file(path: &Path) -> Result<File> {
 pub(crate) fn check_ofd(path: &Path, file: &File) -> Result<()> {
     match sys::ofd_is_locked(file.as_fd(), u64::MAX >> 2, 1) {
         Ok(_) => Ok(()),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)) => {
-            Err(Error::Unsupported { path: path.to_path_buf(), what: format!("OFD byte-range locks: {e}") })
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL) | Some(libc::ENOSYS) | Some(libc::EOPNOTSUPP)
+            ) =>
+        {
+            Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!("OFD byte-range locks: {e}"),
+            })
         }
         Err(e) => Err(io_err(path, e)),
     }
@@ -74,7 +82,10 @@ impl ByteRanges {
         }
         // A new description, not a dup: dup shares the description (and so
         // its locks).
-        Ok(PoolItem { file: open_lock_file(&self.path)?, aux: None })
+        Ok(PoolItem {
+            file: open_lock_file(&self.path)?,
+            aux: None,
+        })
     }
 
     fn checkin(&self, item: PoolItem) {
@@ -111,17 +122,28 @@ impl ByteRanges {
 }
 
 fn kind(e: crate::Entity) -> LockKind {
-    if e.exclusive() { LockKind::Exclusive } else { LockKind::Shared }
+    if e.exclusive() {
+        LockKind::Exclusive
+    } else {
+        LockKind::Shared
+    }
 }
 
 impl PerEntity for ByteRanges {
     type Ctx = PoolItem;
 
     fn try_one(&self, ctx: &Self::Ctx, e: crate::Entity) -> Result<bool> {
-        sys::ofd_setlk(ctx.file.as_fd(), kind(e), self.offset(e.value()), 1).map_err(|err| io_err(&self.path, err))
+        sys::ofd_setlk(ctx.file.as_fd(), kind(e), self.offset(e.value()), 1)
+            .map_err(|err| io_err(&self.path, err))
     }
 
-    fn wait_one(&self, ctx: &Self::Ctx, e: crate::Entity, wait: Wait, spin: bool) -> Result<Waited> {
+    fn wait_one(
+        &self,
+        ctx: &Self::Ctx,
+        e: crate::Entity,
+        wait: Wait,
+        spin: bool,
+    ) -> Result<Waited> {
         let off = self.offset(e.value());
         let fd = ctx.file.as_fd();
         if spin {
@@ -142,7 +164,9 @@ impl PerEntity for ByteRanges {
                 Ok(Waited::Acquired)
             }
             Wait::Until(d) => {
-                if sys::ofd_setlkw_until(fd, kind(e), off, 1, d).map_err(|err| io_err(&self.path, err))? {
+                if sys::ofd_setlkw_until(fd, kind(e), off, 1, d)
+                    .map_err(|err| io_err(&self.path, err))?
+                {
                     Ok(Waited::Acquired)
                 } else {
                     Err(Error::TimedOut)
@@ -152,7 +176,12 @@ impl PerEntity for ByteRanges {
     }
 
     fn release_one(&self, ctx: &Self::Ctx, e: crate::Entity) {
-        if let Err(err) = sys::ofd_setlk(ctx.file.as_fd(), LockKind::Unlock, self.offset(e.value()), 1) {
+        if let Err(err) = sys::ofd_setlk(
+            ctx.file.as_fd(),
+            LockKind::Unlock,
+            self.offset(e.value()),
+            1,
+        ) {
             tracing::error!(path = %self.path.display(), %err, "byte_ranges unlock failed");
         }
     }

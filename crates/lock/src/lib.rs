@@ -47,7 +47,10 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn io_err(path: &Path, source: std::io::Error) -> Error {
-    Error::Io { path: path.to_path_buf(), source }
+    Error::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 const EXCLUSIVE_BIT: u64 = 1 << 63;
@@ -96,7 +99,12 @@ impl Entity {
 
 impl std::fmt::Debug for Entity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}{:#x}", if self.exclusive() { "X" } else { "S" }, self.value())
+        write!(
+            f,
+            "{}{:#x}",
+            if self.exclusive() { "X" } else { "S" },
+            self.value()
+        )
     }
 }
 
@@ -146,8 +154,12 @@ impl Wait {
             Deadline::Never => Wait::Forever,
             Deadline::After(t) => now.checked_add(t).map(Wait::Until).unwrap_or(Wait::Forever),
             Deadline::At(at) => {
-                let left = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
-                now.checked_add(left).map(Wait::Until).unwrap_or(Wait::Forever)
+                let left = at
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                now.checked_add(left)
+                    .map(Wait::Until)
+                    .unwrap_or(Wait::Forever)
             }
         }
     }
@@ -181,8 +193,12 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] =
-        [Algorithm::LockFiles, Algorithm::ByteRanges, Algorithm::AtomicAppend, Algorithm::MemoryMap];
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::LockFiles,
+        Algorithm::ByteRanges,
+        Algorithm::AtomicAppend,
+        Algorithm::MemoryMap,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::LockFiles => "lock_files",
@@ -199,7 +215,11 @@ impl std::str::FromStr for Algorithm {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name() == s || a.name().replace('_', "-") == s)
-            .ok_or_else(|| format!("unknown algorithm {s:?} (lock_files, byte_ranges, atomic_append, memory_map)"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown algorithm {s:?} (lock_files, byte_ranges, atomic_append, memory_map)"
+                )
+            })
     }
 }
 
@@ -233,7 +253,12 @@ pub(crate) struct Held {
 
 impl Held {
     pub(crate) fn new(entities: Entities) -> Self {
-        Held { entities, slot: None, offset: 0, fallback: false }
+        Held {
+            entities,
+            slot: None,
+            offset: 0,
+            fallback: false,
+        }
     }
 }
 
@@ -258,12 +283,18 @@ impl SharedFsMutex {
         Self::open_with(algorithm, path, &Options::default())
     }
 
-    pub fn open_with(algorithm: Algorithm, path: impl AsRef<Path>, options: &Options) -> Result<Self> {
+    pub fn open_with(
+        algorithm: Algorithm,
+        path: impl AsRef<Path>,
+        options: &Options,
+    ) -> Result<Self> {
         let path = path.as_ref();
         let inner = match algorithm {
             Algorithm::LockFiles => Inner::LockFiles(lock_files::LockFiles::open(path)?),
             Algorithm::ByteRanges => Inner::ByteRanges(byte_ranges::ByteRanges::open(path, 0)?),
-            Algorithm::AtomicAppend => Inner::AtomicAppend(atomic_append::AtomicAppend::open(path)?),
+            Algorithm::AtomicAppend => {
+                Inner::AtomicAppend(atomic_append::AtomicAppend::open(path)?)
+            }
             Algorithm::MemoryMap => Inner::MemoryMap(memory_map::MemoryMap::open(path, options)?),
         };
         Ok(SharedFsMutex { inner, algorithm })
@@ -289,7 +320,12 @@ impl SharedFsMutex {
 
     /// As [`lock`](Self::lock); with `spin` the caller busy-waits (yielding)
     /// instead of sleeping, trading a core for latency.
-    pub fn lock_with(&self, entities: &[Entity], deadline: Deadline, spin: bool) -> Result<Guard<'_>> {
+    pub fn lock_with(
+        &self,
+        entities: &[Entity],
+        deadline: Deadline,
+        spin: bool,
+    ) -> Result<Guard<'_>> {
         self.acquire(entities, Wait::resolve(deadline), spin)
     }
 
@@ -305,7 +341,10 @@ impl SharedFsMutex {
             Inner::AtomicAppend(b) => b.lock(normalize(entities), wait, spin)?,
             Inner::MemoryMap(b) => b.lock(entities, wait, spin)?,
         };
-        Ok(Guard { mutex: self, held: Some(held) })
+        Ok(Guard {
+            mutex: self,
+            held: Some(held),
+        })
     }
 
     fn release(&self, held: Held) {

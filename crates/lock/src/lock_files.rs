@@ -14,8 +14,10 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::sys::{self, LockKind, Liveness, ProcessId};
-use crate::{Entities, Entity, Error, Held, PerEntity, Result, Wait, Waited, acquire_in_turn, io_err};
+use crate::sys::{self, Liveness, LockKind, ProcessId};
+use crate::{
+    Entities, Entity, Error, Held, PerEntity, Result, Wait, Waited, acquire_in_turn, io_err,
+};
 
 const MAGIC: &str = "memfs-lock-file v1";
 /// A file with no complete owner record (its creator died between create and
@@ -37,7 +39,11 @@ fn name(e: Entity) -> [u8; 17] {
 }
 
 fn owner_record(me: ProcessId) -> Vec<u8> {
-    format!("{MAGIC}\npid {}\nstart {}\nboot {}\n", me.pid, me.start, me.boot).into_bytes()
+    format!(
+        "{MAGIC}\npid {}\nstart {}\nboot {}\n",
+        me.pid, me.start, me.boot
+    )
+    .into_bytes()
 }
 
 fn parse_owner(s: &str) -> Option<ProcessId> {
@@ -55,12 +61,18 @@ fn parse_owner(s: &str) -> Option<ProcessId> {
 impl LockFiles {
     pub(crate) fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
-        let c = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| Error::Unsupported {
-            path: dir.to_path_buf(),
-            what: "path contains a NUL byte".into(),
-        })?;
+        let c =
+            CString::new(dir.as_os_str().as_encoded_bytes()).map_err(|_| Error::Unsupported {
+                path: dir.to_path_buf(),
+                what: "path contains a NUL byte".into(),
+            })?;
         // SAFETY: c is a valid C string.
-        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
         if fd < 0 {
             return Err(io_err(dir, std::io::Error::last_os_error()));
         }
@@ -69,7 +81,12 @@ impl LockFiles {
         let bpath = dir.join(".break");
         let break_file = crate::byte_ranges::open_lock_file(&bpath)?;
         crate::byte_ranges::check_ofd(&bpath, &break_file)?;
-        Ok(LockFiles { dir: dir.to_path_buf(), dirfd, break_file, record: owner_record(sys::current_process()) })
+        Ok(LockFiles {
+            dir: dir.to_path_buf(),
+            dirfd,
+            break_file,
+            record: owner_record(sys::current_process()),
+        })
     }
 
     fn err(&self, e: Entity, source: std::io::Error) -> Error {
@@ -90,10 +107,20 @@ impl LockFiles {
     fn open_existing(&self, e: Entity) -> std::io::Result<Option<File>> {
         let n = name(e);
         // SAFETY: dirfd is valid; n is NUL-terminated.
-        let fd = unsafe { libc::openat(self.dirfd.as_raw_fd(), n.as_ptr().cast(), libc::O_RDONLY | libc::O_CLOEXEC) };
+        let fd = unsafe {
+            libc::openat(
+                self.dirfd.as_raw_fd(),
+                n.as_ptr().cast(),
+                libc::O_RDONLY | libc::O_CLOEXEC,
+            )
+        };
         if fd < 0 {
             let err = std::io::Error::last_os_error();
-            return if err.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(err) };
+            return if err.raw_os_error() == Some(libc::ENOENT) {
+                Ok(None)
+            } else {
+                Err(err)
+            };
         }
         // SAFETY: fd is freshly opened and owned here.
         Ok(Some(unsafe { File::from_raw_fd(fd) }))
@@ -101,7 +128,9 @@ impl LockFiles {
 
     /// Is the file for `e` left behind by a dead owner?
     fn is_stale(&self, e: Entity) -> std::io::Result<bool> {
-        let Some(mut f) = self.open_existing(e)? else { return Ok(false) };
+        let Some(mut f) = self.open_existing(e)? else {
+            return Ok(false);
+        };
         let mut s = String::new();
         if f.read_to_string(&mut s).is_err() {
             s.clear();
@@ -130,7 +159,8 @@ impl LockFiles {
         let bpath = || self.dir.join(".break");
         let fd = self.break_file.as_fd();
         // Serialise breakers of this entity; the lock dies with its holder.
-        sys::ofd_setlkw(fd, LockKind::Exclusive, e.value(), 1).map_err(|err| io_err(&bpath(), err))?;
+        sys::ofd_setlkw(fd, LockKind::Exclusive, e.value(), 1)
+            .map_err(|err| io_err(&bpath(), err))?;
         let result = (|| {
             // Re-check under the lock: another breaker may have removed the
             // dead file and a live owner created a new one since.
@@ -170,14 +200,28 @@ impl PerEntity for LockFiles {
         };
         if fd < 0 {
             let err = std::io::Error::last_os_error();
-            return if err.raw_os_error() == Some(libc::EEXIST) { Ok(false) } else { Err(self.err(e, err)) };
+            return if err.raw_os_error() == Some(libc::EEXIST) {
+                Ok(false)
+            } else {
+                Err(self.err(e, err))
+            };
         }
         // SAFETY: fd is freshly created and owned here.
         let f = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: valid fd and buffer.
-        let w = unsafe { libc::write(f.as_raw_fd(), self.record.as_ptr().cast(), self.record.len()) };
+        let w = unsafe {
+            libc::write(
+                f.as_raw_fd(),
+                self.record.as_ptr().cast(),
+                self.record.len(),
+            )
+        };
         if w != self.record.len() as isize {
-            let err = if w < 0 { std::io::Error::last_os_error() } else { std::io::ErrorKind::WriteZero.into() };
+            let err = if w < 0 {
+                std::io::Error::last_os_error()
+            } else {
+                std::io::ErrorKind::WriteZero.into()
+            };
             drop(f);
             self.release_one(&(), e);
             return Err(self.err(e, err));

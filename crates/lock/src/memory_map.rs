@@ -30,7 +30,9 @@ use smallvec::SmallVec;
 
 use crate::byte_ranges::{ByteRanges, check_ofd, open_lock_file};
 use crate::sys::{self, LockKind};
-use crate::{Entities, Entity, Error, Held, PerEntity, Result, Wait, Waited, acquire_in_turn, io_err, mix64};
+use crate::{
+    Entities, Entity, Error, Held, PerEntity, Result, Wait, Waited, acquire_in_turn, io_err, mix64,
+};
 
 const INUSE: u64 = 1 << 20;
 const MAPUSE: u64 = (1 << 20) + 1;
@@ -127,7 +129,10 @@ impl Index {
         if p == libc::MAP_FAILED {
             return Err(std::io::Error::last_os_error());
         }
-        Ok(Index { base: p.cast(), path: String::new() })
+        Ok(Index {
+            base: p.cast(),
+            path: String::new(),
+        })
     }
 
     fn create(dir: &Path) -> std::io::Result<Self> {
@@ -154,13 +159,22 @@ impl Index {
     }
 
     fn join(path: &str) -> std::io::Result<Self> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
         if f.metadata()?.len() != INDEX_LEN as u64 {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "index has the wrong size"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "index has the wrong size",
+            ));
         }
         let mut idx = Index::map(&f)?;
         if idx.magic().load(Ordering::Acquire) != INDEX_MAGIC {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "not a memfs lock index"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a memfs lock index",
+            ));
         }
         idx.path = path.to_string();
         Ok(idx)
@@ -210,7 +224,9 @@ fn slot_of(value: u64) -> u64 {
 }
 
 fn shm_dir() -> PathBuf {
-    std::env::var_os("MEMFS_LOCK_SHM_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/dev/shm"))
+    std::env::var_os("MEMFS_LOCK_SHM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm"))
 }
 
 impl MemoryMap {
@@ -223,7 +239,11 @@ impl MemoryMap {
         let r = Self::join(path, &ctrl, options);
         let _ = sys::ofd_setlk(fd, LockKind::Unlock, INIT, 1);
         let engine = r?;
-        Ok(MemoryMap { path: path.to_path_buf(), ctrl, engine })
+        Ok(MemoryMap {
+            path: path.to_path_buf(),
+            ctrl,
+            engine,
+        })
     }
 
     /// Runs under INIT.
@@ -237,7 +257,11 @@ impl MemoryMap {
             if !old.is_empty() {
                 let _ = std::fs::remove_file(&old);
             }
-            let made = if options.simulate_unreachable_index { None } else { Index::create(&shm_dir()).ok() };
+            let made = if options.simulate_unreachable_index {
+                None
+            } else {
+                Index::create(&shm_dir()).ok()
+            };
             let engine = match made {
                 Some(index) => {
                     write_header(ctrl, Mode::Map, &index.path).map_err(e)?;
@@ -260,8 +284,11 @@ impl MemoryMap {
         let (mode, index_path) = read_header(ctrl);
         let r = match mode {
             Mode::Map => {
-                let joined =
-                    if options.simulate_unreachable_index { None } else { Index::join(&index_path).ok() };
+                let joined = if options.simulate_unreachable_index {
+                    None
+                } else {
+                    Index::join(&index_path).ok()
+                };
                 match joined {
                     Some(index) => return Self::become_map_user(path, ctrl, index),
                     None => Self::request_fallback(path, ctrl, &index_path),
@@ -271,7 +298,8 @@ impl MemoryMap {
             Mode::Fallback => Ok(()),
             Mode::None => Err(Error::Unsupported {
                 path: path.to_path_buf(),
-                what: "lock file in use but its header is unreadable (not a memory_map lock file?)".into(),
+                what: "lock file in use but its header is unreadable (not a memory_map lock file?)"
+                    .into(),
             }),
         };
         match r {
@@ -313,11 +341,17 @@ impl MemoryMap {
                     }
                 }
                 index.user(uid).store(std::process::id(), Ordering::Release);
-                return Ok(Engine::Map { index, uid: uid as u32 });
+                return Ok(Engine::Map {
+                    index,
+                    uid: uid as u32,
+                });
             }
         }
         let _ = sys::ofd_setlk(fd, LockKind::Unlock, MAPUSE, 1);
-        Err(Error::Unsupported { path: path.to_path_buf(), what: format!("more than {MAX_USERS} memory_map users") })
+        Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!("more than {MAX_USERS} memory_map users"),
+        })
     }
 
     pub(crate) fn is_fallback(&self) -> bool {
@@ -333,7 +367,11 @@ impl MemoryMap {
         let slots = crate::normalize(&slots);
         match &self.engine {
             Engine::Map { index, uid } => {
-                let m = MapLocks { index, uid: *uid, ctrl: &self.ctrl };
+                let m = MapLocks {
+                    index,
+                    uid: *uid,
+                    ctrl: &self.ctrl,
+                };
                 let mut slots = slots;
                 acquire_in_turn(&m, &(), &mut slots, wait, spin)?;
                 Ok(Held::new(slots))
@@ -349,7 +387,11 @@ impl MemoryMap {
     pub(crate) fn unlock(&self, held: Held) {
         match &self.engine {
             Engine::Map { index, uid } => {
-                let m = MapLocks { index, uid: *uid, ctrl: &self.ctrl };
+                let m = MapLocks {
+                    index,
+                    uid: *uid,
+                    ctrl: &self.ctrl,
+                };
                 for &e in held.entities.iter().rev() {
                     m.release_one(&(), e);
                 }
@@ -402,11 +444,18 @@ impl MapLocks<'_> {
         let v = w.load(Ordering::Relaxed);
         if exclusive {
             v & !WAITERS == 0
-                && w.compare_exchange(v, (v & WAITERS) | EXCL | self.uid, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && w.compare_exchange(
+                    v,
+                    (v & WAITERS) | EXCL | self.uid,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
         } else {
             v & EXCL == 0
                 && (v & VALUE) < VALUE
-                && w.compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                && w.compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
         }
     }
 
@@ -421,7 +470,8 @@ impl MapLocks<'_> {
             return;
         }
         if let Ok(false) = sys::ofd_is_locked(self.ctrl.as_fd(), USER_BASE + owner as u64, 1)
-            && w.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+            && w.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
         {
             tracing::warn!(uid = owner, "memory_map: freed a slot held by a dead user");
             sys::futex_wake_all(w);
@@ -472,7 +522,10 @@ impl PerEntity for MapLocks<'_> {
                 continue;
             }
             // Announce a sleeper so the releaser knows to wake us.
-            if v & WAITERS == 0 && w.compare_exchange(v, v | WAITERS, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            if v & WAITERS == 0
+                && w.compare_exchange(v, v | WAITERS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
                 continue;
             }
             let t = left.map_or(DEAD_CHECK, |l| l.min(DEAD_CHECK));

@@ -33,7 +33,12 @@ fn flock(kind: LockKind, start: u64, len: u64) -> libc::flock {
 
 /// Non-blocking OFD lock change. `Ok(false)` means another description holds
 /// a conflicting lock.
-pub(crate) fn ofd_setlk(fd: BorrowedFd<'_>, kind: LockKind, start: u64, len: u64) -> io::Result<bool> {
+pub(crate) fn ofd_setlk(
+    fd: BorrowedFd<'_>,
+    kind: LockKind,
+    start: u64,
+    len: u64,
+) -> io::Result<bool> {
     let fl = flock(kind, start, len);
     loop {
         // SAFETY: fd is a valid open descriptor; fl is a valid flock.
@@ -51,7 +56,12 @@ pub(crate) fn ofd_setlk(fd: BorrowedFd<'_>, kind: LockKind, start: u64, len: u64
 }
 
 /// Blocking OFD lock with no deadline.
-pub(crate) fn ofd_setlkw(fd: BorrowedFd<'_>, kind: LockKind, start: u64, len: u64) -> io::Result<()> {
+pub(crate) fn ofd_setlkw(
+    fd: BorrowedFd<'_>,
+    kind: LockKind,
+    start: u64,
+    len: u64,
+) -> io::Result<()> {
     let fl = flock(kind, start, len);
     loop {
         // SAFETY: fd is a valid open descriptor; fl is a valid flock.
@@ -96,7 +106,9 @@ fn install_wake_handler() -> io::Result<()> {
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         // SAFETY: querying with a null new action is allowed.
         if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
-            return Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+            return Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
         }
         if old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN {
             // Someone else owns the signal: do not steal it.
@@ -110,7 +122,9 @@ fn install_wake_handler() -> io::Result<()> {
         unsafe { libc::sigemptyset(&mut sa.sa_mask) };
         // SAFETY: valid signal number and action.
         if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
-            return Err(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL));
+            return Err(io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL));
         }
         Ok(())
     });
@@ -153,7 +167,10 @@ impl ThreadTimer {
         let timer = ThreadTimer { id, old_mask };
         let after = after.max(Duration::from_nanos(1));
         let spec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 1_000_000 },
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 1_000_000,
+            },
             it_value: libc::timespec {
                 tv_sec: after.as_secs() as libc::time_t,
                 tv_nsec: after.subsec_nanos() as libc::c_long,
@@ -219,7 +236,10 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Durati
     let ts;
     let tsp = match timeout {
         Some(t) => {
-            ts = libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as libc::c_long };
+            ts = libc::timespec {
+                tv_sec: t.as_secs() as libc::time_t,
+                tv_nsec: t.subsec_nanos() as libc::c_long,
+            };
             &ts as *const libc::timespec
         }
         None => std::ptr::null(),
@@ -227,7 +247,15 @@ pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Option<Durati
     // SAFETY: word is a valid, aligned u32 that outlives the call; the kernel
     // only reads it. Errors (EAGAIN, ETIMEDOUT, EINTR) all mean "re-check".
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAIT, expected, tsp, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            expected,
+            tsp,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -236,7 +264,15 @@ pub(crate) fn futex_wake_all(word: &AtomicU32) {
     // SAFETY: word is a valid aligned u32; FUTEX_WAKE does not dereference
     // anything else.
     unsafe {
-        libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0usize,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -280,7 +316,11 @@ pub(crate) fn current_process() -> ProcessId {
     {
         return p;
     }
-    let p = ProcessId { pid, start: process_start_time(pid).unwrap_or(0), boot: boot_id_hash() };
+    let p = ProcessId {
+        pid,
+        start: process_start_time(pid).unwrap_or(0),
+        boot: boot_id_hash(),
+    };
     *g = Some(p);
     p
 }
