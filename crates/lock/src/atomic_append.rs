@@ -47,6 +47,11 @@ pub(crate) struct AtomicAppend {
     pool: Mutex<Vec<PoolItem>>,
     me: ProcessId,
     punched: AtomicU64,
+    /// First record that may be live, as far as this instance knows. Scans
+    /// start here; it only grows (records before it stay free).
+    first: AtomicU64,
+    /// Last first-live value this instance wrote to the header.
+    header_at: AtomicU64,
 }
 
 fn checksum(body: &[u8]) -> u64 {
@@ -123,6 +128,9 @@ fn header(first_live: u64) -> [u8; RECORD as usize] {
 }
 
 fn parse_header(h: &[u8]) -> Option<u64> {
+    if h.len() < RECORD as usize {
+        return None;
+    }
     let c = u64::from_le_bytes(h[0..8].try_into().unwrap());
     if c != checksum(&h[8..]) || u64::from_le_bytes(h[8..16].try_into().unwrap()) != MAGIC {
         return None;
@@ -137,6 +145,7 @@ impl AtomicAppend {
         check_ofd(path, &users)?;
         let fd = users.as_fd();
         let e = |err| io_err(path, err);
+        let mut first = RECORD;
         if sys::ofd_setlk(fd, LockKind::Exclusive, USERS_BYTE, 1).map_err(e)? {
             // First user: whatever is in the file was left by dead users.
             Self::reset(&users).map_err(e)?;
@@ -147,9 +156,10 @@ impl AtomicAppend {
             sys::ofd_setlkw(fd, LockKind::Shared, USERS_BYTE, 1).map_err(e)?;
             let mut h = [0u8; RECORD as usize];
             let n = users.read_at(&mut h, 0).map_err(e)?;
-            if n < RECORD as usize || parse_header(&h).is_none() {
+            match parse_header(&h[..n]) {
+                Some(f) => first = f,
                 // Torn or missing header: only the scan start is lost.
-                users.write_all_at(&header(RECORD), 0).map_err(e)?;
+                None => users.write_all_at(&header(RECORD), 0).map_err(e)?,
             }
         }
         Ok(AtomicAppend {
@@ -158,6 +168,8 @@ impl AtomicAppend {
             pool: Mutex::new(Vec::new()),
             me: sys::current_process(),
             punched: AtomicU64::new(0),
+            first: AtomicU64::new(first),
+            header_at: AtomicU64::new(first),
         })
     }
 
@@ -185,14 +197,6 @@ impl AtomicAppend {
             file: rw,
             aux: Some(append),
         })
-    }
-
-    fn first_live(&self, rw: &File) -> u64 {
-        let mut h = [0u8; RECORD as usize];
-        match rw.read_at(&mut h, 0) {
-            Ok(n) if n == RECORD as usize => parse_header(&h).unwrap_or(RECORD),
-            _ => RECORD,
-        }
     }
 
     pub(crate) fn lock(&self, entities: Entities, wait: Wait, spin: bool) -> Result<Held> {
@@ -230,7 +234,7 @@ impl AtomicAppend {
         let rec = encode(self.me, &held.entities);
         let mut append = item.aux.as_ref().expect("append description");
         let rw = &item.file;
-        let start = self.first_live(rw);
+        let start = self.first.load(Ordering::Relaxed);
         append.write_all(&rec).map_err(|e| self.err(e))?;
         // The description is ours alone, so its position is the end of our write.
         let end = append.stream_position().map_err(|e| self.err(e))?;
@@ -256,62 +260,62 @@ impl AtomicAppend {
     }
 
     /// Waits until no valid record in [from, me) conflicts with `mine`.
+    ///
+    /// Waits on the *nearest* conflicting record before ours, not the first:
+    /// under contention the requests then form a queue in which each release
+    /// wakes one waiter, instead of every waiter rescanning.
     fn scan(
         &self,
         rw: &File,
-        from: u64,
+        mut from: u64,
         me: u64,
         mine: &[Entity],
         wait: Wait,
         spin: bool,
     ) -> Result<()> {
-        let mut buf = vec![0u8; ((me - from) as usize).min(64 << 10)];
-        let mut pos = from;
-        // While every record seen so far is free, the first live one is later.
-        let mut prefix_free = true;
-        let mut new_first = from;
-        while pos < me {
-            let len = ((me - pos) as usize).min(buf.len());
-            let n = read_full(rw, &mut buf[..len], pos).map_err(|e| self.err(e))?;
-            let chunk = &buf[..n - n % RECORD as usize];
-            let mut advanced = 0u64;
-            let mut blocked_at = None;
-            for (i, r) in chunk.chunks_exact(RECORD as usize).enumerate() {
-                let at = pos + i as u64 * RECORD;
-                match Record::parse(r) {
-                    None => {
-                        if prefix_free {
-                            new_first = at + RECORD;
-                        }
-                    }
-                    Some(rec) => {
-                        prefix_free = false;
-                        if rec.conflicts(mine) {
-                            blocked_at = Some((at, rec.owner()));
-                            break;
+        // Scans are short (they start at the first possibly-live record), so
+        // a stack buffer avoids an allocation per lock.
+        let mut buf = [0u8; 32 * RECORD as usize];
+        loop {
+            let mut pos = from;
+            // While every record seen so far is free, the first live one is later.
+            let mut prefix_free = true;
+            let mut new_first = from;
+            let mut nearest = None;
+            while pos < me {
+                let len = ((me - pos) as usize).min(buf.len());
+                let n = read_full(rw, &mut buf[..len], pos).map_err(|e| self.err(e))?;
+                let whole = n - n % RECORD as usize;
+                for (i, r) in buf[..whole].chunks_exact(RECORD as usize).enumerate() {
+                    let at = pos + i as u64 * RECORD;
+                    match Record::parse(r) {
+                        None if prefix_free => new_first = at + RECORD,
+                        None => {}
+                        Some(rec) => {
+                            prefix_free = false;
+                            if rec.conflicts(mine) {
+                                nearest = Some((at, rec.owner()));
+                            }
                         }
                     }
                 }
-                advanced = (i as u64 + 1) * RECORD;
-            }
-            if let Some((at, owner)) = blocked_at {
-                self.wait_record(rw, at, owner, wait, spin)?;
-                // Re-read from the blocking record: it is free or dead now.
-                pos = at;
-                continue;
-            }
-            if n < len {
-                // Short read: the rest is beyond EOF (punched or truncated)
-                // and therefore free.
-                if prefix_free {
-                    new_first = me;
+                if whole < len {
+                    // Beyond EOF (truncated by a reset we cannot see yet):
+                    // nothing there is live.
+                    if prefix_free {
+                        new_first = me;
+                    }
+                    break;
                 }
-                break;
+                pos += whole as u64;
             }
-            pos += advanced;
+            self.advance(rw, new_first.min(me));
+            let Some((at, owner)) = nearest else {
+                return Ok(());
+            };
+            self.wait_record(rw, at, owner, wait, spin)?;
+            from = new_first.min(me);
         }
-        self.advance(rw, from, new_first.min(me));
-        Ok(())
     }
 
     /// Sleeps until the record at `at` is released or its owner is dead.
@@ -381,12 +385,19 @@ impl AtomicAppend {
     }
 
     /// Records a later first-live record and punches out the dead prefix.
-    fn advance(&self, rw: &File, old: u64, new_first: u64) {
-        if new_first < old + HEADER_STEP {
+    fn advance(&self, rw: &File, new_first: u64) {
+        self.first.fetch_max(new_first, Ordering::Relaxed);
+        let written = self.header_at.load(Ordering::Relaxed);
+        if new_first < written + HEADER_STEP
+            || self
+                .header_at
+                .compare_exchange(written, new_first, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
             return;
         }
-        // Racing writers may store an older value: that only makes scans
-        // start earlier, never skip a live record.
+        // For joiners only. Racing writers may store an older value: that
+        // only makes scans start earlier, never skip a live record.
         let _ = rw.write_all_at(&header(new_first), 0);
         let target = new_first / PUNCH_STEP * PUNCH_STEP;
         let done = self.punched.load(Ordering::Relaxed);

@@ -360,11 +360,15 @@ impl MemoryMap {
 
     pub(crate) fn lock(&self, entities: &[Entity], wait: Wait, spin: bool) -> Result<Held> {
         // Entities become slots; two entities in one slot are one lock.
-        let mut slots: Entities = SmallVec::with_capacity(entities.len());
+        let mut slots: Entities = SmallVec::new();
         for &e in entities {
-            slots.push(e.with_value(slot_of(e.value())));
+            let v = slot_of(e.value());
+            match slots.iter_mut().find(|p| p.value() == v) {
+                Some(p) if e.exclusive() => *p = e.with_value(v),
+                Some(_) => {}
+                None => slots.push(e.with_value(v)),
+            }
         }
-        let slots = crate::normalize(&slots);
         match &self.engine {
             Engine::Map { index, uid } => {
                 let m = MapLocks {
