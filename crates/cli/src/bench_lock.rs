@@ -70,8 +70,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let alg = args
         .algorithm
         .context("--algorithm is required without --matrix")?;
-    println!("| algorithm | file system | entities | waiters | mode | ops/s |");
-    println!("|---|---|---:|---:|---|---:|");
+    println!(
+        "| algorithm | file system | entities | waiters | mode | ops/s | ops/CPU-s | vs flock |"
+    );
+    println!("|---|---|---:|---:|---|---:|---:|---:|");
     for dir in &args.dirs {
         let cfg = Config {
             algorithm: alg.name().into(),
@@ -83,14 +85,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         let m = bench::run_one(&cfg, &spawn)
             .with_context(|| format!("benchmark in {}", dir.display()))?;
-        print_row(&m);
+        // Baseline measured in the same run, same waiters: the machine is
+        // shared and noisy, so the ratio is the number to quote.
+        let base_cfg = Config {
+            algorithm: bench::BASELINE.into(),
+            entities: 1,
+            ..cfg
+        };
+        let base = bench::run_one(&base_cfg, &spawn)
+            .with_context(|| format!("baseline in {}", dir.display()))?;
+        print_row(&m, &base);
+        print_row(&base, &base);
     }
     Ok(())
 }
 
-fn print_row(m: &Measurement) {
+fn print_row(m: &Measurement, base: &Measurement) {
     println!(
-        "| {} | {} | {} | {} | {} | {:.0} |",
+        "| {} | {} | {} | {} | {} | {:.0} | {:.0} | {:.2}x |",
         m.algorithm,
         m.file_system,
         m.entities,
@@ -100,7 +112,9 @@ fn print_row(m: &Measurement) {
         } else {
             "contended"
         },
-        m.ops_per_sec
+        m.ops_per_sec,
+        m.ops as f64 / m.cpu_seconds.max(1e-9),
+        m.ops_per_sec / base.ops_per_sec.max(1e-9),
     );
 }
 
@@ -109,7 +123,7 @@ fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
         Some(a) => vec![a],
         None => Algorithm::ALL.to_vec(),
     };
-    let total = (algs.len() * args.dirs.len() * args.max * args.max) as u64;
+    let total = (args.dirs.len() * (algs.len() * args.max * args.max + args.max)) as u64;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} (eta {eta})")

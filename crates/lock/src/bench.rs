@@ -47,6 +47,9 @@ pub struct Measurement {
     pub seconds: f64,
     pub ops: u64,
     pub ops_per_sec: f64,
+    /// CPU seconds the workers used (user + system). On a shared, loaded
+    /// machine `ops / cpu_seconds` is steadier than ops/s.
+    pub cpu_seconds: f64,
 }
 
 /// What a worker is told on its command line (one JSON argument).
@@ -83,7 +86,14 @@ pub fn file_system_name(dir: &Path) -> String {
     }
 }
 
-fn lock_path(alg: Algorithm, dir: &Path) -> PathBuf {
+/// Name of the baseline: flock(2) on one whole file, the kernel's own
+/// cross-process lock (entities are ignored: one lock per operation).
+pub const BASELINE: &str = "flock";
+
+fn lock_path(alg: Option<Algorithm>, dir: &Path) -> PathBuf {
+    let Some(alg) = alg else {
+        return dir.join("memfs-bench-flock.lock");
+    };
     match alg {
         Algorithm::LockFiles => dir.join(format!("memfs-bench-{}.d", alg.name())),
         _ => dir.join(format!("memfs-bench-{}.lock", alg.name())),
@@ -93,7 +103,7 @@ fn lock_path(alg: Algorithm, dir: &Path) -> PathBuf {
 /// Runs one cell: spawns `waiters` workers with `spawn` (given the worker's
 /// JSON spec) and sums their counts.
 pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurement, BenchError> {
-    let alg: Algorithm = cfg.algorithm.parse().map_err(BenchError::Worker)?;
+    let alg = parse_alg(&cfg.algorithm)?;
     std::fs::create_dir_all(&cfg.dir)?;
     let path = lock_path(alg, &cfg.dir);
     struct Kids(Vec<Child>);
@@ -110,7 +120,11 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
     for index in 0..cfg.waiters {
         let spec = WorkerSpec {
             algorithm: cfg.algorithm.clone(),
-            path: path.clone(),
+            path: if alg.is_none() && cfg.uncontended {
+                cfg.dir.join(format!("memfs-bench-flock-{index}.lock"))
+            } else {
+                path.clone()
+            },
             entities: cfg.entities,
             index,
             uncontended: cfg.uncontended,
@@ -149,6 +163,7 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
     }
     let mut ops = 0u64;
     let mut rate = 0.0;
+    let mut cpu = 0.0;
     for o in &mut outs {
         let r = read_tagged(o, "ops")?;
         let mut it = r.split_whitespace();
@@ -160,8 +175,10 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
             .next()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| BenchError::Worker(r.clone()))?;
+        let c: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
         ops += n;
         rate += n as f64 / secs.max(1e-9);
+        cpu += c;
     }
     for c in &mut kids.0 {
         let st = c.wait()?;
@@ -180,6 +197,7 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
         seconds: cfg.seconds,
         ops,
         ops_per_sec: rate,
+        cpu_seconds: cpu,
     })
 }
 
@@ -188,7 +206,9 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
 pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
     let spec: WorkerSpec =
         serde_json::from_str(spec_json).map_err(|e| BenchError::Worker(e.to_string()))?;
-    let alg: Algorithm = spec.algorithm.parse().map_err(BenchError::Worker)?;
+    let Some(alg) = parse_alg(&spec.algorithm)? else {
+        return flock_worker(&spec);
+    };
     let m = SharedFsMutex::open(alg, &spec.path)?;
     let base = if spec.uncontended {
         (spec.index * spec.entities) as u64
@@ -204,6 +224,7 @@ pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
     let mut go = String::new();
     std::io::stdin().read_line(&mut go)?;
     let limit = Duration::from_secs_f64(spec.seconds);
+    let c0 = cpu_time();
     let t0 = Instant::now();
     let mut n = 0u64;
     loop {
@@ -216,10 +237,67 @@ pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
             break;
         }
     }
+    report(&mut out, n, t0, c0)
+}
+
+fn report(out: &mut impl Write, n: u64, t0: Instant, c0: f64) -> Result<(), BenchError> {
     let secs = t0.elapsed().as_secs_f64();
-    writeln!(out, "ops {n} {secs}")?;
+    writeln!(out, "ops {n} {secs} {}", cpu_time() - c0)?;
     out.flush()?;
     Ok(())
+}
+
+fn parse_alg(name: &str) -> Result<Option<Algorithm>, BenchError> {
+    if name == BASELINE {
+        return Ok(None);
+    }
+    name.parse().map(Some).map_err(BenchError::Worker)
+}
+
+/// CPU seconds used by this process so far.
+fn cpu_time() -> f64 {
+    // SAFETY: zeroed rusage is a valid out buffer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid who and out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The baseline worker: flock(2) exclusive / unlock on one file.
+fn flock_worker(spec: &WorkerSpec) -> Result<(), BenchError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&spec.path)?;
+    let fd = f.as_raw_fd();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let limit = Duration::from_secs_f64(spec.seconds);
+    let c0 = cpu_time();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    loop {
+        for _ in 0..64 {
+            // SAFETY: fd is a valid open descriptor for the whole loop.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0
+                || unsafe { libc::flock(fd, libc::LOCK_UN) } != 0
+            {
+                return Err(std::io::Error::last_os_error().into());
+            }
+        }
+        n += 64;
+        if t0.elapsed() >= limit {
+            break;
+        }
+    }
+    report(&mut out, n, t0, c0)
 }
 
 /// Sweeps entities and waiters over 1..=max for each algorithm and dir,
@@ -235,6 +313,20 @@ pub fn run_matrix(
 ) -> Result<Vec<Measurement>, BenchError> {
     let mut all = Vec::new();
     for dir in dirs {
+        // Baseline in the same run: flock(2), one lock, 1..=max waiters.
+        for w in 1..=max {
+            let cfg = Config {
+                algorithm: BASELINE.into(),
+                entities: 1,
+                waiters: w,
+                uncontended,
+                dir: dir.clone(),
+                seconds,
+            };
+            let m = run_one(&cfg, spawn)?;
+            progress(&m);
+            all.push(m);
+        }
         for &alg in algorithms {
             for e in 1..=max {
                 for w in 1..=max {
@@ -323,7 +415,7 @@ pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, Be
     std::fs::create_dir_all(out)?;
     let mut written = Vec::new();
     let mut groups: Vec<(String, String)> = Vec::new();
-    for m in results {
+    for m in results.iter().filter(|m| m.algorithm != BASELINE) {
         let k = (m.file_system.clone(), m.algorithm.clone());
         if !groups.contains(&k) {
             groups.push(k);
