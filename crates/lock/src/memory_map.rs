@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::byte_ranges::{ByteRanges, check_ofd, open_lock_file};
@@ -42,13 +43,17 @@ const USER_BASE: u64 = 1 << 21;
 const FALLBACK_BASE: u64 = 1 << 32;
 
 const NSLOTS: usize = 4096;
-const MAX_USERS: usize = 4096;
+const MAX_USERS: usize = 1024;
 /// One slot per cache line: neighbouring entities must not false-share.
 const SLOT_STRIDE: usize = 64;
 const INDEX_HEADER: usize = 4096;
 const USERS_OFF: usize = INDEX_HEADER;
 const SLOTS_OFF: usize = USERS_OFF + MAX_USERS * 4;
-const INDEX_LEN: usize = SLOTS_OFF + NSLOTS * SLOT_STRIDE;
+const HOLDS_OFF: usize = SLOTS_OFF + NSLOTS * SLOT_STRIDE;
+/// Per user, per slot: how many shared holds the user has on the slot, so
+/// the shared holds of a dead user can be given back. Sparse: a user only
+/// touches the pages of the slots it uses.
+const INDEX_LEN: usize = HOLDS_OFF + MAX_USERS * NSLOTS * 4;
 const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"MFSIDX01");
 
 const WAITERS: u32 = 1 << 31;
@@ -193,6 +198,14 @@ impl Index {
     }
 
     #[inline]
+    fn hold(&self, uid: u32, s: u64) -> &AtomicU32 {
+        let i = (uid as usize % MAX_USERS) * NSLOTS + (s as usize & (NSLOTS - 1));
+        // SAFETY: i < MAX_USERS * NSLOTS keeps the word inside the holds
+        // table, 4-byte aligned.
+        unsafe { &*(self.base.add(HOLDS_OFF + i * 4) as *const AtomicU32) }
+    }
+
+    #[inline]
     fn slot(&self, s: u64) -> &AtomicU32 {
         let s = (s as usize) & (NSLOTS - 1);
         // SAFETY: s < NSLOTS keeps the word inside the slot table, aligned.
@@ -217,6 +230,7 @@ pub(crate) struct MemoryMap {
     /// Our description of the lock file: holds INUSE, MAPUSE and our USER byte.
     ctrl: File,
     engine: Engine,
+    recovering: Mutex<()>,
 }
 
 fn slot_of(value: u64) -> u64 {
@@ -243,6 +257,7 @@ impl MemoryMap {
             path: path.to_path_buf(),
             ctrl,
             engine,
+            recovering: Mutex::new(()),
         })
     }
 
@@ -331,15 +346,8 @@ impl MemoryMap {
         sys::ofd_setlk(fd, LockKind::Shared, MAPUSE, 1).map_err(e)?;
         for uid in 0..MAX_USERS {
             if sys::ofd_setlk(fd, LockKind::Exclusive, USER_BASE + uid as u64, 1).map_err(e)? {
-                // Whoever had this uid before is dead: free its exclusive slots.
-                for s in 0..NSLOTS as u64 {
-                    let w = index.slot(s);
-                    let v = w.load(Ordering::Acquire);
-                    if v & EXCL != 0 && (v & VALUE) as usize == uid {
-                        w.store(0, Ordering::Release);
-                        sys::futex_wake_all(w);
-                    }
-                }
+                // Whoever had this uid before is dead: give back what it held.
+                recover_uid(&index, uid as u32);
                 index.user(uid).store(std::process::id(), Ordering::Release);
                 return Ok(Engine::Map {
                     index,
@@ -375,6 +383,7 @@ impl MemoryMap {
                     index,
                     uid: *uid,
                     ctrl: &self.ctrl,
+                    recovering: &self.recovering,
                 };
                 let mut slots = slots;
                 acquire_in_turn(&m, &(), &mut slots, wait, spin)?;
@@ -395,6 +404,7 @@ impl MemoryMap {
                     index,
                     uid: *uid,
                     ctrl: &self.ctrl,
+                    recovering: &self.recovering,
                 };
                 for &e in held.entities.iter().rev() {
                     m.release_one(&(), e);
@@ -440,11 +450,13 @@ struct MapLocks<'a> {
     index: &'a Index,
     uid: u32,
     ctrl: &'a File,
+    recovering: &'a Mutex<()>,
 }
 
 impl MapLocks<'_> {
     #[inline]
-    fn try_word(&self, w: &AtomicU32, exclusive: bool) -> bool {
+    fn try_word(&self, s: u64, exclusive: bool) -> bool {
+        let w = self.index.slot(s);
         let v = w.load(Ordering::Relaxed);
         if exclusive {
             v & !WAITERS == 0
@@ -456,29 +468,97 @@ impl MapLocks<'_> {
                 )
                 .is_ok()
         } else {
-            v & EXCL == 0
+            let ok = v & EXCL == 0
                 && (v & VALUE) < VALUE
                 && w.compare_exchange(v, v + 1, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
+                    .is_ok();
+            if ok {
+                // After the slot: dying in between leaks one reader (safe);
+                // the other order could give back a hold that was never taken.
+                self.index.hold(self.uid, s).fetch_add(1, Ordering::Relaxed);
+            }
+            ok
         }
     }
 
-    /// Frees a slot whose exclusive owner has died.
-    fn clear_if_owner_dead(&self, w: &AtomicU32) {
+    /// Gives back what dead users hold on slot `s`: its exclusive owner, or
+    /// (for a reader count) every registered user with shared holds on it.
+    fn recover_dead(&self, s: u64) {
+        let v = self.index.slot(s).load(Ordering::Acquire);
+        if v & EXCL != 0 {
+            self.try_recover(v & VALUE);
+        } else if v & VALUE != 0 {
+            for uid in 0..MAX_USERS as u32 {
+                if uid != self.uid
+                    && self.index.user(uid as usize).load(Ordering::Relaxed) != 0
+                    && self.index.hold(uid, s).load(Ordering::Relaxed) != 0
+                {
+                    self.try_recover(uid);
+                }
+            }
+        }
+    }
+
+    fn try_recover(&self, uid: u32) {
+        if uid == self.uid || uid as usize >= MAX_USERS {
+            return;
+        }
+        // One recoverer per instance: threads share our description, so the
+        // byte lock below does not exclude them from each other.
+        let _g = self.recovering.lock();
+        let fd = self.ctrl.as_fd();
+        // Holding the dead user's byte keeps joiners from reusing its uid
+        // while we give its holds back.
+        if let Ok(true) = sys::ofd_setlk(fd, LockKind::Exclusive, USER_BASE + uid as u64, 1) {
+            tracing::warn!(uid, "memory_map: giving back the locks of a dead user");
+            recover_uid(self.index, uid);
+            let _ = sys::ofd_setlk(fd, LockKind::Unlock, USER_BASE + uid as u64, 1);
+        }
+    }
+}
+
+/// Frees every slot user `uid` held. The caller holds the user's byte
+/// exclusively: the user is dead and nobody else recovers or reuses it.
+fn recover_uid(index: &Index, uid: u32) {
+    for s in 0..NSLOTS as u64 {
+        let w = index.slot(s);
         let v = w.load(Ordering::Acquire);
-        if v & EXCL == 0 {
-            return;
-        }
-        let owner = v & VALUE;
-        if owner == self.uid {
-            return;
-        }
-        if let Ok(false) = sys::ofd_is_locked(self.ctrl.as_fd(), USER_BASE + owner as u64, 1)
+        if v & EXCL != 0
+            && v & VALUE == uid
             && w.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(uid = owner, "memory_map: freed a slot held by a dead user");
             sys::futex_wake_all(w);
+        }
+        // Swap before subtracting: a recoverer dying in between leaks
+        // readers (safe) instead of subtracting twice.
+        let c = index.hold(uid, s).swap(0, Ordering::AcqRel);
+        if c != 0 {
+            sub_readers(w, c);
+        }
+    }
+    index.user(uid as usize).store(0, Ordering::Release);
+}
+
+fn sub_readers(w: &AtomicU32, c: u32) {
+    let mut v = w.load(Ordering::Relaxed);
+    loop {
+        if v & EXCL != 0 {
+            return;
+        }
+        let n = (v & VALUE).saturating_sub(c);
+        let mut nv = (v & !VALUE) | n;
+        if n == 0 {
+            nv &= !WAITERS;
+        }
+        match w.compare_exchange_weak(v, nv, Ordering::AcqRel, Ordering::Relaxed) {
+            Ok(_) => {
+                if n == 0 && v & WAITERS != 0 {
+                    sys::futex_wake_all(w);
+                }
+                return;
+            }
+            Err(cur) => v = cur,
         }
     }
 }
@@ -488,21 +568,21 @@ impl PerEntity for MapLocks<'_> {
 
     #[inline]
     fn try_one(&self, _: &(), e: Entity) -> Result<bool> {
-        Ok(self.try_word(self.index.slot(e.value()), e.exclusive()))
+        Ok(self.try_word(e.value(), e.exclusive()))
     }
 
     fn wait_one(&self, _: &(), e: Entity, wait: Wait, spin: bool) -> Result<Waited> {
         let w = self.index.slot(e.value());
         let x = e.exclusive();
         for _ in 0..SPIN_TRIES {
-            if self.try_word(w, x) {
+            if self.try_word(e.value(), x) {
                 return Ok(Waited::Acquired);
             }
             std::hint::spin_loop();
         }
         let mut last_check = Instant::now();
         loop {
-            if self.try_word(w, x) {
+            if self.try_word(e.value(), x) {
                 return Ok(Waited::Acquired);
             }
             let now = Instant::now();
@@ -513,7 +593,7 @@ impl PerEntity for MapLocks<'_> {
                 Wait::Forever => None,
             };
             if now.duration_since(last_check) >= DEAD_CHECK {
-                self.clear_if_owner_dead(w);
+                self.recover_dead(e.value());
                 last_check = now;
             }
             if spin {
@@ -546,6 +626,9 @@ impl PerEntity for MapLocks<'_> {
                 sys::futex_wake_all(w);
             }
         } else {
+            self.index
+                .hold(self.uid, e.value())
+                .fetch_sub(1, Ordering::Relaxed);
             let mut v = w.load(Ordering::Relaxed);
             loop {
                 let mut nv = v - 1;

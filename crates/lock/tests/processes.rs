@@ -132,24 +132,42 @@ fn late_joiner_and_leaver(alg: Algorithm) {
 fn sigkill_holder(alg: Algorithm) {
     for dir in test_dirs() {
         let path = lock_path(alg, dir.path());
-        // memory_map cannot attribute a dead process's shared holds (see
-        // docs/lock.md, limitations): its killed holder holds exclusively.
-        let ents = if alg == Algorithm::MemoryMap {
-            "x1,x2,x3"
-        } else {
-            "x1,x2,s3"
-        };
-        let mut a = Proc::spawn("hold", alg, &path, ents, &[]);
+        let mut a = Proc::spawn("hold", alg, &path, "x1,x2,s3", &[]);
         a.wait_ready();
+        // A second reader of s3 that stays alive (lock_files has no shared
+        // mode, so it cannot join there).
+        let mut b = (alg != Algorithm::LockFiles).then(|| {
+            let mut b = Proc::spawn("hold", alg, &path, "s3", &[]);
+            b.wait_ready();
+            b
+        });
         a.sigkill();
         let m = SharedFsMutex::open(alg, &path).unwrap();
+        let g = m.lock(&[x(1), x(2)], Deadline::After(Duration::from_secs(20)));
+        assert!(
+            g.is_ok(),
+            "{alg}: lock after holder was killed: {:?}",
+            g.err()
+        );
+        drop(g);
+        if let Some(b) = &mut b {
+            // Only the dead reader's hold was given back: the live one still
+            // keeps writers out.
+            let r = m.lock(&[x(3)], Deadline::After(Duration::from_millis(300)));
+            assert!(
+                matches!(r, Err(Error::TimedOut)),
+                "{alg}: writer got in beside a live reader: {:?}",
+                r.map(|_| ())
+            );
+            assert_eq!(b.finish(), 0);
+        }
         let g = m.lock(
             &[x(1), x(2), x(3)],
             Deadline::After(Duration::from_secs(20)),
         );
         assert!(
             g.is_ok(),
-            "{alg}: lock after holder was killed: {:?}",
+            "{alg}: lock after all holders left: {:?}",
             g.err()
         );
         drop(g);
