@@ -113,7 +113,7 @@ fn print_row(m: &Measurement, base: &Measurement) {
             "contended"
         },
         m.ops_per_sec,
-        m.ops as f64 / m.cpu_seconds.max(1e-9),
+        m.ops_per_cpu_sec(),
         m.ops_per_sec / base.ops_per_sec.max(1e-9),
     );
 }
@@ -152,7 +152,11 @@ fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
     } else {
         "contended"
     };
-    let table = bench::matrix_table(&results);
+    let table = format!(
+        "## ops/s\n{}\n## ops per CPU second\n{}",
+        bench::matrix_table(&results, false),
+        bench::matrix_table(&results, true)
+    );
     println!("{table}");
     let md = args.out.join(format!("lock-matrix-{mode}.md"));
     std::fs::write(&md, &table).with_context(|| format!("writing {}", md.display()))?;

@@ -359,8 +359,22 @@ pub fn human(ops: f64) -> String {
     }
 }
 
-/// A markdown table per (file system, algorithm): rows = entities, columns = waiters.
-pub fn matrix_table(results: &[Measurement]) -> String {
+impl Measurement {
+    /// Operations per CPU second of the workers: steadier than ops/s when
+    /// the machine is shared (waiters that sleep use no CPU).
+    pub fn ops_per_cpu_sec(&self) -> f64 {
+        self.ops as f64 / self.cpu_seconds.max(1e-9)
+    }
+}
+
+/// A markdown table per (file system, algorithm): rows = entities, columns =
+/// waiters; cells are ops/s, or ops per CPU second with `per_cpu`.
+pub fn matrix_table(results: &[Measurement], per_cpu: bool) -> String {
+    let unit = if per_cpu {
+        "ops per CPU second"
+    } else {
+        "ops/s"
+    };
     let mut s = String::new();
     let mut groups: Vec<(String, String, PathBuf)> = Vec::new();
     for m in results {
@@ -382,7 +396,7 @@ pub fn matrix_table(results: &[Measurement]) -> String {
             "contended"
         };
         s += &format!(
-            "\n{alg} on {fs} ({}), {mode}, ops/s; rows = entities, columns = waiters\n\n",
+            "\n{alg} on {fs} ({}), {mode}, {unit}; rows = entities, columns = waiters\n\n",
             dir.display()
         );
         s += "| E \\ W |";
@@ -398,7 +412,14 @@ pub fn matrix_table(results: &[Measurement]) -> String {
             s += &format!("| {e} |");
             for w in 1..=max_w {
                 match cells.iter().find(|m| m.entities == e && m.waiters == w) {
-                    Some(m) => s += &format!(" {} |", human(m.ops_per_sec)),
+                    Some(m) => {
+                        let v = if per_cpu {
+                            m.ops_per_cpu_sec()
+                        } else {
+                            m.ops_per_sec
+                        };
+                        s += &format!(" {} |", human(v));
+                    }
                     None => s += " |",
                 }
             }

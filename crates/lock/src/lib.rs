@@ -496,3 +496,62 @@ fn shuffle(s: &mut [Entity]) {
     use rand::seq::SliceRandom;
     s.shuffle(&mut rand::rng());
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entity_packs_value_and_mode() {
+        let e = Entity::new(u64::MAX, true);
+        assert_eq!(e.value(), Entity::MAX_VALUE);
+        assert!(e.exclusive());
+        let s = Entity::new(42, false);
+        assert_eq!((s.value(), s.exclusive()), (42, false));
+        assert_eq!(Entity::from_raw(e.raw()), e);
+    }
+
+    #[test]
+    fn hashes_are_stable() {
+        // Entity values name files on disk and slots shared between
+        // versions: they must never change.
+        assert_eq!(hash_bytes(b""), mix64(0xcbf2_9ce4_8422_2325));
+        assert_eq!(hash_bytes(b"users"), 0x0522_fd2d_9ac9_984d);
+        assert_eq!(
+            Entity::from_str("users", true),
+            Entity::from_bytes(b"users", true)
+        );
+        assert_ne!(
+            Entity::from_str("users", true).value(),
+            Entity::from_str("user", true).value()
+        );
+        assert_ne!(Entity::random(false), Entity::random(false));
+    }
+
+    #[test]
+    fn normalize_merges_duplicates_exclusive_wins() {
+        let n = normalize(&[
+            Entity::new(1, false),
+            Entity::new(2, false),
+            Entity::new(1, true),
+            Entity::new(2, false),
+        ]);
+        assert_eq!(&n[..], &[Entity::new(1, true), Entity::new(2, false)]);
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
+        }
+        assert!("nope".parse::<Algorithm>().is_err());
+    }
+
+    #[test]
+    fn bad_paths_are_errors_not_panics() {
+        for a in Algorithm::ALL {
+            let r = SharedFsMutex::open(a, "/proc/definitely/not/here/lock");
+            assert!(matches!(r, Err(Error::Io { .. })), "{a}: {:?}", r.err());
+        }
+    }
+}
