@@ -339,6 +339,7 @@ impl SharedFsMutex {
         self.acquire(entities, Wait::Try, false)
     }
 
+    #[inline]
     fn acquire(&self, entities: &[Entity], wait: Wait, spin: bool) -> Result<Guard<'_>> {
         let held = match &self.inner {
             Inner::LockFiles(b) => b.lock(normalize(entities), wait, spin)?,
@@ -352,6 +353,7 @@ impl SharedFsMutex {
         })
     }
 
+    #[inline]
     fn release(&self, held: Held) {
         match &self.inner {
             Inner::LockFiles(b) => b.unlock(held),
@@ -435,6 +437,7 @@ pub(crate) trait PerEntity {
 /// moves the busy one to the front, shuffles the rest, waits for the busy one
 /// and starts again. No process ever waits while holding anything, so no
 /// cycle of waiters (deadlock) can form, whatever order others use.
+#[inline]
 pub(crate) fn acquire_in_turn<P: PerEntity>(
     p: &P,
     ctx: &P::Ctx,

@@ -366,6 +366,7 @@ impl MemoryMap {
         matches!(self.engine, Engine::Fallback(_))
     }
 
+    #[inline]
     pub(crate) fn lock(&self, entities: &[Entity], wait: Wait, spin: bool) -> Result<Held> {
         // Entities become slots; two entities in one slot are one lock.
         let mut slots: Entities = SmallVec::new();
@@ -397,6 +398,7 @@ impl MemoryMap {
         }
     }
 
+    #[inline]
     pub(crate) fn unlock(&self, held: Held) {
         match &self.engine {
             Engine::Map { index, uid } => {
@@ -571,6 +573,7 @@ impl PerEntity for MapLocks<'_> {
         Ok(self.try_word(e.value(), e.exclusive()))
     }
 
+    #[cold]
     fn wait_one(&self, _: &(), e: Entity, wait: Wait, spin: bool) -> Result<Waited> {
         let w = self.index.slot(e.value());
         let x = e.exclusive();
