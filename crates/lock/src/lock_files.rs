@@ -230,19 +230,10 @@ impl PerEntity for LockFiles {
     }
 
     fn wait_one(&self, _: &(), e: Entity, wait: Wait, spin: bool) -> Result<Waited> {
-        // Sleep until a file in the directory is removed (inotify, set up
-        // before the first retry so no removal is missed), but never longer
-        // than a short poll interval: on network file systems other
-        // machines' removals raise no event. Check for a dead owner now and
-        // then.
-        let watch = if spin { None } else { DirWatch::new(&self.dir) };
-        // With a watch, removals wake us: the nap only bounds the latency
-        // for removals that raise no event.
-        let mut sleep = if watch.is_some() {
-            Duration::from_millis(10)
-        } else {
-            Duration::from_micros(20)
-        };
+        // Nothing to sleep on portably (this algorithm must work on network
+        // file systems): poll with exponential backoff, capped so a release
+        // is noticed quickly, and check for a dead owner now and then.
+        let mut sleep = Duration::from_micros(20);
         let mut polls: u32 = 0;
         loop {
             if polls % 32 == 0 && self.break_if_stale(e)? {
@@ -266,9 +257,6 @@ impl PerEntity for LockFiles {
             }
             if spin {
                 std::thread::yield_now();
-            } else if let Some(w) = &watch {
-                w.wait(nap);
-                sleep = (sleep * 2).min(Duration::from_millis(10));
             } else {
                 std::thread::sleep(nap);
                 sleep = (sleep * 2).min(Duration::from_millis(2));
@@ -287,48 +275,5 @@ impl PerEntity for LockFiles {
 
     fn recover(&self, _: &(), e: Entity) -> Result<bool> {
         self.break_if_stale(e)
-    }
-}
-
-/// An inotify watch for removals in the lock directory.
-struct DirWatch(OwnedFd);
-
-impl DirWatch {
-    fn new(dir: &Path) -> Option<Self> {
-        let c = CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: fd was just created and is owned here.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: valid inotify fd and C string.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                fd.as_raw_fd(),
-                c.as_ptr(),
-                libc::IN_DELETE | libc::IN_MOVED_FROM,
-            )
-        };
-        (wd >= 0).then_some(DirWatch(fd))
-    }
-
-    /// Sleeps until a removal event or `timeout`, then drains the events.
-    fn wait(&self, timeout: Duration) {
-        let mut pfd = libc::pollfd {
-            fd: self.0.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: timeout.as_secs() as libc::time_t,
-            tv_nsec: timeout.subsec_nanos() as libc::c_long,
-        };
-        // SAFETY: one valid pollfd and timespec; no signal mask change.
-        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        let mut buf = [0u8; 4096];
-        // SAFETY: valid fd and buffer; non-blocking, so this stops when empty.
-        while unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
     }
 }
