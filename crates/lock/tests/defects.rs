@@ -312,3 +312,43 @@ fn memory_map_falls_back_when_index_unreachable() {
     let fresh = SharedFsMutex::open(Algorithm::MemoryMap, &path).unwrap();
     assert!(!fresh.is_fallback());
 }
+
+/// The spin option (busy-wait instead of sleeping) honours deadlines and
+/// acquires once the holder lets go, for every algorithm.
+#[test]
+fn spin_option_times_out_and_acquires() {
+    each(|alg, path| {
+        let holder = SharedFsMutex::open(alg, path).unwrap();
+        let g = holder.lock(&[x(16)], Deadline::Never).unwrap();
+        let m = Arc::new(SharedFsMutex::open(alg, path).unwrap());
+        let t = Instant::now();
+        let r = m.lock_with(&[x(16)], Deadline::After(Duration::from_millis(100)), true);
+        let took = t.elapsed();
+        assert!(
+            matches!(r, Err(Error::TimedOut)),
+            "{alg}: {:?}",
+            r.map(|_| ())
+        );
+        assert!(
+            took >= Duration::from_millis(95) && took < Duration::from_millis(600),
+            "{alg}: {took:?}"
+        );
+        let started = Arc::new(Barrier::new(2));
+        let waiter = {
+            let (m, started) = (m.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.wait();
+                m.lock_with(
+                    &[x(16), s(17)],
+                    Deadline::After(Duration::from_secs(20)),
+                    true,
+                )
+                .map(|_| ())
+            })
+        };
+        started.wait();
+        drop(g);
+        let r = waiter.join().unwrap();
+        assert!(r.is_ok(), "{alg}: {r:?}");
+    });
+}
