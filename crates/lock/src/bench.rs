@@ -1,0 +1,524 @@
+//! Benchmark engine for `memfs bench lock`: W worker processes each lock E
+//! entities in a loop for a fixed time; the total ops/s is reported. Workers
+//! are separate processes (the caller says how to start one: the `memfs`
+//! binary re-runs itself with a hidden argument) and start together on a
+//! signal from the parent, after all of them have opened the lock.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Algorithm, Deadline, Entity, SharedFsMutex};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Lock(#[from] crate::Error),
+    #[error("worker: {0}")]
+    Worker(String),
+    #[error("plot: {0}")]
+    Plot(String),
+}
+
+/// One benchmark cell.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Config {
+    pub algorithm: String,
+    pub entities: usize,
+    pub waiters: usize,
+    pub uncontended: bool,
+    pub dir: PathBuf,
+    pub seconds: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Measurement {
+    pub algorithm: String,
+    pub file_system: String,
+    pub dir: PathBuf,
+    pub entities: usize,
+    pub waiters: usize,
+    pub uncontended: bool,
+    pub seconds: f64,
+    pub ops: u64,
+    pub ops_per_sec: f64,
+    /// CPU seconds the workers used (user + system). On a shared, loaded
+    /// machine `ops / cpu_seconds` is steadier than ops/s.
+    pub cpu_seconds: f64,
+}
+
+/// What a worker is told on its command line (one JSON argument).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    pub algorithm: String,
+    pub path: PathBuf,
+    pub entities: usize,
+    pub index: usize,
+    pub uncontended: bool,
+    pub seconds: f64,
+}
+
+/// Name of the file system holding `dir` (from its statfs magic).
+pub fn file_system_name(dir: &Path) -> String {
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return "unknown".into();
+    };
+    // SAFETY: zeroed statfs is a valid out buffer.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "unknown".into();
+    }
+    match st.f_type as u64 {
+        0x0102_1994 => "tmpfs".into(),
+        0xEF53 => "ext4".into(),
+        0x6573_5546 => "fuse".into(),
+        0x5846_5342 => "xfs".into(),
+        0x9123_683E => "btrfs".into(),
+        0x794C_7630 => "overlayfs".into(),
+        0x6969 => "nfs".into(),
+        other => format!("fs-{other:#x}"),
+    }
+}
+
+/// Name of the baseline: flock(2) on one whole file, the kernel's own
+/// cross-process lock (entities are ignored: one lock per operation).
+pub const BASELINE: &str = "flock";
+
+fn lock_path(alg: Option<Algorithm>, dir: &Path) -> PathBuf {
+    let Some(alg) = alg else {
+        return dir.join("memfs-bench-flock.lock");
+    };
+    match alg {
+        Algorithm::LockFiles => dir.join(format!("memfs-bench-{}.d", alg.name())),
+        _ => dir.join(format!("memfs-bench-{}.lock", alg.name())),
+    }
+}
+
+/// Runs one cell: spawns `waiters` workers with `spawn` (given the worker's
+/// JSON spec) and sums their counts.
+pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurement, BenchError> {
+    let alg = parse_alg(&cfg.algorithm)?;
+    std::fs::create_dir_all(&cfg.dir)?;
+    let path = lock_path(alg, &cfg.dir);
+    struct Kids(Vec<Child>);
+    impl Drop for Kids {
+        fn drop(&mut self) {
+            for c in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    let mut kids = Kids(Vec::new());
+    let mut outs = Vec::new();
+    for index in 0..cfg.waiters {
+        let spec = WorkerSpec {
+            algorithm: cfg.algorithm.clone(),
+            path: if alg.is_none() && cfg.uncontended {
+                cfg.dir.join(format!("memfs-bench-flock-{index}.lock"))
+            } else {
+                path.clone()
+            },
+            entities: cfg.entities,
+            index,
+            uncontended: cfg.uncontended,
+            seconds: cfg.seconds,
+        };
+        let json = serde_json::to_string(&spec).map_err(|e| BenchError::Worker(e.to_string()))?;
+        let mut c = spawn(&json)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        outs.push(BufReader::new(c.stdout.take().expect("piped")));
+        kids.0.push(c);
+    }
+    let mut line = String::new();
+    let mut read_tagged =
+        |r: &mut BufReader<std::process::ChildStdout>, tag: &str| -> Result<String, BenchError> {
+            loop {
+                line.clear();
+                if r.read_line(&mut line)? == 0 {
+                    return Err(BenchError::Worker(format!(
+                        "worker exited before reporting {tag}"
+                    )));
+                }
+                if let Some(rest) = line.trim().strip_prefix(tag) {
+                    return Ok(rest.trim().to_string());
+                }
+            }
+        };
+    for o in &mut outs {
+        read_tagged(o, "ready")?;
+    }
+    for c in &mut kids.0 {
+        let mut stdin = c.stdin.take().expect("piped");
+        stdin.write_all(b"go\n")?;
+    }
+    let mut ops = 0u64;
+    let mut rate = 0.0;
+    let mut cpu = 0.0;
+    for o in &mut outs {
+        let r = read_tagged(o, "ops")?;
+        let mut it = r.split_whitespace();
+        let n: u64 = it
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| BenchError::Worker(r.clone()))?;
+        let secs: f64 = it
+            .next()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| BenchError::Worker(r.clone()))?;
+        let c: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+        ops += n;
+        rate += n as f64 / secs.max(1e-9);
+        cpu += c;
+    }
+    for c in &mut kids.0 {
+        let st = c.wait()?;
+        if !st.success() {
+            return Err(BenchError::Worker(format!("worker failed: {st}")));
+        }
+    }
+    kids.0.clear();
+    Ok(Measurement {
+        algorithm: cfg.algorithm.clone(),
+        file_system: file_system_name(&cfg.dir),
+        dir: cfg.dir.clone(),
+        entities: cfg.entities,
+        waiters: cfg.waiters,
+        uncontended: cfg.uncontended,
+        seconds: cfg.seconds,
+        ops,
+        ops_per_sec: rate,
+        cpu_seconds: cpu,
+    })
+}
+
+/// Body of a worker process: open, report ready, wait for "go" on stdin,
+/// lock/unlock in a loop for the given time, report "ops N SECONDS".
+pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
+    let spec: WorkerSpec =
+        serde_json::from_str(spec_json).map_err(|e| BenchError::Worker(e.to_string()))?;
+    let Some(alg) = parse_alg(&spec.algorithm)? else {
+        return flock_worker(&spec);
+    };
+    let m = SharedFsMutex::open(alg, &spec.path)?;
+    let base = if spec.uncontended {
+        (spec.index * spec.entities) as u64
+    } else {
+        0
+    };
+    let ents: Vec<Entity> = (0..spec.entities as u64)
+        .map(|i| Entity::new(base + i, true))
+        .collect();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let limit = Duration::from_secs_f64(spec.seconds);
+    let c0 = cpu_time();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    loop {
+        for _ in 0..64 {
+            let g = m.lock(&ents, Deadline::Never)?;
+            drop(g);
+        }
+        n += 64;
+        if t0.elapsed() >= limit {
+            break;
+        }
+    }
+    report(&mut out, n, t0, c0)
+}
+
+fn report(out: &mut impl Write, n: u64, t0: Instant, c0: f64) -> Result<(), BenchError> {
+    let secs = t0.elapsed().as_secs_f64();
+    writeln!(out, "ops {n} {secs} {}", cpu_time() - c0)?;
+    out.flush()?;
+    Ok(())
+}
+
+fn parse_alg(name: &str) -> Result<Option<Algorithm>, BenchError> {
+    if name == BASELINE {
+        return Ok(None);
+    }
+    name.parse().map(Some).map_err(BenchError::Worker)
+}
+
+/// CPU seconds used by this process so far.
+fn cpu_time() -> f64 {
+    // SAFETY: zeroed rusage is a valid out buffer.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid who and out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// The baseline worker: flock(2) exclusive / unlock on one file.
+fn flock_worker(spec: &WorkerSpec) -> Result<(), BenchError> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&spec.path)?;
+    let fd = f.as_raw_fd();
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    let limit = Duration::from_secs_f64(spec.seconds);
+    let c0 = cpu_time();
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    loop {
+        for _ in 0..64 {
+            // SAFETY: fd is a valid open descriptor for the whole loop.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0
+                || unsafe { libc::flock(fd, libc::LOCK_UN) } != 0
+            {
+                return Err(std::io::Error::last_os_error().into());
+            }
+        }
+        n += 64;
+        if t0.elapsed() >= limit {
+            break;
+        }
+    }
+    report(&mut out, n, t0, c0)
+}
+
+/// Sweeps entities and waiters over 1..=max for each algorithm and dir,
+/// calling `progress` after every cell.
+pub fn run_matrix(
+    algorithms: &[Algorithm],
+    dirs: &[PathBuf],
+    max: usize,
+    uncontended: bool,
+    seconds: f64,
+    spawn: &dyn Fn(&str) -> Command,
+    progress: &mut dyn FnMut(&Measurement),
+) -> Result<Vec<Measurement>, BenchError> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        // Baseline in the same run: flock(2), one lock, 1..=max waiters.
+        for w in 1..=max {
+            let cfg = Config {
+                algorithm: BASELINE.into(),
+                entities: 1,
+                waiters: w,
+                uncontended,
+                dir: dir.clone(),
+                seconds,
+            };
+            let m = run_one(&cfg, spawn)?;
+            progress(&m);
+            all.push(m);
+        }
+        for &alg in algorithms {
+            for e in 1..=max {
+                for w in 1..=max {
+                    let cfg = Config {
+                        algorithm: alg.name().into(),
+                        entities: e,
+                        waiters: w,
+                        uncontended,
+                        dir: dir.clone(),
+                        seconds,
+                    };
+                    let m = run_one(&cfg, spawn)?;
+                    progress(&m);
+                    all.push(m);
+                }
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// Formats ops/s compactly: 1.23M, 45.6k, 789.
+pub fn human(ops: f64) -> String {
+    if ops >= 1e6 {
+        format!("{:.2}M", ops / 1e6)
+    } else if ops >= 1e3 {
+        format!("{:.1}k", ops / 1e3)
+    } else {
+        format!("{ops:.0}")
+    }
+}
+
+impl Measurement {
+    /// Operations per CPU second of the workers: steadier than ops/s when
+    /// the machine is shared (waiters that sleep use no CPU).
+    pub fn ops_per_cpu_sec(&self) -> f64 {
+        self.ops as f64 / self.cpu_seconds.max(1e-9)
+    }
+}
+
+/// A markdown table per (file system, algorithm): rows = entities, columns =
+/// waiters; cells are ops/s, or ops per CPU second with `per_cpu`.
+pub fn matrix_table(results: &[Measurement], per_cpu: bool) -> String {
+    let unit = if per_cpu {
+        "ops per CPU second"
+    } else {
+        "ops/s"
+    };
+    let mut s = String::new();
+    let mut groups: Vec<(String, String, PathBuf)> = Vec::new();
+    for m in results {
+        let k = (m.file_system.clone(), m.algorithm.clone(), m.dir.clone());
+        if !groups.contains(&k) {
+            groups.push(k);
+        }
+    }
+    for (fs, alg, dir) in groups {
+        let cells: Vec<&Measurement> = results
+            .iter()
+            .filter(|m| m.file_system == fs && m.algorithm == alg && m.dir == dir)
+            .collect();
+        let max_w = cells.iter().map(|m| m.waiters).max().unwrap_or(0);
+        let max_e = cells.iter().map(|m| m.entities).max().unwrap_or(0);
+        let mode = if cells.first().is_some_and(|m| m.uncontended) {
+            "uncontended"
+        } else {
+            "contended"
+        };
+        s += &format!(
+            "\n{alg} on {fs} ({}), {mode}, {unit}; rows = entities, columns = waiters\n\n",
+            dir.display()
+        );
+        s += "| E \\ W |";
+        for w in 1..=max_w {
+            s += &format!(" {w} |");
+        }
+        s += "\n|---|";
+        for _ in 1..=max_w {
+            s += "---:|";
+        }
+        s += "\n";
+        for e in 1..=max_e {
+            s += &format!("| {e} |");
+            for w in 1..=max_w {
+                match cells.iter().find(|m| m.entities == e && m.waiters == w) {
+                    Some(m) => {
+                        let v = if per_cpu {
+                            m.ops_per_cpu_sec()
+                        } else {
+                            m.ops_per_sec
+                        };
+                        s += &format!(" {} |", human(v));
+                    }
+                    None => s += " |",
+                }
+            }
+            s += "\n";
+        }
+    }
+    s
+}
+
+/// Writes one SVG heat map per (file system, algorithm) into `out`; returns
+/// the files written.
+pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, BenchError> {
+    use plotters::prelude::*;
+    std::fs::create_dir_all(out)?;
+    let mut written = Vec::new();
+    let mut groups: Vec<(String, String)> = Vec::new();
+    for m in results.iter().filter(|m| m.algorithm != BASELINE) {
+        let k = (m.file_system.clone(), m.algorithm.clone());
+        if !groups.contains(&k) {
+            groups.push(k);
+        }
+    }
+    for (fs, alg) in groups {
+        let cells: Vec<&Measurement> = results
+            .iter()
+            .filter(|m| m.file_system == fs && m.algorithm == alg)
+            .collect();
+        let max_w = cells.iter().map(|m| m.waiters).max().unwrap_or(1) as i32;
+        let max_e = cells.iter().map(|m| m.entities).max().unwrap_or(1) as i32;
+        let lo = cells
+            .iter()
+            .map(|m| m.ops_per_sec.max(1.0).ln())
+            .fold(f64::INFINITY, f64::min);
+        let hi = cells
+            .iter()
+            .map(|m| m.ops_per_sec.max(1.0).ln())
+            .fold(f64::NEG_INFINITY, f64::max);
+        let file = out.join(format!("lock-{alg}-{fs}.svg"));
+        {
+            let root = SVGBackend::new(&file, (720, 640)).into_drawing_area();
+            let p = |e: String| BenchError::Plot(e);
+            root.fill(&WHITE).map_err(|e| p(e.to_string()))?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(
+                    format!("{alg} on {fs}: ops/s (log colour)"),
+                    ("sans-serif", 22),
+                )
+                .margin(10)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d(1i32..max_w + 1, 1i32..max_e + 1)
+                .map_err(|e| p(e.to_string()))?;
+            chart
+                .configure_mesh()
+                .disable_mesh()
+                .x_desc("waiters (processes)")
+                .y_desc("entities per lock")
+                .x_labels(max_w as usize)
+                .y_labels(max_e as usize)
+                .draw()
+                .map_err(|e| p(e.to_string()))?;
+            chart
+                .draw_series(cells.iter().map(|m| {
+                    let t = if hi > lo {
+                        (m.ops_per_sec.max(1.0).ln() - lo) / (hi - lo)
+                    } else {
+                        1.0
+                    };
+                    let c = HSLColor((1.0 - t) * 0.7, 0.85, 0.5);
+                    let (x, y) = (m.waiters as i32, m.entities as i32);
+                    Rectangle::new([(x, y), (x + 1, y + 1)], c.filled())
+                }))
+                .map_err(|e| p(e.to_string()))?;
+            chart
+                .draw_series(cells.iter().map(|m| {
+                    Text::new(
+                        human(m.ops_per_sec),
+                        (m.waiters as i32, m.entities as i32 + 1),
+                        ("sans-serif", 13).into_font().color(&BLACK),
+                    )
+                }))
+                .map_err(|e| p(e.to_string()))?;
+            root.present().map_err(|e| p(e.to_string()))?;
+        }
+        written.push(file);
+    }
+    Ok(written)
+}
+
+/// Writes the machine-readable results: the command, the machine and every cell.
+pub fn write_json(
+    path: &Path,
+    command: &str,
+    machine: &str,
+    results: &[Measurement],
+) -> Result<(), BenchError> {
+    let body = serde_json::json!({ "command": command, "machine": machine, "results": results });
+    let text =
+        serde_json::to_string_pretty(&body).map_err(|e| BenchError::Worker(e.to_string()))?;
+    std::fs::write(path, text)?;
+    Ok(())
+}
