@@ -1090,12 +1090,14 @@ impl Fs {
             let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
             self.release_pages(freed);
         } else {
-            if mode.zero_range {
-                let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
-                self.release_pages(freed);
-            }
+            // Reserve before zeroing, so that ENOSPC leaves the file untouched.
+            // Whole pages the zeroing frees are allocated again just below, so
+            // they keep their reservation: only absent pages need capacity.
             let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
             self.reserve_pages(missing)?;
+            if mode.zero_range {
+                file.punch(off, len.min(meta.size.saturating_sub(off)));
+            }
             file.allocate(off, len);
             if !mode.keep_size {
                 meta.size = meta.size.max(end);
