@@ -680,6 +680,8 @@ enum Sel {
     Any(u8),
     /// A node held open (possibly unlinked), else any reachable node.
     Handle(u8),
+    /// A reachable regular file, else any reachable node.
+    File(u8),
     /// An inode number that does not exist.
     Stale,
 }
@@ -711,7 +713,7 @@ enum Op {
     Create {
         user: bool,
         parent: Sel,
-        name: u8,
+        name: Name,
         mode: u32,
         excl: bool,
         keep_open: bool,
@@ -719,38 +721,38 @@ enum Op {
     Mkdir {
         user: bool,
         parent: Sel,
-        name: u8,
+        name: Name,
         mode: u32,
     },
     Symlink {
         parent: Sel,
-        name: u8,
+        name: Name,
         target: u8,
     },
     Mknod {
         parent: Sel,
-        name: u8,
+        name: Name,
         kind: u8,
         rdev: u32,
     },
     Link {
         src: Sel,
         parent: Sel,
-        name: u8,
+        name: Name,
     },
     Unlink {
         parent: Sel,
-        name: u8,
+        name: Name,
     },
     Rmdir {
         parent: Sel,
-        name: u8,
+        name: Name,
     },
     Rename {
         parent: Sel,
-        name: u8,
+        name: Name,
         newparent: Sel,
-        newname: u8,
+        newname: Name,
         flags: u8,
     },
     Open {
@@ -814,6 +816,14 @@ enum Op {
     },
 }
 
+/// A name: one of a few fixed ones (including invalid ones), or whichever
+/// entry the directory has at run time (so removals and renames hit often).
+#[derive(Clone, Copy, Debug)]
+enum Name {
+    Fixed(u8),
+    Existing(u8),
+}
+
 fn name_of(i: u8) -> Vec<u8> {
     match i {
         0..=4 => vec![b'a' + i],
@@ -865,15 +875,30 @@ fn sel() -> impl Strategy<Value = Sel> {
 
 fn file_sel() -> impl Strategy<Value = Sel> {
     prop_oneof![
-        6 => any::<u8>().prop_map(Sel::Any),
+        8 => any::<u8>().prop_map(Sel::File),
+        2 => any::<u8>().prop_map(Sel::Any),
         3 => any::<u8>().prop_map(Sel::Handle),
         1 => any::<u8>().prop_map(Sel::Dir),
         1 => Just(Sel::Stale),
     ]
 }
 
-fn name() -> impl Strategy<Value = u8> {
-    prop_oneof![30 => 0u8..5, 1 => 5u8..11]
+fn name() -> impl Strategy<Value = Name> {
+    prop_oneof![
+        24 => (0u8..5).prop_map(Name::Fixed),
+        1 => (5u8..11).prop_map(Name::Fixed),
+        12 => any::<u8>().prop_map(Name::Existing),
+    ]
+}
+
+/// Parents: mostly directories, so that the operation itself gets tested.
+fn dir_sel() -> impl Strategy<Value = Sel> {
+    prop_oneof![
+        16 => any::<u8>().prop_map(Sel::Dir),
+        1 => any::<u8>().prop_map(Sel::Any),
+        1 => any::<u8>().prop_map(Sel::Handle),
+        1 => Just(Sel::Stale),
+    ]
 }
 
 fn offset() -> impl Strategy<Value = u64> {
@@ -902,40 +927,47 @@ fn id() -> impl Strategy<Value = u32> {
     prop::sample::select(vec![0u32, 1000, 2000])
 }
 
+fn fallocate_bits() -> impl Strategy<Value = i32> {
+    let valid = prop::sample::select(vec![
+        0,
+        libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        libc::FALLOC_FL_ZERO_RANGE,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+    ]);
+    let invalid = prop::sample::select(vec![
+        libc::FALLOC_FL_PUNCH_HOLE,
+        libc::FALLOC_FL_COLLAPSE_RANGE,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+    ]);
+    prop_oneof![8 => valid, 1 => invalid]
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        6 => (any::<bool>(), sel(), name(), mode(), any::<bool>(), prop::bool::weighted(0.3)).prop_map(
+        6 => (any::<bool>(), dir_sel(), name(), mode(), any::<bool>(), prop::bool::weighted(0.3)).prop_map(
             |(user, parent, name, mode, excl, keep_open)| Op::Create { user, parent, name, mode, excl, keep_open }
         ),
-        5 => (any::<bool>(), sel(), name(), mode()).prop_map(|(user, parent, name, mode)| Op::Mkdir { user, parent, name, mode }),
-        1 => (sel(), name(), 0u8..6).prop_map(|(parent, name, target)| Op::Symlink { parent, name, target }),
-        1 => (sel(), name(), 0u8..4, 0u32..300).prop_map(|(parent, name, kind, rdev)| Op::Mknod { parent, name, kind, rdev }),
-        3 => (file_sel(), sel(), name()).prop_map(|(src, parent, name)| Op::Link { src, parent, name }),
-        4 => (sel(), name()).prop_map(|(parent, name)| Op::Unlink { parent, name }),
-        3 => (sel(), name()).prop_map(|(parent, name)| Op::Rmdir { parent, name }),
-        8 => (sel(), name(), sel(), name(), 0u8..4).prop_map(|(parent, name, newparent, newname, flags)| Op::Rename { parent, name, newparent, newname, flags }),
+        5 => (any::<bool>(), dir_sel(), name(), mode()).prop_map(|(user, parent, name, mode)| Op::Mkdir { user, parent, name, mode }),
+        1 => (dir_sel(), name(), 0u8..6).prop_map(|(parent, name, target)| Op::Symlink { parent, name, target }),
+        1 => (dir_sel(), name(), 0u8..4, 0u32..300).prop_map(|(parent, name, kind, rdev)| Op::Mknod { parent, name, kind, rdev }),
+        3 => (file_sel(), dir_sel(), name()).prop_map(|(src, parent, name)| Op::Link { src, parent, name }),
+        4 => (dir_sel(), name()).prop_map(|(parent, name)| Op::Unlink { parent, name }),
+        3 => (dir_sel(), name()).prop_map(|(parent, name)| Op::Rmdir { parent, name }),
+        8 => (dir_sel(), name(), dir_sel(), name(), 0u8..4).prop_map(|(parent, name, newparent, newname, flags)| Op::Rename { parent, name, newparent, newname, flags }),
         2 => (file_sel(), any::<bool>()).prop_map(|(target, rdonly)| Op::Open { target, rdonly }),
         2 => any::<u8>().prop_map(|handle| Op::Close { handle }),
         8 => (any::<bool>(), file_sel(), offset(), pattern(3 * PAGE_SIZE as u32), prop::bool::weighted(0.15)).prop_map(
             |(user, target, off, data, append)| Op::Write { user, target, off, data, append }
         ),
         3 => (file_sel(), offset(), 0u32..(3 * PAGE_SIZE as u32)).prop_map(|(target, off, len)| Op::Read { target, off, len }),
-        3 => (any::<bool>(), file_sel(), prop_oneof![offset(), Just(u64::MAX)]).prop_map(|(user, target, size)| Op::Truncate { user, target, size }),
-        4 => (file_sel(), offset(), prop_oneof![0..3 * P, Just(0u64), Just(u64::MAX)], prop::sample::select(vec![
-            0,
-            libc::FALLOC_FL_KEEP_SIZE,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            libc::FALLOC_FL_ZERO_RANGE,
-            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-            libc::FALLOC_FL_PUNCH_HOLE,
-            libc::FALLOC_FL_COLLAPSE_RANGE,
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
-        ])).prop_map(|(target, off, len, bits)| Op::Fallocate { target, off, len, bits }),
+        3 => (any::<bool>(), file_sel(), prop_oneof![10 => offset(), 1 => Just(u64::MAX)]).prop_map(|(user, target, size)| Op::Truncate { user, target, size }),
+        4 => (file_sel(), offset(), prop_oneof![20 => 1..3 * P, 1 => Just(0u64), 1 => Just(u64::MAX)], fallocate_bits()).prop_map(|(target, off, len, bits)| Op::Fallocate { target, off, len, bits }),
         3 => (file_sel(), prop_oneof![6 => 0u8..4, 1 => 4u8..8], pattern(XATTR_SIZE_MAX as u32 + 1), 0u8..3).prop_map(
             |(target, name, value, mode)| Op::SetXattr { target, name, value, mode }
         ),
-        2 => (file_sel(), 0u8..8).prop_map(|(target, name)| Op::GetXattr { target, name }),
-        2 => (file_sel(), 0u8..8).prop_map(|(target, name)| Op::RemoveXattr { target, name }),
+        2 => (file_sel(), prop_oneof![6 => 0u8..4, 1 => 4u8..8]).prop_map(|(target, name)| Op::GetXattr { target, name }),
+        2 => (file_sel(), prop_oneof![6 => 0u8..4, 1 => 4u8..8]).prop_map(|(target, name)| Op::RemoveXattr { target, name }),
         2 => (any::<bool>(), file_sel(), mode()).prop_map(|(user, target, mode)| Op::Chmod { user, target, mode }),
         2 => (any::<bool>(), file_sel(), prop::option::of(id()), prop::option::of(id())).prop_map(
             |(user, target, uid, gid)| Op::Chown { user, target, uid, gid }
@@ -945,6 +977,36 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 // ---- running both side by side ---------------------------------------------------
+
+/// Outcome counts per operation, printed with `MODEL_STATS=1` to show that the
+/// generator reaches the interesting errors (a model test that only ever
+/// sees ENOENT proves little).
+static STATS: std::sync::Mutex<BTreeMap<(&str, &str), u64>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+fn note<T>(what: &'static str, r: &Result<T>) {
+    let outcome = match r {
+        Ok(_) => "ok",
+        Err(e) => e.name(),
+    };
+    *STATS.lock().unwrap().entry((what, outcome)).or_default() += 1;
+}
+
+fn print_stats() {
+    if std::env::var_os("MODEL_STATS").is_some() {
+        let s = STATS.lock().unwrap();
+        let mut line = String::new();
+        let mut last = "";
+        for ((what, outcome), n) in s.iter() {
+            if *what != last {
+                line.push_str(&format!("\n{what:>12}:"));
+                last = what;
+            }
+            line.push_str(&format!(" {outcome}={n}"));
+        }
+        eprintln!("model outcomes:{line}");
+    }
+}
 
 struct Harness {
     fs: Fs,
@@ -986,19 +1048,42 @@ impl Harness {
                     .collect();
                 dirs[i as usize % dirs.len()]
             }
+            Sel::File(i) => {
+                let files: Vec<u64> = all
+                    .iter()
+                    .map(|&(_, ino)| ino)
+                    .filter(|i| matches!(self.m.nodes[i].body, MBody::File(_)))
+                    .collect();
+                if files.is_empty() {
+                    all[i as usize % all.len()].1
+                } else {
+                    files[i as usize % files.len()]
+                }
+            }
             Sel::Any(i) | Sel::Handle(i) => all[i as usize % all.len()].1,
+        }
+    }
+
+    fn name_in(&self, dir: u64, n: Name) -> Vec<u8> {
+        match n {
+            Name::Fixed(i) => name_of(i),
+            Name::Existing(i) => match self.m.nodes.get(&dir).and_then(|d| d.entries()) {
+                Some(e) if !e.is_empty() => e.keys().nth(i as usize % e.len()).unwrap().clone(),
+                _ => name_of(i % 5),
+            },
         }
     }
 
     /// Compares a creation's outcome and records the new node in the model.
     fn created(
         &mut self,
-        what: &str,
+        what: &'static str,
         parent: u64,
         name: &[u8],
         want: Result<MNode>,
         got: Result<Attr>,
     ) -> Option<u64> {
+        note(what, &got);
         match (want, got) {
             (Ok(node), Ok(attr)) => {
                 assert_eq!(attr.kind, node.kind(), "{what}: kind");
@@ -1029,11 +1114,19 @@ impl Harness {
                 excl,
                 keep_open,
             } => {
-                let (p, n, c) = (self.pick(parent), name_of(name), ctx(user));
+                let (p, n, c) = (
+                    self.pick(parent),
+                    self.name_in(self.pick(parent), name),
+                    ctx(user),
+                );
                 let got = self.fs.create(c, p, &n, mode, excl);
-                let want = self
-                    .m
-                    .make(c, p, &n, libc::S_IFREG | mode, MBody::File(MFile::default()));
+                let want = self.m.make(
+                    c,
+                    p,
+                    &n,
+                    libc::S_IFREG | mode,
+                    MBody::File(MFile::default()),
+                );
                 let existing = self.m.nodes.get(&p).and_then(|d| d.entries()?.get(&n));
                 if let (Err(Errno::EEXIST), false, false, Some(&ino)) =
                     (&want, excl, is_dot(&n), existing)
@@ -1071,7 +1164,11 @@ impl Harness {
                 name,
                 mode,
             } => {
-                let (p, n, c) = (self.pick(parent), name_of(name), ctx(user));
+                let (p, n, c) = (
+                    self.pick(parent),
+                    self.name_in(self.pick(parent), name),
+                    ctx(user),
+                );
                 let got = self.fs.mkdir(c, p, &n, mode);
                 let want = self.m.make(c, p, &n, mode, MBody::Dir(BTreeMap::new()));
                 if let Some(ino) = self.created("mkdir", p, &n, want, got) {
@@ -1083,7 +1180,11 @@ impl Harness {
                 name,
                 target,
             } => {
-                let (p, n, t) = (self.pick(parent), name_of(name), symlink_target_of(target));
+                let (p, n, t) = (
+                    self.pick(parent),
+                    self.name_in(self.pick(parent), name),
+                    symlink_target_of(target),
+                );
                 let got = self.fs.symlink(Ctx::ROOT, p, &n, &t);
                 let want = if t.is_empty() {
                     err(Errno::ENOENT)
@@ -1103,7 +1204,8 @@ impl Harness {
                 kind,
                 rdev,
             } => {
-                let (p, n) = (self.pick(parent), name_of(name));
+                let p = self.pick(parent);
+                let n = self.name_in(p, name);
                 let (fmt, kind) = [
                     (libc::S_IFIFO, FileType::NamedPipe),
                     (libc::S_IFSOCK, FileType::Socket),
@@ -1124,25 +1226,29 @@ impl Harness {
                 }
             }
             Op::Link { src, parent, name } => {
-                let (s, p, n) = (self.pick(src), self.pick(parent), name_of(name));
+                let (s, p) = (self.pick(src), self.pick(parent));
+                let n = self.name_in(p, name);
                 let got = self.fs.link(s, p, &n);
                 let want = self.m.link(s, p, &n);
+                note("link", &got);
                 assert_eq!(got.map(|a| a.ino), want.map(|_| s), "link");
                 if got.is_ok() {
                     self.fs.forget(s, 1);
                 }
             }
             Op::Unlink { parent, name } => {
-                let (p, n) = (self.pick(parent), name_of(name));
-                assert_eq!(
-                    self.fs.unlink(p, &n),
-                    self.m.remove(p, &n, false),
-                    "unlink"
-                );
+                let p = self.pick(parent);
+                let n = self.name_in(p, name);
+                let got = self.fs.unlink(p, &n);
+                note("unlink", &got);
+                assert_eq!(got, self.m.remove(p, &n, false), "unlink");
             }
             Op::Rmdir { parent, name } => {
-                let (p, n) = (self.pick(parent), name_of(name));
-                assert_eq!(self.fs.rmdir(p, &n), self.m.remove(p, &n, true), "rmdir");
+                let p = self.pick(parent);
+                let n = self.name_in(p, name);
+                let got = self.fs.rmdir(p, &n);
+                note("rmdir", &got);
+                assert_eq!(got, self.m.remove(p, &n, true), "rmdir");
             }
             Op::Rename {
                 parent,
@@ -1151,8 +1257,10 @@ impl Harness {
                 newname,
                 flags,
             } => {
-                let (p, n) = (self.pick(parent), name_of(name));
-                let (np, nn) = (self.pick(newparent), name_of(newname));
+                let p = self.pick(parent);
+                let n = self.name_in(p, name);
+                let np = self.pick(newparent);
+                let nn = self.name_in(np, newname);
                 let bits = [
                     0,
                     libc::RENAME_NOREPLACE,
@@ -1165,7 +1273,10 @@ impl Harness {
                 };
                 let got = self.fs.rename(p, &n, np, &nn, fl);
                 match self.m.rename(p, &n, np, &nn, fl) {
-                    Some(want) => assert_eq!(got, want, "rename"),
+                    Some(want) => {
+                        note("rename", &got);
+                        assert_eq!(got, want, "rename")
+                    }
                     None => assert!(got.is_err(), "rename in a removed directory succeeded"),
                 }
             }
@@ -1178,6 +1289,7 @@ impl Harness {
                     Some(n) if n.is_dir() && !rdonly => err(Errno::EISDIR),
                     Some(_) => Ok(()),
                 };
+                note("open", &got);
                 assert_eq!(got, want, "open");
                 if got.is_ok() {
                     self.m.nodes.get_mut(&t).unwrap().open += 1;
@@ -1188,7 +1300,9 @@ impl Harness {
                 if self.handles.is_empty() {
                     return;
                 }
-                let ino = self.handles.swap_remove(handle as usize % self.handles.len());
+                let ino = self
+                    .handles
+                    .swap_remove(handle as usize % self.handles.len());
                 self.fs.release(ino);
                 self.m.nodes.get_mut(&ino).unwrap().open -= 1;
             }
@@ -1202,6 +1316,7 @@ impl Harness {
                 let (t, c, data) = (self.pick(target), ctx(user), data.bytes());
                 let got = self.fs.write(c, t, off, &data, append);
                 let want = self.m.write(c, t, off, &data, append);
+                note("write", &got);
                 assert_eq!(got, want, "write {} bytes at {off}", data.len());
             }
             Op::Read { target, off, len } => {
@@ -1211,6 +1326,7 @@ impl Harness {
                     buf.truncate(n);
                     buf
                 });
+                note("read", &got);
                 assert_eq!(got, self.m.read(t, off, len as usize), "read");
             }
             Op::Truncate { user, target, size } => {
@@ -1220,6 +1336,7 @@ impl Harness {
                     ..Default::default()
                 };
                 let got = self.fs.setattr(c, t, &set).map(|_| ());
+                note("truncate", &got);
                 assert_eq!(got, self.m.truncate(c, t, size), "truncate to {size}");
             }
             Op::Fallocate {
@@ -1232,6 +1349,7 @@ impl Harness {
                 let got =
                     FallocateMode::from_bits(bits).and_then(|m| self.fs.fallocate(t, off, len, m));
                 let want = self.m.fallocate(t, off, len, bits);
+                note("fallocate", &got);
                 assert_eq!(got, want, "fallocate {bits:#x} {off}+{len}");
             }
             Op::SetXattr {
@@ -1243,19 +1361,20 @@ impl Harness {
                 let (t, n, v) = (self.pick(target), xattr_name_of(name), value.bytes());
                 let mode = [XattrMode::Any, XattrMode::Create, XattrMode::Replace][mode as usize];
                 let got = self.fs.setxattr(t, &n, &v, mode);
+                note("setxattr", &got);
                 assert_eq!(got, self.m.setxattr(t, &n, &v, mode), "setxattr");
             }
             Op::GetXattr { target, name } => {
                 let (t, n) = (self.pick(target), xattr_name_of(name));
-                assert_eq!(self.fs.getxattr(t, &n), self.m.getxattr(t, &n), "getxattr");
+                let got = self.fs.getxattr(t, &n);
+                note("getxattr", &got);
+                assert_eq!(got, self.m.getxattr(t, &n), "getxattr");
             }
             Op::RemoveXattr { target, name } => {
                 let (t, n) = (self.pick(target), xattr_name_of(name));
-                assert_eq!(
-                    self.fs.removexattr(t, &n),
-                    self.m.removexattr(t, &n),
-                    "removexattr"
-                );
+                let got = self.fs.removexattr(t, &n);
+                note("removexattr", &got);
+                assert_eq!(got, self.m.removexattr(t, &n), "removexattr");
             }
             Op::Chmod { user, target, mode } => {
                 let (t, c) = (self.pick(target), ctx(user));
@@ -1264,6 +1383,7 @@ impl Harness {
                     ..Default::default()
                 };
                 let got = self.fs.setattr(c, t, &set).map(|_| ());
+                note("chmod", &got);
                 assert_eq!(got, self.m.chmod(c, t, mode), "chmod");
             }
             Op::Chown {
@@ -1279,6 +1399,7 @@ impl Harness {
                     ..Default::default()
                 };
                 let got = self.fs.setattr(c, t, &set).map(|_| ());
+                note("chown", &got);
                 assert_eq!(got, self.m.chown(c, t, uid, gid), "chown");
             }
             Op::Readdir { target, chunk } => {
@@ -1332,7 +1453,11 @@ impl Harness {
                 String::from_utf8_lossy(name)
             );
         }
-        assert_eq!(&seen, self.m.nodes[&dir].entries().unwrap(), "listing of {dir}");
+        assert_eq!(
+            &seen,
+            self.m.nodes[&dir].entries().unwrap(),
+            "listing of {dir}"
+        );
     }
 
     /// Compares the whole tree, open nodes and the accounting.
@@ -1460,6 +1585,7 @@ impl Harness {
         }
         self.m.gc();
         self.check_all();
+        print_stats();
         let distinct: BTreeSet<u64> = self.m.reachable().iter().map(|&(_, i)| i).collect();
         assert_eq!(self.fs.inode_count(), distinct.len());
     }
