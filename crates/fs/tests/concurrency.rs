@@ -1,0 +1,574 @@
+//! Concurrency tests of the engine: readdir's exactly-once rule under churn,
+//! deadlock freedom of crossing renames, unlinked-but-open files, and exact
+//! inode accounting over many create/forget/unlink cycles.
+//!
+//! Nothing here waits on time to pass: workers run a fixed number of
+//! iterations, and the only clock is the deadlock watchdog, which turns a
+//! hang into a failure instead of a stuck CI job.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, mpsc};
+use std::thread;
+use std::time::Duration;
+
+use memfs_fs::*;
+
+const C: Ctx = Ctx::ROOT;
+
+fn fs() -> Arc<Fs> {
+    Arc::new(Fs::new(Config {
+        capacity: 1 << 30,
+        max_inodes: 1 << 20,
+    }))
+}
+
+/// Runs `workers` on their own threads and joins them, failing (not hanging)
+/// if they have not all finished within `limit`: a lock-order bug shows up as
+/// a test failure naming the stuck workers.
+fn run_with_watchdog(limit: Duration, workers: Vec<(String, Box<dyn FnOnce() + Send>)>) {
+    let (tx, rx) = mpsc::channel::<(String, thread::Result<()>)>();
+    let mut pending: BTreeSet<String> = BTreeSet::new();
+    for (name, w) in workers {
+        pending.insert(name.clone());
+        let tx = tx.clone();
+        thread::Builder::new()
+            .name(name.clone())
+            .spawn(move || {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(w));
+                let _ = tx.send((name, r));
+            })
+            .expect("spawn worker");
+    }
+    drop(tx);
+    let deadline = std::time::Instant::now() + limit;
+    while !pending.is_empty() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((name, r)) => {
+                pending.remove(&name);
+                if let Err(p) = r {
+                    std::panic::resume_unwind(p);
+                }
+            }
+            Err(_) => panic!("workers still running after {limit:?} (deadlock?): {pending:?}"),
+        }
+    }
+}
+
+/// Lists `dir` `chunk` entries per call, resuming each call from the offset
+/// of the last entry returned, as `getdents` over FUSE does.
+fn list_chunked(fs: &Fs, dir: u64, chunk: usize) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    let mut off = 0;
+    loop {
+        let mut got = 0;
+        fs.readdir(dir, off, |e| {
+            if got == chunk {
+                return false;
+            }
+            names.push(e.name.to_vec());
+            off = e.offset;
+            got += 1;
+            true
+        })
+        .expect("readdir");
+        if got < chunk {
+            return names;
+        }
+    }
+}
+
+/// Like [`list_chunked`] through `readdirplus`, which takes a kernel
+/// reference per entry; every reference is forgotten again, as the kernel would.
+fn list_chunked_plus(fs: &Fs, dir: u64, chunk: usize) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    let mut refs = Vec::new();
+    let mut off = 0;
+    loop {
+        let mut got = 0;
+        fs.readdirplus(dir, off, |e, attr| {
+            if got == chunk {
+                return false;
+            }
+            assert_eq!(e.ino, attr.ino);
+            names.push(e.name.to_vec());
+            if e.name != b"." && e.name != b".." {
+                refs.push(e.ino);
+            }
+            off = e.offset;
+            got += 1;
+            true
+        })
+        .expect("readdirplus");
+        if got < chunk {
+            break;
+        }
+    }
+    for ino in refs {
+        fs.forget(ino, 1);
+    }
+    names
+}
+
+#[test]
+fn readdir_returns_stable_entries_exactly_once_under_churn() {
+    const STABLE: usize = 150;
+    const WRITERS: usize = 3;
+    const ROUNDS: usize = 1500;
+    const MIN_LISTINGS: usize = 40;
+
+    let fs = fs();
+    let dir = fs.mkdir(C, ROOT_INO, b"shared", 0o755).unwrap().ino;
+    // Stable names interleaved with churned ones, so that stable entries sit
+    // between slots that are freed and reused during the listings.
+    let mut stable = BTreeSet::new();
+    for i in 0..STABLE {
+        let n = format!("stable-{i}").into_bytes();
+        let (a, _) = fs.create(C, dir, &n, 0o644, true).unwrap();
+        fs.release(a.ino);
+        fs.forget(a.ino, 1);
+        stable.insert(n);
+        let (a, _) = fs
+            .create(C, dir, format!("seed-{i}").as_bytes(), 0o644, true)
+            .unwrap();
+        fs.release(a.ino);
+        fs.forget(a.ino, 1);
+    }
+    let base_inodes = fs.inode_count();
+    let stable = Arc::new(stable);
+    let writers_done = Arc::new(AtomicU64::new(0));
+    let listings = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(Barrier::new(WRITERS + 3));
+
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    for w in 0..WRITERS {
+        let (fs, done, start) = (fs.clone(), writers_done.clone(), start.clone());
+        workers.push((
+            format!("writer-{w}"),
+            Box::new(move || {
+                start.wait();
+                for i in 0..ROUNDS {
+                    let a = format!("w{w}-{i}").into_bytes();
+                    let b = format!("w{w}-{i}-renamed").into_bytes();
+                    let (attr, _) = fs.create(C, dir, &a, 0o644, true).unwrap();
+                    fs.release(attr.ino);
+                    fs.forget(attr.ino, 1);
+                    fs.rename(dir, &a, dir, &b, RenameFlags::default()).unwrap();
+                    // Free the seeds early on so their slots get reused.
+                    if i < STABLE / WRITERS {
+                        let seed = format!("seed-{}", i * WRITERS + w);
+                        fs.unlink(dir, seed.as_bytes()).unwrap();
+                    }
+                    // Keep a few behind (slot reuse), drop the rest.
+                    if i % 3 != 0 {
+                        fs.unlink(dir, &b).unwrap();
+                    }
+                    if i % 50 == 0 {
+                        let d = format!("d{w}-{i}").into_bytes();
+                        fs.mkdir(C, dir, &d, 0o755)
+                            .map(|a| fs.forget(a.ino, 1))
+                            .unwrap();
+                        fs.rmdir(dir, &d).unwrap();
+                    }
+                }
+                done.fetch_add(1, Ordering::Release);
+            }),
+        ));
+    }
+    for r in 0..3 {
+        let (fs, stable, done, listings, start) = (
+            fs.clone(),
+            stable.clone(),
+            writers_done.clone(),
+            listings.clone(),
+            start.clone(),
+        );
+        workers.push((
+            format!("reader-{r}"),
+            Box::new(move || {
+                start.wait();
+                let mut n = 0usize;
+                // At least MIN_LISTINGS each, and keep listing while writers run.
+                while n < MIN_LISTINGS || done.load(Ordering::Acquire) < WRITERS as u64 {
+                    let chunk = 1 + (n * 7 + r) % 13;
+                    let names = if r == 2 {
+                        list_chunked_plus(&fs, dir, chunk)
+                    } else {
+                        list_chunked(&fs, dir, chunk)
+                    };
+                    assert_eq!(&names[0], b".");
+                    assert_eq!(&names[1], b"..");
+                    let mut counts: HashMap<&[u8], usize> = HashMap::new();
+                    for name in &names[2..] {
+                        *counts.entry(name).or_default() += 1;
+                    }
+                    for s in stable.iter() {
+                        assert_eq!(
+                            counts.get(&s[..]).copied().unwrap_or(0),
+                            1,
+                            "stable entry {} in listing {n} (chunk {chunk})",
+                            String::from_utf8_lossy(s)
+                        );
+                    }
+                    // Names are never reused, so nothing may show up twice.
+                    for (name, c) in &counts {
+                        assert_eq!(*c, 1, "{} listed {c} times", String::from_utf8_lossy(name));
+                    }
+                    n += 1;
+                    listings.fetch_add(1, Ordering::Relaxed);
+                }
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(120), workers);
+    assert!(listings.load(Ordering::Relaxed) >= 3 * MIN_LISTINGS as u64);
+
+    // Exactly the survivors remain, and the inode table agrees.
+    let final_names: BTreeSet<Vec<u8>> =
+        list_chunked(&fs, dir, 1000)[2..].iter().cloned().collect();
+    let mut expect: BTreeSet<Vec<u8>> = (*stable).clone();
+    for w in 0..WRITERS {
+        for i in (0..ROUNDS).step_by(3) {
+            expect.insert(format!("w{w}-{i}-renamed").into_bytes());
+        }
+    }
+    for i in (STABLE / WRITERS) * WRITERS..STABLE {
+        expect.insert(format!("seed-{i}").into_bytes());
+    }
+    assert_eq!(final_names, expect);
+    let kept = expect.len() - STABLE;
+    assert_eq!(fs.inode_count(), base_inodes - STABLE + kept);
+}
+
+#[test]
+fn crossing_renames_do_not_deadlock() {
+    const ITERS: usize = 4000;
+    let fs = fs();
+    let mk = |p: u64, n: &str| {
+        let a = fs.mkdir(C, p, n.as_bytes(), 0o755).unwrap();
+        fs.forget(a.ino, 1);
+        a.ino
+    };
+    let a = mk(ROOT_INO, "a");
+    let b = mk(ROOT_INO, "b");
+    let a_sub = mk(a, "sub");
+    let b_sub = mk(b, "sub");
+    let dirs = [a, b, a_sub, b_sub];
+    // Files and directories that wander between the four directories.
+    for (i, &d) in dirs.iter().enumerate() {
+        for k in 0..4 {
+            let n = format!("f{i}-{k}");
+            let (attr, _) = fs.create(C, d, n.as_bytes(), 0o644, true).unwrap();
+            fs.release(attr.ino);
+            fs.forget(attr.ino, 1);
+            mk(d, &format!("d{i}-{k}"));
+        }
+    }
+    let before = fs.inode_count();
+
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    let moved = Arc::new(AtomicU64::new(0));
+    let exchanged = Arc::new(AtomicU64::new(0));
+    for t in 0..4usize {
+        let (fs, moved, exchanged) = (fs.clone(), moved.clone(), exchanged.clone());
+        workers.push((
+            format!("renamer-{t}"),
+            Box::new(move || {
+                // Each thread moves in the opposite direction of its neighbour
+                // and mixes plain, no-replace and exchange renames of files and
+                // directories, including moves between an ancestor and its
+                // subdirectory (the case lock ordering by inode number alone gets wrong).
+                let mut x = t as u64 * 7919 + 1;
+                for i in 0..ITERS {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let (from, to) = if t % 2 == 0 {
+                        (dirs[(x % 4) as usize], dirs[((x >> 8) % 4) as usize])
+                    } else {
+                        (dirs[((x >> 8) % 4) as usize], dirs[(x % 4) as usize])
+                    };
+                    let kind = if (x >> 16) % 2 == 0 { 'f' } else { 'd' };
+                    let name = format!("{kind}{}-{}", (x >> 20) % 4, (x >> 24) % 4);
+                    let other = format!("{kind}{}-{}", (x >> 32) % 4, (x >> 36) % 4);
+                    // Names stay unique across the tree: a plain or no-replace
+                    // move keeps the name, an exchange swaps two names' places.
+                    let (newname, flags) = match (x >> 28) % 4 {
+                        0 => (
+                            &name,
+                            RenameFlags {
+                                noreplace: true,
+                                exchange: false,
+                            },
+                        ),
+                        1 => (
+                            &other,
+                            RenameFlags {
+                                noreplace: false,
+                                exchange: true,
+                            },
+                        ),
+                        _ => (&name, RenameFlags::default()),
+                    };
+                    let r = fs.rename(from, name.as_bytes(), to, newname.as_bytes(), flags);
+                    match r {
+                        Ok(()) if flags.exchange && name != *newname => {
+                            exchanged.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(()) if from != to => {
+                            moved.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(()) | Err(Errno::ENOENT) | Err(Errno::EEXIST) => {}
+                        Err(e) => panic!("rename {name} ({i}): {e:?}"),
+                    }
+                    // Readers of the same directories in between.
+                    if i % 16 == 0 {
+                        let _ = fs.lookup_noref(to, name.as_bytes());
+                        let _ = list_chunked(&fs, from, 5);
+                    }
+                }
+            }),
+        ));
+    }
+    // Directory moves between the top-level directories, in both directions,
+    // racing the file movers above (EINVAL when a move would create a cycle).
+    for t in 0..2usize {
+        let fs = fs.clone();
+        workers.push((
+            format!("dir-mover-{t}"),
+            Box::new(move || {
+                for i in 0..ITERS / 4 {
+                    let (from, to) = if (i + t) % 2 == 0 { (a, b) } else { (b, a) };
+                    match fs.rename(from, b"sub", to, b"moved-sub", RenameFlags::default()) {
+                        Ok(()) => {
+                            fs.rename(to, b"moved-sub", from, b"sub", RenameFlags::default())
+                                .unwrap();
+                        }
+                        Err(Errno::ENOENT) | Err(Errno::EEXIST) => {}
+                        Err(e) => panic!("dir move: {e:?}"),
+                    }
+                }
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(180), workers);
+    // The mix really moved things around (thousands of each are typical).
+    assert!(moved.load(Ordering::Relaxed) > 0, "no cross-directory move succeeded");
+    assert!(exchanged.load(Ordering::Relaxed) > 0, "no exchange succeeded");
+
+    // Nothing lost or duplicated: every name exists exactly once in the four
+    // directories, and every directory's link count matches its subdirectories.
+    let mut seen = BTreeSet::new();
+    for &d in &dirs {
+        let mut subdirs = 0;
+        for name in &list_chunked(&fs, d, 1000)[2..] {
+            if name == b"sub" {
+                subdirs += 1;
+                continue;
+            }
+            let attr = fs.lookup_noref(d, name).unwrap();
+            if attr.kind == FileType::Directory {
+                subdirs += 1;
+            }
+            assert!(seen.insert(name.clone()), "duplicate {name:?}");
+        }
+        assert_eq!(fs.getattr(d).unwrap().nlink, 2 + subdirs, "nlink of {d}");
+    }
+    assert_eq!(seen.len(), 4 * 4 * 2);
+    assert_eq!(fs.inode_count(), before);
+    assert_eq!(fs.lookup_noref(a, b"sub").unwrap().ino, a_sub);
+    assert_eq!(fs.lookup_noref(b, b"sub").unwrap().ino, b_sub);
+}
+
+#[test]
+fn unlinked_open_files_stay_readable_until_released_and_forgotten() {
+    const READERS: usize = 4;
+    let fs = fs();
+    let data: Vec<u8> = (0..3 * PAGE_SIZE + 123).map(|i| (i % 251) as u8).collect();
+    let (attr, _) = fs.create(C, ROOT_INO, b"doomed", 0o644, true).unwrap();
+    let ino = attr.ino;
+    fs.write(C, ino, 0, &data, false).unwrap();
+    let free_before_data = fs.statfs().bfree + 4;
+    let inodes_with = fs.inode_count();
+    // Each reader holds its own handle; the creator's handle and reference go
+    // away right after the unlink.
+    for _ in 0..READERS {
+        fs.open(ino, libc::O_RDONLY).unwrap();
+    }
+    let unlinked = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(READERS + 1));
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    for r in 0..READERS {
+        let (fs, data, unlinked, start) =
+            (fs.clone(), data.clone(), unlinked.clone(), start.clone());
+        workers.push((
+            format!("reader-{r}"),
+            Box::new(move || {
+                start.wait();
+                let mut reads_after_unlink = 0;
+                let mut i = 0;
+                // Read until the unlink has been seen, then a fixed number more.
+                while reads_after_unlink < 200 {
+                    let after = unlinked.load(Ordering::Acquire);
+                    let off = (i * 97) % data.len();
+                    let got = fs.read_vec(ino, off as u64, 4096).unwrap();
+                    assert_eq!(got, &data[off..(off + 4096).min(data.len())]);
+                    if after {
+                        reads_after_unlink += 1;
+                        assert_eq!(fs.getattr(ino).unwrap().nlink, 0);
+                    }
+                    i += 1;
+                }
+                fs.release(ino);
+            }),
+        ));
+    }
+    {
+        let (fs, unlinked, start) = (fs.clone(), unlinked.clone(), start.clone());
+        workers.push((
+            "unlinker".into(),
+            Box::new(move || {
+                start.wait();
+                fs.unlink(ROOT_INO, b"doomed").unwrap();
+                unlinked.store(true, Ordering::Release);
+                fs.release(ino);
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(60), workers);
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"doomed"), Err(Errno::ENOENT));
+    // Every handle is closed, but the kernel still holds its reference from create.
+    assert_eq!(fs.inode_count(), inodes_with);
+    assert_eq!(fs.read_vec(ino, 0, 10).unwrap(), &data[..10]);
+    fs.forget(ino, 1);
+    assert_eq!(fs.inode_count(), inodes_with - 1);
+    assert_eq!(fs.getattr(ino), Err(Errno::ENOENT));
+    assert_eq!(
+        fs.statfs().bfree,
+        free_before_data,
+        "pages of the freed file"
+    );
+}
+
+#[test]
+fn unlinked_open_file_is_writable_and_freed_on_last_release() {
+    let fs = fs();
+    let start = fs.inode_count();
+    let (attr, _) = fs.create(C, ROOT_INO, b"f", 0o644, true).unwrap();
+    fs.forget(attr.ino, 1); // the kernel's reference goes first this time
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    fs.write(C, attr.ino, 10_000, b"still here", false).unwrap();
+    assert_eq!(fs.read_vec(attr.ino, 10_000, 100).unwrap(), b"still here");
+    assert_eq!(fs.getattr(attr.ino).unwrap().size, 10_010);
+    assert_eq!(fs.inode_count(), start + 1);
+    fs.release(attr.ino);
+    assert_eq!(fs.inode_count(), start);
+    assert_eq!(fs.statfs().bfree, fs.statfs().blocks);
+    assert_eq!(fs.read_vec(attr.ino, 0, 1), Err(Errno::ENOENT));
+}
+
+/// The engine's side of "after a million create/unlink cycles the inode table
+/// is back to its starting size": every path that takes a kernel reference
+/// (create, lookup, readdirplus, link) is paired with a forget, in varying
+/// orders relative to unlink and release.
+#[test]
+fn inode_table_returns_to_start_after_100k_cycles() {
+    const CYCLES: usize = 100_000;
+    const THREADS: usize = 4;
+    let fs = fs();
+    let dirs: Vec<u64> = (0..THREADS)
+        .map(|t| {
+            let a = fs
+                .mkdir(C, ROOT_INO, format!("t{t}").as_bytes(), 0o755)
+                .unwrap();
+            fs.forget(a.ino, 1);
+            a.ino
+        })
+        .collect();
+    let start_inodes = fs.inode_count();
+    let start_stat = fs.statfs();
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    for (t, &dir) in dirs.iter().enumerate() {
+        let fs = fs.clone();
+        workers.push((
+            format!("cycler-{t}"),
+            Box::new(move || {
+                for i in 0..CYCLES / THREADS {
+                    let name = format!("f{}", i % 7);
+                    let name = name.as_bytes();
+                    let (attr, created) = fs.create(C, dir, name, 0o644, true).unwrap();
+                    assert!(created);
+                    let ino = attr.ino;
+                    if i % 3 == 0 {
+                        fs.write(C, ino, (i % 5) as u64 * 5000, b"x", false)
+                            .unwrap();
+                    }
+                    match i % 5 {
+                        0 => {
+                            // Extra references through lookup, forgotten in one batch.
+                            fs.lookup(dir, name).unwrap();
+                            fs.lookup(dir, name).unwrap();
+                            fs.unlink(dir, name).unwrap();
+                            fs.release(ino);
+                            fs.forget(ino, 3);
+                        }
+                        1 => {
+                            // A second name, then renamed over the first's place.
+                            fs.link(ino, dir, b"other").unwrap();
+                            fs.forget(ino, 1);
+                            fs.release(ino);
+                            fs.forget(ino, 1);
+                            fs.unlink(dir, name).unwrap();
+                            fs.rename(dir, b"other", dir, name, RenameFlags::default())
+                                .unwrap();
+                            fs.unlink(dir, name).unwrap();
+                        }
+                        2 => {
+                            // readdirplus references.
+                            fs.release(ino);
+                            let mut taken = 0;
+                            fs.readdirplus(dir, 0, |e, _| {
+                                if e.ino == ino {
+                                    taken += 1;
+                                }
+                                true
+                            })
+                            .unwrap();
+                            assert_eq!(taken, 1);
+                            fs.unlink(dir, name).unwrap();
+                            fs.forget(ino, 2);
+                        }
+                        3 => {
+                            // Forget before unlink, release last.
+                            fs.forget(ino, 1);
+                            fs.unlink(dir, name).unwrap();
+                            fs.release(ino);
+                        }
+                        _ => {
+                            // Replaced by another file through rename.
+                            let (b, _) = fs.create(C, dir, b"repl", 0o644, true).unwrap();
+                            fs.release(b.ino);
+                            fs.forget(b.ino, 1);
+                            fs.release(ino);
+                            fs.rename(dir, b"repl", dir, name, RenameFlags::default())
+                                .unwrap();
+                            fs.forget(ino, 1);
+                            fs.unlink(dir, name).unwrap();
+                        }
+                    }
+                }
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(170), workers);
+    assert_eq!(fs.inode_count(), start_inodes, "inode table size");
+    assert_eq!(fs.statfs(), start_stat, "statfs after the cycles");
+    for &d in &dirs {
+        assert_eq!(
+            list_chunked(&fs, d, 100).len(),
+            2,
+            "directory left non-empty"
+        );
+    }
+}
