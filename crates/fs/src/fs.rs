@@ -241,7 +241,15 @@ impl Fs {
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
         let ino = match name {
             b"." => parent,
-            b".." => d.parent,
+            b".." if d.parent != parent => {
+                // Locks go ancestor first: never wait for the parent while
+                // holding the child (a rename or rmdir holding the parent
+                // and waiting for this directory would deadlock).
+                let up = d.parent;
+                drop(st);
+                return self.lookup_dotdot(&dir, up, take_ref);
+            }
+            b".." => parent,
             _ => d.get(name).ok_or(Errno::ENOENT)?.0,
         };
         let child = if ino == parent {
@@ -258,6 +266,30 @@ impl Fs {
             child.nlookup.fetch_add(1, Ordering::AcqRel);
         }
         Ok(attr)
+    }
+
+    /// `lookup(dir, "..")` with the parent locked before the directory: retries
+    /// if the directory moved in between. While the parent is locked it
+    /// cannot be removed, so the reference is taken on a live node.
+    fn lookup_dotdot(&self, dir: &Arc<Inode>, mut up: u64, take_ref: bool) -> Result<Attr> {
+        loop {
+            let p = self.get(up)?;
+            let pst = p.state.read();
+            let now = dir.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+            if now != up {
+                drop(pst);
+                if now == dir.ino {
+                    return Err(Errno::ENOENT);
+                }
+                up = now;
+                continue;
+            }
+            let attr = pst.attr(up, p.kind);
+            if take_ref {
+                p.nlookup.fetch_add(1, Ordering::AcqRel);
+            }
+            return Ok(attr);
+        }
     }
 
     /// Drops `n` kernel references to `ino`.
@@ -1208,6 +1240,16 @@ impl Fs {
         mut f: impl FnMut(DirEntry<'_>, &Attr) -> bool,
     ) -> Result<()> {
         let inode = self.get(ino)?;
+        // The attributes of `..` are read before the directory is locked:
+        // waiting for a parent while holding its child breaks the
+        // ancestor-first lock order. They may be a moment stale, as any
+        // listing may.
+        let dotdot = if offset <= 1 {
+            let up = inode.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+            Some(self.getattr(up)?)
+        } else {
+            None
+        };
         let st = inode.state.read();
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
         if offset == 0 {
@@ -1222,14 +1264,9 @@ impl Fs {
                 return Ok(());
             }
         }
-        if offset <= 1 {
-            let attr = if d.parent == ino {
-                st.attr(ino, inode.kind)
-            } else {
-                self.getattr(d.parent)?
-            };
+        if let Some(attr) = dotdot {
             let e = DirEntry {
-                ino: d.parent,
+                ino: attr.ino,
                 kind: FileType::Directory,
                 name: b"..",
                 offset: FIRST_SLOT_OFFSET,
