@@ -354,8 +354,14 @@ fn crossing_renames_do_not_deadlock() {
     }
     run_with_watchdog(Duration::from_secs(180), workers);
     // The mix really moved things around (thousands of each are typical).
-    assert!(moved.load(Ordering::Relaxed) > 0, "no cross-directory move succeeded");
-    assert!(exchanged.load(Ordering::Relaxed) > 0, "no exchange succeeded");
+    assert!(
+        moved.load(Ordering::Relaxed) > 0,
+        "no cross-directory move succeeded"
+    );
+    assert!(
+        exchanged.load(Ordering::Relaxed) > 0,
+        "no exchange succeeded"
+    );
 
     // Nothing lost or duplicated: every name exists exactly once in the four
     // directories, and every directory's link count matches its subdirectories.
@@ -571,4 +577,79 @@ fn inode_table_returns_to_start_after_100k_cycles() {
             "directory left non-empty"
         );
     }
+}
+
+/// Operations that look upwards from a directory (`lookup(dir, "..")`, and
+/// `readdirplus`, which returns the attributes of `..`) race operations that
+/// lock a parent and then its child directory (renaming the child within its
+/// parent, moving files between parent and child, removing the child's
+/// siblings). The lock order is ancestor first; anything that holds a child
+/// while waiting for its parent would deadlock here.
+#[test]
+fn upward_lookups_race_parent_then_child_lockers() {
+    const ITERS: usize = 20_000;
+    let fs = fs();
+    let p = fs.mkdir(C, ROOT_INO, b"p", 0o755).unwrap();
+    fs.forget(p.ino, 1);
+    let x = fs.mkdir(C, p.ino, b"x", 0o755).unwrap();
+    fs.forget(x.ino, 1);
+    let (f, _) = fs.create(C, x.ino, b"f", 0o644, true).unwrap();
+    fs.release(f.ino);
+    fs.forget(f.ino, 1);
+    let (p, x) = (p.ino, x.ino);
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    for t in 0..2 {
+        let fs = fs.clone();
+        workers.push((
+            format!("upward-{t}"),
+            Box::new(move || {
+                for i in 0..ITERS {
+                    if (i + t) % 2 == 0 {
+                        assert_eq!(fs.lookup_noref(x, b"..").unwrap().ino, p);
+                    } else {
+                        let mut refs = Vec::new();
+                        fs.readdirplus(x, 0, |e, _| {
+                            if e.name != b"." && e.name != b".." {
+                                refs.push(e.ino);
+                            }
+                            true
+                        })
+                        .unwrap();
+                        for r in refs {
+                            fs.forget(r, 1);
+                        }
+                    }
+                }
+            }),
+        ));
+    }
+    {
+        let fs = fs.clone();
+        workers.push((
+            "parent-then-child".into(),
+            Box::new(move || {
+                for i in 0..ITERS {
+                    match i % 3 {
+                        // Same-directory rename of the child: locks p, then x.
+                        0 => {
+                            fs.rename(p, b"x", p, b"y", RenameFlags::default()).unwrap();
+                            fs.rename(p, b"y", p, b"x", RenameFlags::default()).unwrap();
+                        }
+                        // Between parent and child: locks p, then x.
+                        1 => {
+                            fs.rename(x, b"f", p, b"f", RenameFlags::default()).unwrap();
+                            fs.rename(p, b"f", x, b"f", RenameFlags::default()).unwrap();
+                        }
+                        // rmdir of a sibling: locks p, then the sibling.
+                        _ => {
+                            let s = fs.mkdir(C, p, b"s", 0o755).unwrap();
+                            fs.forget(s.ino, 1);
+                            fs.rmdir(p, b"s").unwrap();
+                        }
+                    }
+                }
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(60), workers);
 }
