@@ -844,8 +844,14 @@ impl Fs {
             if !sdir && ddir {
                 return Err(Errno::EISDIR);
             }
-            if ddir && dino == parent {
-                // The target is the source's own parent: it is not empty.
+            // A target that is an ancestor of the source's directory is not
+            // empty (Linux's rename trap). Decided here, before the child
+            // locks: locking an ancestor of a held directory breaks the lock order.
+            let ancestor = match chains {
+                Some((src_chain, _)) => src_chain.contains(&dino),
+                None => dino == parent,
+            };
+            if ddir && ancestor {
                 return Err(Errno::ENOTEMPTY);
             }
         }
