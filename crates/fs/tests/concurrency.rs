@@ -653,3 +653,47 @@ fn upward_lookups_race_parent_then_child_lockers() {
     }
     run_with_watchdog(Duration::from_secs(60), workers);
 }
+
+/// `rename(/x/y/z, /x)` with `x` a non-empty directory: the target is an
+/// ancestor of the source's directory. Linux answers ENOTEMPTY; the engine
+/// must decide so without locking `x` while it holds `y` (x's descendant),
+/// which would deadlock against anyone walking down from `x`.
+#[test]
+fn rename_onto_an_ancestor_fails_without_deadlock() {
+    const ITERS: usize = 20_000;
+    let fs = fs();
+    let x = fs.mkdir(C, ROOT_INO, b"x", 0o755).unwrap().ino;
+    let y = fs.mkdir(C, x, b"y", 0o755).unwrap().ino;
+    let z = fs.mkdir(C, y, b"z", 0o755).unwrap().ino;
+    for i in [x, y, z] {
+        fs.forget(i, 1);
+    }
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    {
+        let fs = fs.clone();
+        workers.push((
+            "renamer".into(),
+            Box::new(move || {
+                for _ in 0..ITERS {
+                    let r = fs.rename(y, b"z", ROOT_INO, b"x", RenameFlags::default());
+                    assert_eq!(r, Err(Errno::ENOTEMPTY));
+                }
+            }),
+        ));
+    }
+    for t in 0..2 {
+        let fs = fs.clone();
+        workers.push((
+            format!("walker-{t}"),
+            Box::new(move || {
+                for _ in 0..ITERS {
+                    assert_eq!(fs.lookup_noref(x, b"y").unwrap().ino, y);
+                    assert_eq!(fs.lookup_noref(y, b"z").unwrap().ino, z);
+                    let _ = list_chunked(&fs, x, 4);
+                }
+            }),
+        ));
+    }
+    run_with_watchdog(Duration::from_secs(60), workers);
+    assert_eq!(fs.lookup_noref(y, b"z").unwrap().ino, z);
+}
