@@ -1563,7 +1563,7 @@ impl Harness {
             pos = h;
         }
         assert_eq!(got, want, "{path}: data segments");
-        for (o, _) in &f.bytes {
+        for o in f.bytes.keys() {
             assert!(f.pages.contains(&(o / P)), "model: byte outside a page");
         }
         for (s, e) in got {
