@@ -800,7 +800,7 @@ fn random_operation_mix_stays_consistent() {
                 let mut open: Vec<u64> = Vec::new();
                 for _ in 0..STEPS {
                     // A random directory: walk down up to two levels.
-                    let mut pick_dir = |rnd: &mut dyn FnMut(u64) -> u64| {
+                    let pick_dir = |rnd: &mut dyn FnMut(u64) -> u64| {
                         let mut d = ROOT_INO;
                         for _ in 0..rnd(3) {
                             match fs.lookup_noref(d, names[rnd(4) as usize]) {
