@@ -1172,6 +1172,11 @@ impl Fs {
         if src.kind != FileType::RegularFile || dst.kind != FileType::RegularFile {
             return Err(Errno::EINVAL);
         }
+        // Like Linux, clamp the count to the source's size once, up front: a
+        // copy within one file that extends it must not go on to copy what it
+        // has just written.
+        let size_in = src.state.read().meta.size;
+        let len = len.min(size_in.saturating_sub(off_in));
         if ino_in == ino_out
             && off_in < off_out.saturating_add(len)
             && off_out < off_in.saturating_add(len)
