@@ -58,6 +58,8 @@ struct MNode {
     gid: u32,
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     open: u32,
+    /// Kernel references (lookups not yet forgotten).
+    lookups: u32,
 }
 
 impl MNode {
@@ -140,6 +142,7 @@ impl Model {
                 gid: root_gid,
                 xattrs: BTreeMap::new(),
                 open: 0,
+                lookups: 0,
             },
         );
         Model {
@@ -226,7 +229,7 @@ impl Model {
         let dead: Vec<u64> = self
             .nodes
             .iter()
-            .filter(|&(&i, n)| i != ROOT_INO && n.open == 0 && self.refs(i) == 0)
+            .filter(|&(&i, n)| i != ROOT_INO && n.open == 0 && n.lookups == 0 && self.refs(i) == 0)
             .map(|(&i, _)| i)
             .collect();
         for i in dead {
@@ -291,6 +294,7 @@ impl Model {
             gid,
             xattrs: BTreeMap::new(),
             open: 0,
+            lookups: 0,
         }
     }
 
@@ -470,6 +474,57 @@ impl Model {
             MBody::Dir(_) => err(Errno::EISDIR),
             _ => err(Errno::EINVAL),
         }
+    }
+
+    /// `lookup`; `None` for `..` of a removed directory (whose stale parent
+    /// the model does not track).
+    fn lookup(&self, parent: u64, name: &[u8]) -> Option<Result<u64>> {
+        if name.len() > NAME_MAX {
+            return Some(err(Errno::ENAMETOOLONG));
+        }
+        let Ok(p) = self.node(parent) else {
+            return Some(err(Errno::ENOENT));
+        };
+        let Some(e) = p.entries() else {
+            return Some(err(Errno::ENOTDIR));
+        };
+        Some(match name {
+            b"." => Ok(parent),
+            b".." => return self.parent_of(parent).map(Ok),
+            _ => e.get(name).copied().ok_or(Errno::ENOENT),
+        })
+    }
+
+    fn copy_file_range(
+        &mut self,
+        ctx: Ctx,
+        src: u64,
+        off_in: u64,
+        dst: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let (s, d) = (self.node(src)?.kind(), self.node(dst)?.kind());
+        if s == FileType::Directory || d == FileType::Directory {
+            return err(Errno::EISDIR);
+        }
+        if s != FileType::RegularFile || d != FileType::RegularFile {
+            return err(Errno::EINVAL);
+        }
+        let size_in = self.file_of(src)?.size;
+        let len = len.min(size_in.saturating_sub(off_in));
+        if src == dst
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return err(Errno::EINVAL);
+        }
+        let data = self.read(src, off_in, len as usize)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.write(ctx, dst, off_out, &data, false)?;
+        Ok(data.len() as u64)
     }
 
     fn read(&self, ino: u64, off: u64, len: usize) -> Result<Vec<u8>> {
@@ -814,6 +869,23 @@ enum Op {
         target: Sel,
         chunk: u8,
     },
+    /// A kernel lookup: takes a reference that keeps the node alive.
+    Lookup {
+        parent: Sel,
+        name: Name,
+    },
+    /// Drops one of the references taken by `Lookup`.
+    Forget {
+        which: u8,
+    },
+    CopyFileRange {
+        user: bool,
+        src: Sel,
+        off_in: u64,
+        dst: Sel,
+        off_out: u64,
+        len: u64,
+    },
 }
 
 /// A name: one of a few fixed ones (including invalid ones), or whichever
@@ -973,6 +1045,12 @@ fn op() -> impl Strategy<Value = Op> {
             |(user, target, uid, gid)| Op::Chown { user, target, uid, gid }
         ),
         2 => (sel(), 1u8..5).prop_map(|(target, chunk)| Op::Readdir { target, chunk }),
+        3 => (dir_sel(), prop_oneof![8 => name(), 1 => Just(Name::Fixed(6)), 1 => Just(Name::Fixed(5))])
+            .prop_map(|(parent, name)| Op::Lookup { parent, name }),
+        2 => any::<u8>().prop_map(|which| Op::Forget { which }),
+        3 => (any::<bool>(), file_sel(), offset(), file_sel(), offset(), 0..3 * P).prop_map(
+            |(user, src, off_in, dst, off_out, len)| Op::CopyFileRange { user, src, off_in, dst, off_out, len }
+        ),
     ]
 }
 
@@ -1013,6 +1091,8 @@ struct Harness {
     m: Model,
     /// Inodes held open, one entry per handle.
     handles: Vec<u64>,
+    /// Kernel references taken by `Lookup`, one entry per reference.
+    lookups: Vec<u64>,
 }
 
 fn ctx(user: bool) -> Ctx {
@@ -1030,6 +1110,7 @@ impl Harness {
             fs,
             m: Model::new(root.uid, root.gid, max_pages, max_inodes),
             handles: Vec::new(),
+            lookups: Vec::new(),
         }
     }
 
@@ -1402,6 +1483,49 @@ impl Harness {
                 note("chown", &got);
                 assert_eq!(got, self.m.chown(c, t, uid, gid), "chown");
             }
+            Op::Lookup { parent, name } => {
+                let p = self.pick(parent);
+                let n = self.name_in(p, name);
+                let got = self.fs.lookup(p, &n).map(|a| a.ino);
+                note("lookup", &got);
+                match self.m.lookup(p, &n) {
+                    Some(want) => assert_eq!(got, want, "lookup"),
+                    None => {}
+                }
+                if let Ok(ino) = got {
+                    if ino == ROOT_INO {
+                        // The kernel never forgets the root; neither does the engine count it.
+                        self.fs.forget(ino, 1);
+                    } else {
+                        self.m.nodes.get_mut(&ino).unwrap().lookups += 1;
+                        self.lookups.push(ino);
+                    }
+                }
+            }
+            Op::Forget { which } => {
+                if self.lookups.is_empty() {
+                    return;
+                }
+                let ino = self
+                    .lookups
+                    .swap_remove(which as usize % self.lookups.len());
+                self.fs.forget(ino, 1);
+                self.m.nodes.get_mut(&ino).unwrap().lookups -= 1;
+            }
+            Op::CopyFileRange {
+                user,
+                src,
+                off_in,
+                dst,
+                off_out,
+                len,
+            } => {
+                let (s, d, c) = (self.pick(src), self.pick(dst), ctx(user));
+                let got = self.fs.copy_file_range(c, s, off_in, d, off_out, len);
+                note("copy_range", &got);
+                let want = self.m.copy_file_range(c, s, off_in, d, off_out, len);
+                assert_eq!(got, want, "copy_file_range {off_in}+{len} -> {off_out}");
+            }
             Op::Readdir { target, chunk } => {
                 let t = self.pick(target);
                 let got = self.list(t, chunk as usize);
@@ -1475,8 +1599,8 @@ impl Harness {
             }
             self.check_node(path, *ino);
         }
-        for &h in &self.handles {
-            self.check_node("<open>", h);
+        for &h in self.handles.iter().chain(&self.lookups) {
+            self.check_node("<held>", h);
         }
         assert_eq!(
             self.fs.inode_count(),
@@ -1582,6 +1706,10 @@ impl Harness {
         for ino in std::mem::take(&mut self.handles) {
             self.fs.release(ino);
             self.m.nodes.get_mut(&ino).unwrap().open -= 1;
+        }
+        for ino in std::mem::take(&mut self.lookups) {
+            self.fs.forget(ino, 1);
+            self.m.nodes.get_mut(&ino).unwrap().lookups -= 1;
         }
         self.m.gc();
         self.check_all();
