@@ -1485,8 +1485,9 @@ impl Fs {
     }
 
     /// `F_SETLKW`: like [`Fs::setlk`], but a conflicting request is parked and
-    /// `done` runs once it is granted (or cancelled with `EINTR` when its owner
-    /// releases its locks). `done` may run before this returns.
+    /// `done` runs once it is granted, or with `EINTR` when it is cancelled
+    /// ([`Fs::cancel_lock_wait`] with the same `token`, or its owner releasing
+    /// its locks). `done` may run before this returns.
     #[allow(clippy::too_many_arguments)]
     pub fn setlkw(
         &self,
@@ -1496,15 +1497,52 @@ impl Fs {
         end: u64,
         typ: i32,
         pid: u32,
+        token: u64,
         done: LockCallback,
     ) {
         // With a callback every outcome, errors included, is delivered through it.
-        let _ = self.lock_common(Family::Posix, ino, owner, start, end, typ, pid, Some(done));
+        let _ = self.lock_common(
+            Family::Posix,
+            ino,
+            owner,
+            start,
+            end,
+            typ,
+            pid,
+            Some((token, done)),
+        );
     }
 
     /// `flock(2)`: `typ` is `F_RDLCK` (shared), `F_WRLCK` (exclusive) or `F_UNLCK`.
-    pub fn flock(&self, ino: u64, owner: u64, typ: i32, wait: Option<LockCallback>) -> Result<()> {
+    pub fn flock(
+        &self,
+        ino: u64,
+        owner: u64,
+        typ: i32,
+        wait: Option<(u64, LockCallback)>,
+    ) -> Result<()> {
         self.lock_common(Family::Flock, ino, owner, 0, u64::MAX, typ, 0, wait)
+    }
+
+    /// Cancels the blocked lock request named `token`: its callback runs with
+    /// `EINTR`. Returns false if no such request is waiting (already granted).
+    pub fn cancel_lock_wait(&self, ino: u64, token: u64) -> bool {
+        let Ok(inode) = self.get(ino) else {
+            return false;
+        };
+        let cb = inode
+            .state
+            .write()
+            .locks
+            .as_mut()
+            .and_then(|t| t.cancel(token));
+        match cb {
+            Some(cb) => {
+                cb(Err(Errno::EINTR));
+                true
+            }
+            None => false,
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1517,11 +1555,11 @@ impl Fs {
         end: u64,
         typ: i32,
         pid: u32,
-        wait: Option<LockCallback>,
+        wait: Option<(u64, LockCallback)>,
     ) -> Result<()> {
-        let fail = |e: Errno, wait: Option<LockCallback>| -> Result<()> {
+        let fail = |e: Errno, wait: Option<(u64, LockCallback)>| -> Result<()> {
             match wait {
-                Some(cb) => {
+                Some((_, cb)) => {
                     cb(Err(e));
                     Ok(())
                 }
@@ -1539,7 +1577,7 @@ impl Fs {
         let mut st = inode.state.write();
         let table = self.file_lock_table(&mut st);
         if set && let Some(blocker) = table.conflict(family, &req) {
-            let Some(cb) = wait else {
+            let Some((token, cb)) = wait else {
                 return Err(Errno::EAGAIN);
             };
             // A waiter whose blocker waits (on this file) for the waiter is a deadlock.
@@ -1548,7 +1586,7 @@ impl Fs {
                 cb(Err(Errno::EDEADLK));
                 return Ok(());
             }
-            table.park(family, req, cb);
+            table.park(family, req, token, cb);
             return Ok(());
         }
         // Flock conversions drop the old lock first, as Linux does.
@@ -1558,7 +1596,7 @@ impl Fs {
         }
         drop(st);
         Self::run_callbacks(done);
-        if let Some(cb) = wait {
+        if let Some((_, cb)) = wait {
             cb(Ok(()));
         }
         Ok(())
@@ -1577,6 +1615,10 @@ impl Fs {
 
     fn release_family(&self, ino: u64, owner: u64, family: Family) {
         let Ok(inode) = self.get(ino) else { return };
+        // Closes are frequent and locks rare: do not queue behind writers for nothing.
+        if inode.state.read().locks.is_none() {
+            return;
+        }
         let mut st = inode.state.write();
         let Some(table) = st.locks.as_mut() else {
             return;

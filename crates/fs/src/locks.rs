@@ -37,6 +37,8 @@ pub(crate) enum Family {
 pub(crate) struct Waiter {
     family: Family,
     req: RangeLock,
+    /// The caller's name for this wait, to cancel it (a FUSE request id).
+    token: u64,
     // In a mutex only to make the table Sync; it is never contended.
     done: parking_lot::Mutex<LockCallback>,
 }
@@ -144,12 +146,19 @@ impl LockTable {
         done
     }
 
-    pub fn park(&mut self, family: Family, req: RangeLock, done: LockCallback) {
+    pub fn park(&mut self, family: Family, req: RangeLock, token: u64, done: LockCallback) {
         self.waiters.push(Waiter {
             family,
             req,
+            token,
             done: parking_lot::Mutex::new(done),
         });
+    }
+
+    /// Withdraws the wait named `token`, returning its callback.
+    pub fn cancel(&mut self, token: u64) -> Option<LockCallback> {
+        let i = self.waiters.iter().position(|w| w.token == token)?;
+        Some(self.waiters.remove(i).done.into_inner())
     }
 
     /// Owners some waiter of `owner` is blocked by (for deadlock detection).
@@ -226,6 +235,7 @@ mod tests {
         t.park(
             Family::Posix,
             l(0, 0, true, 2),
+            7,
             Box::new(move |r| *g.lock().unwrap() = Some(r)),
         );
         let done = t.release_owner(Family::Posix, 1);

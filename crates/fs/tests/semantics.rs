@@ -889,14 +889,14 @@ fn blocked_waiters_are_granted_on_release_and_cancelled_on_close() {
     let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
     fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
     let (cb, w2) = waiter();
-    fs.setlkw(f, 2, 5, 5, libc::F_WRLCK, 2, cb);
+    fs.setlkw(f, 2, 5, 5, libc::F_WRLCK, 2, 2, cb);
     let (cb, w3) = waiter();
-    fs.setlkw(f, 3, 8, 20, libc::F_RDLCK, 3, cb);
+    fs.setlkw(f, 3, 8, 20, libc::F_RDLCK, 3, 3, cb);
     assert!(w2.try_recv().is_err(), "granted while the range is held");
     assert!(w3.try_recv().is_err());
     // A non-conflicting request is granted at once.
     let (cb, w4) = waiter();
-    fs.setlkw(f, 4, 50, 60, libc::F_WRLCK, 4, cb);
+    fs.setlkw(f, 4, 50, 60, libc::F_WRLCK, 4, 4, cb);
     assert_eq!(w4.try_recv(), Ok(Ok(())));
 
     // Unlocking part of the range wakes the waiter whose range it frees.
@@ -918,7 +918,7 @@ fn blocked_waiters_are_granted_on_release_and_cancelled_on_close() {
 
     // A waiter whose owner goes away is cancelled with EINTR, never granted.
     let (cb, w5) = waiter();
-    fs.setlkw(f, 5, 0, END, libc::F_WRLCK, 5, cb);
+    fs.setlkw(f, 5, 0, END, libc::F_WRLCK, 5, 5, cb);
     fs.release_locks(f, 5);
     assert_eq!(w5.try_recv(), Ok(Err(Errno::EINTR)));
     fs.release_locks(f, 2);
@@ -938,10 +938,10 @@ fn two_owner_cycle_is_edeadlk() {
     fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
     fs.setlk(f, 2, 10, 19, libc::F_WRLCK, 2).unwrap();
     let (cb, w1) = waiter();
-    fs.setlkw(f, 1, 10, 10, libc::F_WRLCK, 1, cb);
+    fs.setlkw(f, 1, 10, 10, libc::F_WRLCK, 1, 1, cb);
     assert!(w1.try_recv().is_err(), "owner 1 waits for owner 2");
     let (cb, w2) = waiter();
-    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, cb);
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 2, cb);
     assert_eq!(
         w2.try_recv(),
         Ok(Err(Errno::EDEADLK)),
@@ -962,11 +962,45 @@ fn flock_is_whole_file_and_independent_of_record_locks() {
     // Record locks do not see flock locks.
     fs.setlk(f, 3, 0, END, libc::F_WRLCK, 3).unwrap();
     let (cb, w) = waiter();
-    fs.flock(f, 3, libc::F_WRLCK, Some(cb)).unwrap();
+    fs.flock(f, 3, libc::F_WRLCK, Some((3, cb))).unwrap();
     assert!(w.try_recv().is_err());
     fs.release_flock(f, 1);
     assert!(w.try_recv().is_err(), "owner 2 still shares it");
     fs.flock(f, 2, libc::F_UNLCK, None).unwrap();
     assert_eq!(w.try_recv(), Ok(Ok(())));
     assert_eq!(fs.flock(f, 1, libc::F_RDLCK, None), Err(Errno::EAGAIN));
+}
+
+#[test]
+fn cancelled_lock_waits_get_eintr_and_leave_no_trace() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, w) = waiter();
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 77, cb);
+    assert!(w.try_recv().is_err());
+    assert!(!fs.cancel_lock_wait(f, 78), "no such token");
+    assert!(fs.cancel_lock_wait(f, 77));
+    assert_eq!(w.try_recv(), Ok(Err(Errno::EINTR)));
+    assert!(!fs.cancel_lock_wait(f, 77), "cancelled once");
+    // Releasing the blocker grants nothing to the cancelled request.
+    fs.release_locks(f, 1);
+    assert!(w.try_recv().is_err());
+    assert_eq!(
+        fs.getlk(f, 9, 0, END, libc::F_WRLCK, 9).unwrap().typ,
+        libc::F_UNLCK
+    );
+    // A granted request cannot be cancelled any more.
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, w) = waiter();
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 80, cb);
+    fs.release_locks(f, 1);
+    assert_eq!(w.try_recv(), Ok(Ok(())));
+    assert!(!fs.cancel_lock_wait(f, 80));
+    // Flock waits are cancellable too.
+    let (cb, w) = waiter();
+    fs.flock(f, 3, libc::F_WRLCK, None).unwrap();
+    fs.flock(f, 4, libc::F_WRLCK, Some((81, cb))).unwrap();
+    assert!(fs.cancel_lock_wait(f, 81));
+    assert_eq!(w.try_recv(), Ok(Err(Errno::EINTR)));
 }

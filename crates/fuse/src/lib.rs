@@ -7,11 +7,14 @@
 //! lock requests that are sent later, from whichever thread releases the lock.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -125,9 +128,13 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     config.clone_fd = true;
     let adapter = MemFuse {
         fs,
+        next_fh: AtomicU64::new(1),
+        lock_owners: Mutex::new(HashMap::new()),
+        waits: Arc::new(Mutex::new(HashMap::new())),
         entry_ttl: opts.entry_timeout,
         attr_ttl: opts.attr_timeout,
         writeback: opts.writeback_cache,
+        any_locks: AtomicBool::new(false),
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     Ok(Mounted { session })
@@ -155,9 +162,22 @@ fn kernel_option(o: &str) -> MountOption {
 /// The FUSE face of the engine.
 pub struct MemFuse {
     fs: Arc<Fs>,
+    /// Every open gets its own handle, so that locks can be tied to it.
+    next_fh: AtomicU64,
+    /// Lock owners that set record locks through each handle. The kernel
+    /// tells a FUSE server nothing when an open file description with OFD
+    /// locks is closed except the RELEASE of its handle, so the locks are
+    /// dropped then. (Classic POSIX locks are dropped at FLUSH; by the time a
+    /// handle is released, every process that used it has closed it.)
+    /// Touched only by lock requests and releases of handles that locked.
+    lock_owners: Mutex<HashMap<u64, Vec<u64>>>,
+    /// Blocked lock requests by FUSE request id, so an interrupt can cancel them.
+    waits: Arc<Mutex<HashMap<u64, u64>>>,
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback: bool,
+    /// Whether any handle ever locked: keeps the map out of the release path until then.
+    any_locks: AtomicBool,
 }
 
 fn err(e: Errno) -> fuser::Errno {
@@ -236,6 +256,19 @@ impl MemFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    fn new_fh(&self) -> FileHandle {
+        FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn note_lock_owner(&self, fh: FileHandle, owner: u64) {
+        let mut map = self.lock_owners.lock().unwrap_or_else(|e| e.into_inner());
+        let owners = map.entry(fh.0).or_default();
+        if !owners.contains(&owner) {
+            owners.push(owner);
+        }
+        self.any_locks.store(true, Ordering::Release);
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -422,7 +455,7 @@ impl Filesystem for MemFuse {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(ino.0, flags.0) {
-            Ok(()) => reply.opened(FileHandle(0), self.open_flags()),
+            Ok(()) => reply.opened(self.new_fh(), self.open_flags()),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -479,7 +512,10 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         // close(2) by a process drops all of its record locks on the file.
-        self.fs.release_locks(ino.0, lock_owner.0);
+        // Every close sends a FLUSH: skip the engine until anyone has locked.
+        if self.any_locks.load(Ordering::Acquire) {
+            self.fs.release_locks(ino.0, lock_owner.0);
+        }
         reply.ok();
     }
 
@@ -487,15 +523,25 @@ impl Filesystem for MemFuse {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: OpenFlags,
         lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
         if let Some(owner) = lock_owner {
-            // The end of an open file description ends its OFD locks.
             self.fs.release_locks(ino.0, owner.0);
+        }
+        if self.any_locks.load(Ordering::Acquire) {
+            let owners = self
+                .lock_owners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&fh.0);
+            // The end of an open file description ends its OFD locks.
+            for owner in owners.into_iter().flatten() {
+                self.fs.release_locks(ino.0, owner);
+            }
         }
         self.fs.release(ino.0);
         reply.ok();
@@ -632,7 +678,7 @@ impl Filesystem for MemFuse {
                 &self.entry_ttl,
                 &fuse_attr(&a),
                 GENERATION,
-                FileHandle(0),
+                self.new_fh(),
                 self.open_flags(),
             ),
             Err(e) => reply.error(err(e)),
@@ -657,11 +703,26 @@ impl Filesystem for MemFuse {
         }
     }
 
+    fn interrupt(&self, _req: &Request, unique: fuser::RequestId) -> Result<(), fuser::Errno> {
+        // Only lock waits block for long; anything else finishes by itself.
+        let ino = self
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&unique.0)
+            .copied();
+        match ino {
+            Some(ino) if self.fs.cancel_lock_wait(ino, unique.0) => Ok(()),
+            // Not parked yet (or already answered: then the kernel drops this reply).
+            _ => Err(fuser::Errno::EAGAIN),
+        }
+    }
+
     fn setlk(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         lock_owner: LockOwner,
         start: u64,
         end: u64,
@@ -670,9 +731,18 @@ impl Filesystem for MemFuse {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        if typ != libc::F_UNLCK {
+            self.note_lock_owner(fh, lock_owner.0);
+        }
         if sleep {
             // The reply travels with the waiter and is sent by whichever thread
             // grants the lock: no worker sleeps while a lock is held elsewhere.
+            let unique = req.unique().0;
+            self.waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(unique, ino.0);
+            let waits = self.waits.clone();
             self.fs.setlkw(
                 ino.0,
                 lock_owner.0,
@@ -680,7 +750,14 @@ impl Filesystem for MemFuse {
                 end,
                 typ,
                 pid,
-                Box::new(move |r| Self::empty(reply, r)),
+                unique,
+                Box::new(move |r| {
+                    waits
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&unique);
+                    Self::empty(reply, r)
+                }),
             );
         } else {
             Self::empty(

@@ -1,0 +1,102 @@
+//! Real fio and stress-ng runs against a real memfs mount.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Mount, have};
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("spawn");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// fio with md5 verification: 4 KiB and 1 MiB random read/write, buffered and O_DIRECT.
+#[test]
+fn fio_verified_randrw() {
+    assert!(have("fio"), "fio is not installed: run scripts/setup");
+    let m = Mount::new();
+    for bs in ["4k", "1m"] {
+        for direct in [0, 1] {
+            let name = format!("v-{bs}-{direct}");
+            let (ok, out) = run(Command::new("fio")
+                .current_dir(m.path())
+                .arg("--verify_state_save=0")
+                .arg(format!("--name={name}"))
+                .arg(format!("--filename={}", m.p(&name).display()))
+                .args([
+                    "--rw=randrw",
+                    "--size=256M",
+                    "--ioengine=libaio",
+                    "--iodepth=16",
+                ])
+                .arg(format!("--bs={bs}"))
+                .arg(format!("--direct={direct}"))
+                .args([
+                    "--verify=md5",
+                    "--do_verify=1",
+                    "--verify_fatal=1",
+                    "--fallocate=none",
+                ]));
+            assert!(ok, "fio {name} failed:\n{out}");
+            assert!(
+                !out.contains("verify: bad"),
+                "fio {name} verification failed:\n{out}"
+            );
+            assert!(
+                out.contains("READ:") && out.contains("WRITE:"),
+                "fio {name} did no I/O:\n{out}"
+            );
+            std::fs::remove_file(m.p(&name)).unwrap();
+        }
+    }
+    m.unmount();
+}
+
+/// stress-ng file system stressors, with verification where they offer it.
+#[test]
+fn stress_ng_file_system_stressors() {
+    assert!(
+        have("stress-ng"),
+        "stress-ng is not installed: run scripts/setup"
+    );
+    let m = Mount::new();
+    let stressors = [
+        "dir",
+        "dentry",
+        "rename",
+        "link",
+        "symlink",
+        "hdd",
+        "seek",
+        "lockf",
+        "flock",
+        "fcntl",
+        "xattr",
+        "fallocate",
+        "mmap",
+    ];
+    let mut failed = Vec::new();
+    for s in stressors {
+        let (ok, out) = run(Command::new("timeout")
+            .args(["-k", "10", "120", "stress-ng"])
+            .arg(format!("--{s}"))
+            .args(["2", "--timeout", "3s", "--verify", "--metrics-brief"])
+            .arg("--temp-path")
+            .arg(m.path()));
+        if !ok || !out.contains("successful run completed") {
+            failed.push(format!("{s}:\n{out}"));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "stress-ng stressors failed:\n{}",
+        failed.join("\n")
+    );
+    m.unmount();
+}
