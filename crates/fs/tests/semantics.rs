@@ -1004,3 +1004,113 @@ fn cancelled_lock_waits_get_eintr_and_leave_no_trace() {
     assert!(fs.cancel_lock_wait(f, 81));
     assert_eq!(w.try_recv(), Ok(Err(Errno::EINTR)));
 }
+
+// ---- rename rules -----------------------------------------------------------------------------
+
+#[test]
+fn rename_errors_and_link_counts() {
+    let fs = fs();
+    let plain = RenameFlags::default();
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    let a = mkdir(&fs, C, ROOT_INO, "a", 0o755).ino;
+    let b = mkdir(&fs, C, a, "b", 0o755).ino;
+    let c = mkdir(&fs, C, b, "c", 0o755).ino;
+    let e = mkdir(&fs, C, ROOT_INO, "empty", 0o755).ino;
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    mkfile(&fs, C, c, "inner", 0o644);
+
+    // A directory into its own subtree.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", c, b"x", plain),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", a, b"x", plain),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", c, b"inner", exchange),
+        Err(Errno::EINVAL)
+    );
+    // Onto an ancestor of the source, or any non-empty directory.
+    assert_eq!(
+        fs.rename(b, b"c", ROOT_INO, b"a", plain),
+        Err(Errno::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"empty", a, b"b", plain),
+        Err(Errno::ENOTEMPTY)
+    );
+    // Type mismatches.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", ROOT_INO, b"empty", plain),
+        Err(Errno::EISDIR)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"empty", ROOT_INO, b"f", plain),
+        Err(Errno::ENOTDIR)
+    );
+    // Flags.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", c, b"inner", noreplace),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", c, b"nope", exchange),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"nope", c, b"inner", plain),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(fs.rename(ROOT_INO, b".", c, b"x", plain), Err(Errno::EBUSY));
+    assert_eq!(fs.rename(a, b"b", c, b"..", plain), Err(Errno::EBUSY));
+    assert_eq!(
+        RenameFlags::from_bits(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        RenameFlags::from_bits(libc::RENAME_WHITEOUT),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(RenameFlags::from_bits(1 << 10), Err(Errno::EINVAL));
+    assert_eq!(
+        fs.rename(f, b"x", ROOT_INO, b"y", plain),
+        Err(Errno::ENOTDIR)
+    );
+
+    // Two names of one node: nothing happens, both stay.
+    fs.link(f, ROOT_INO, b"f2")
+        .map(|x| fs.forget(x.ino, 1))
+        .unwrap();
+    fs.rename(ROOT_INO, b"f", ROOT_INO, b"f2", plain).unwrap();
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"f").unwrap().ino, f);
+    assert_eq!(fs.getattr(f).unwrap().nlink, 2);
+    fs.unlink(ROOT_INO, b"f2").unwrap();
+
+    // Moving a directory moves a link from the old parent to the new one.
+    let nl = |ino| fs.getattr(ino).unwrap().nlink;
+    assert_eq!((nl(ROOT_INO), nl(a), nl(e)), (4, 3, 2));
+    fs.rename(a, b"b", e, b"b", plain).unwrap();
+    assert_eq!((nl(a), nl(e)), (2, 3));
+    assert_eq!(fs.lookup_noref(b, b"..").unwrap().ino, e);
+    // Replacing an empty directory: the victim is gone, the parent loses its link.
+    mkdir(&fs, C, a, "victim", 0o755);
+    assert_eq!(nl(a), 3);
+    fs.rename(e, b"b", a, b"victim", plain).unwrap();
+    assert_eq!((nl(a), nl(e)), (3, 2));
+    assert_eq!(fs.lookup_noref(a, b"victim").unwrap().ino, b);
+    // Exchanging a directory and a file across parents swaps the links too.
+    fs.rename(a, b"victim", ROOT_INO, b"f", exchange).unwrap();
+    assert_eq!((nl(ROOT_INO), nl(a)), (5, 2));
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"f").unwrap().ino, b);
+    assert_eq!(fs.lookup_noref(a, b"victim").unwrap().ino, f);
+    assert_eq!(fs.lookup_noref(b, b"..").unwrap().ino, ROOT_INO);
+}
