@@ -139,9 +139,44 @@ fn readdir_returns_stable_entries_exactly_once_under_churn() {
     let stable = Arc::new(stable);
     let writers_done = Arc::new(AtomicU64::new(0));
     let listings = Arc::new(AtomicU64::new(0));
-    let start = Arc::new(Barrier::new(WRITERS + 3));
+    let start = Arc::new(Barrier::new(WRITERS + 4));
+    let other = fs.mkdir(C, ROOT_INO, b"other", 0o755).unwrap().ino;
+    fs.forget(other, 1);
 
     let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    {
+        // Entries arriving from and leaving for another directory (the
+        // cross-directory rename path), exchanged with a resident, and removed.
+        let (fs, done, start) = (fs.clone(), writers_done.clone(), start.clone());
+        workers.push((
+            "mover".into(),
+            Box::new(move || {
+                start.wait();
+                let ex = RenameFlags {
+                    noreplace: false,
+                    exchange: true,
+                };
+                for i in 0..ROUNDS {
+                    let n = format!("m-{i}").into_bytes();
+                    let x = format!("x-{i}").into_bytes();
+                    let (attr, _) = fs.create(C, other, &n, 0o644, true).unwrap();
+                    fs.release(attr.ino);
+                    fs.forget(attr.ino, 1);
+                    let d = fs.mkdir(C, other, &x, 0o755).unwrap();
+                    fs.forget(d.ino, 1);
+                    fs.rename(other, &n, dir, &n, RenameFlags::default())
+                        .unwrap();
+                    // The file goes back out and the directory comes in, in one step.
+                    fs.rename(dir, &n, other, &x, ex).unwrap();
+                    fs.rename(dir, &n, other, &n, RenameFlags::default())
+                        .unwrap();
+                    fs.rmdir(other, &n).unwrap();
+                    fs.unlink(other, &x).unwrap();
+                }
+                done.fetch_add(1, Ordering::Release);
+            }),
+        ));
+    }
     for w in 0..WRITERS {
         let (fs, done, start) = (fs.clone(), writers_done.clone(), start.clone());
         workers.push((
@@ -190,7 +225,7 @@ fn readdir_returns_stable_entries_exactly_once_under_churn() {
                 start.wait();
                 let mut n = 0usize;
                 // At least MIN_LISTINGS each, and keep listing while writers run.
-                while n < MIN_LISTINGS || done.load(Ordering::Acquire) < WRITERS as u64 {
+                while n < MIN_LISTINGS || done.load(Ordering::Acquire) < WRITERS as u64 + 1 {
                     let chunk = 1 + (n * 7 + r) % 13;
                     let names = if r == 2 {
                         list_chunked_plus(&fs, dir, chunk)
@@ -242,7 +277,11 @@ fn readdir_returns_stable_entries_exactly_once_under_churn() {
     );
     assert_eq!(final_names, expect);
     let kept = expect.len() - STABLE;
-    assert_eq!(fs.inode_count(), base_inodes - STABLE + kept);
+    assert_eq!(
+        fs.inode_count(),
+        base_inodes + 1 - STABLE + kept,
+        "(+1: other)"
+    );
 }
 
 #[test]
