@@ -59,6 +59,11 @@ fn run_with_watchdog(limit: Duration, workers: Vec<(String, Box<dyn FnOnce() + S
 /// Lists `dir` `chunk` entries per call, resuming each call from the offset
 /// of the last entry returned, as `getdents` over FUSE does.
 fn list_chunked(fs: &Fs, dir: u64, chunk: usize) -> Vec<Vec<u8>> {
+    try_list_chunked(fs, dir, chunk).expect("readdir")
+}
+
+/// [`list_chunked`] of a directory that may be removed (and freed) meanwhile.
+fn try_list_chunked(fs: &Fs, dir: u64, chunk: usize) -> Result<Vec<Vec<u8>>> {
     let mut names = Vec::new();
     let mut off = 0;
     loop {
@@ -71,10 +76,9 @@ fn list_chunked(fs: &Fs, dir: u64, chunk: usize) -> Vec<Vec<u8>> {
             off = e.offset;
             got += 1;
             true
-        })
-        .expect("readdir");
+        })?;
         if got < chunk {
-            return names;
+            return Ok(names);
         }
     }
 }
@@ -911,7 +915,8 @@ fn random_operation_mix_stays_consistent() {
                             }
                         }
                         11 => {
-                            let _ = list_chunked(&fs, d1, 2);
+                            // d1 may have been removed since it was picked.
+                            let _ = try_list_chunked(&fs, d1, 2);
                         }
                         12 => {
                             if let Some(&ino) = open.last() {
