@@ -245,9 +245,8 @@ impl Fs {
                 // Locks go ancestor first: never wait for the parent while
                 // holding the child (a rename or rmdir holding the parent
                 // and waiting for this directory would deadlock).
-                let up = d.parent;
                 drop(st);
-                return self.lookup_dotdot(&dir, up, take_ref);
+                return self.lookup_dotdot(&dir, take_ref);
             }
             b".." => parent,
             _ => d.get(name).ok_or(Errno::ENOENT)?.0,
@@ -268,28 +267,27 @@ impl Fs {
         Ok(attr)
     }
 
-    /// `lookup(dir, "..")` with the parent locked before the directory: retries
-    /// if the directory moved in between. While the parent is locked it
-    /// cannot be removed, so the reference is taken on a live node.
-    fn lookup_dotdot(&self, dir: &Arc<Inode>, mut up: u64, take_ref: bool) -> Result<Attr> {
-        loop {
-            let p = self.get(up)?;
-            let pst = p.state.read();
-            let now = dir.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
-            if now != up {
-                drop(pst);
-                if now == dir.ino {
-                    return Err(Errno::ENOENT);
-                }
-                up = now;
-                continue;
-            }
-            let attr = pst.attr(up, p.kind);
-            if take_ref {
-                p.nlookup.fetch_add(1, Ordering::AcqRel);
-            }
-            return Ok(attr);
+    /// `lookup(dir, "..")` without holding `dir` while locking its parent.
+    /// Only renames between directories change a directory's parent, and they
+    /// hold `rename_lock`; under it the parent found stays the parent (a
+    /// retry loop instead could lock a stale parent that has meanwhile moved
+    /// below `dir`). `..` lookups are rare (NFS export), so sharing that lock
+    /// costs nothing where it matters. The parent's lock is held while the
+    /// reference is taken: a linked parent cannot be freed under it.
+    fn lookup_dotdot(&self, dir: &Arc<Inode>, take_ref: bool) -> Result<Attr> {
+        let _shape = self.rename_lock.lock();
+        let up = dir.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+        let p = self.get(up)?;
+        let pst = p.state.read();
+        if pst.meta.nlink == 0 {
+            // `dir` was removed, and its old parent after it.
+            return Err(Errno::ENOENT);
         }
+        let attr = pst.attr(up, p.kind);
+        if take_ref {
+            p.nlookup.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(attr)
     }
 
     /// Drops `n` kernel references to `ino`.
