@@ -7,7 +7,11 @@
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench_block;
+mod bench_fio;
 mod bench_lock;
+mod bench_memory;
+mod bench_metadata;
+mod bench_util;
 mod mount;
 mod store_cmd;
 
@@ -42,6 +46,12 @@ enum BenchCommand {
     Block(bench_block::Args),
     /// Cross-process lock algorithms.
     Lock(bench_lock::Args),
+    /// fio random read/write on a memfs mount against tmpfs.
+    Fio(bench_fio::Args),
+    /// Create/open/stat/unlink rates on a memfs mount against tmpfs.
+    Metadata(bench_metadata::Args),
+    /// Server memory after 1M empty files and after 1 GiB of data.
+    Memory(bench_memory::Args),
 }
 
 #[global_allocator]
@@ -79,6 +89,9 @@ fn main() -> std::process::ExitCode {
         Command::Store(args) => store_cmd::run(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
+        Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
+        Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
+        Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

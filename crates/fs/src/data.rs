@@ -1,41 +1,67 @@
 //! Sparse file contents.
 //!
 //! A file is a map from page index to a 4 KiB page. Holes are absent pages, so a
-//! 1 TiB sparse file costs one empty map. Pages are reference counted so that a
-//! point-in-time copy of a file (for checkpoints and snapshots) is a map clone;
-//! a writer then copies only the pages it touches (`Arc::make_mut`).
+//! 1 TiB sparse file costs one empty map. A page is exactly one 4096-byte
+//! allocation: a reference count in front of it (`Arc`) pushed each page into
+//! the allocator's next size class and cost 35 % more memory than the data
+//! (measured with `memfs bench memory`, see docs/bench-issue2.md).
 //!
 //! Invariant: no page holds bytes at or beyond the file size other than zeros.
 //! Truncation zeroes the tail of the last page, so growing a file again can never
 //! expose old contents.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use crate::types::PAGE_SIZE;
+use std::collections::BTreeMap;
 
 pub(crate) type Page = [u8; PAGE_SIZE];
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+type PageMap = BTreeMap<u64, Box<Page>>;
+
+/// Empty files (most files of metadata-heavy workloads) hold no map at all:
+/// one pointer here instead of a 24-byte map keeps every inode in a smaller
+/// allocation size class.
 #[derive(Clone, Default)]
 pub(crate) struct FileData {
-    pages: BTreeMap<u64, Arc<Page>>,
+    pages: Option<Box<PageMap>>,
 }
 
-fn zero_page() -> Arc<Page> {
-    Arc::new([0u8; PAGE_SIZE])
+static EMPTY: PageMap = BTreeMap::new();
+
+fn zero_page() -> Box<Page> {
+    // Zeroed straight from the allocator (calloc), never through the stack.
+    Box::<Page>::try_from(vec![0u8; PAGE_SIZE].into_boxed_slice()).expect("one page")
+}
+
+fn page_from(chunk: &[u8]) -> Box<Page> {
+    Box::<Page>::try_from(Box::<[u8]>::from(chunk)).expect("chunk is one page")
 }
 
 impl FileData {
+    fn map(&self) -> &PageMap {
+        self.pages.as_deref().unwrap_or(&EMPTY)
+    }
+
+    fn map_mut(&mut self) -> &mut PageMap {
+        self.pages.get_or_insert_with(Default::default)
+    }
+
+    /// Gives the map back once the last page is gone.
+    fn shrink(&mut self) {
+        if self.pages.as_ref().is_some_and(|m| m.is_empty()) {
+            self.pages = None;
+        }
+    }
+
     /// Number of pages allocated.
     pub fn page_count(&self) -> u64 {
-        self.pages.len() as u64
+        self.map().len() as u64
     }
 
     /// Pages in `[first, last]` that are not allocated yet.
     pub fn missing_pages(&self, first: u64, last: u64) -> u64 {
-        let present = self.pages.range(first..=last).count() as u64;
+        let present = self.map().range(first..=last).count() as u64;
         (last - first + 1) - present
     }
 
@@ -50,7 +76,7 @@ impl FileData {
         let last = (end - 1) / PAGE;
         // Walk present pages in order, zero-filling the gaps between them.
         let mut filled = off;
-        for (&idx, page) in self.pages.range(first..=last) {
+        for (&idx, page) in self.map().range(first..=last) {
             let pstart = idx * PAGE;
             if pstart > filled {
                 buf[(filled - off) as usize..(pstart - off) as usize].fill(0);
@@ -74,23 +100,24 @@ impl FileData {
         let mut allocated = 0;
         let mut pos = off;
         let mut rest = data;
+        let pages = self.map_mut();
         while !rest.is_empty() {
             let idx = pos / PAGE;
             let in_page = (pos % PAGE) as usize;
             let n = (PAGE_SIZE - in_page).min(rest.len());
             let (chunk, tail) = rest.split_at(n);
-            match self.pages.get_mut(&idx) {
-                Some(page) => Arc::make_mut(page)[in_page..in_page + n].copy_from_slice(chunk),
+            match pages.get_mut(&idx) {
+                Some(page) => page[in_page..in_page + n].copy_from_slice(chunk),
                 None => {
                     let page = if n == PAGE_SIZE {
                         // A whole page: no need to zero it first.
-                        Arc::new(<Page>::try_from(chunk).expect("chunk is one page"))
+                        page_from(chunk)
                     } else {
                         let mut p = zero_page();
-                        Arc::make_mut(&mut p)[in_page..in_page + n].copy_from_slice(chunk);
+                        p[in_page..in_page + n].copy_from_slice(chunk);
                         p
                     };
-                    self.pages.insert(idx, page);
+                    pages.insert(idx, page);
                     allocated += 1;
                 }
             }
@@ -112,14 +139,17 @@ impl FileData {
         let mut freed = 0;
         if first_whole < end_whole {
             let doomed: Vec<u64> = self
-                .pages
+                .map()
                 .range(first_whole..end_whole)
                 .map(|(&k, _)| k)
                 .collect();
             freed = doomed.len() as u64;
-            for k in doomed {
-                self.pages.remove(&k);
+            if let Some(pages) = self.pages.as_mut() {
+                for k in doomed {
+                    pages.remove(&k);
+                }
             }
+            self.shrink();
         }
         // Partial pages at either edge.
         let head_page = off / PAGE;
@@ -134,12 +164,12 @@ impl FileData {
     }
 
     fn zero_in_page(&mut self, idx: u64, from: u64, to: u64) {
-        if let Some(page) = self.pages.get_mut(&idx) {
+        if let Some(page) = self.pages.as_mut().and_then(|p| p.get_mut(&idx)) {
             let pstart = idx * PAGE;
             let a = (from.max(pstart) - pstart) as usize;
             let b = (to.min(pstart + PAGE) - pstart) as usize;
             if a < b {
-                Arc::make_mut(page)[a..b].fill(0);
+                page[a..b].fill(0);
             }
         }
     }
@@ -153,12 +183,14 @@ impl FileData {
         let first = off / PAGE;
         let last = (off + len - 1) / PAGE;
         let mut allocated = 0;
+        let pages = self.map_mut();
         for idx in first..=last {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.pages.entry(idx) {
+            if let std::collections::btree_map::Entry::Vacant(e) = pages.entry(idx) {
                 e.insert(zero_page());
                 allocated += 1;
             }
         }
+        self.shrink();
         allocated
     }
 
@@ -166,11 +198,15 @@ impl FileData {
     /// Returns pages freed.
     pub fn truncate(&mut self, size: u64) -> u64 {
         let keep = size.div_ceil(PAGE);
-        let doomed = self.pages.split_off(&keep);
+        let Some(pages) = self.pages.as_mut() else {
+            return 0;
+        };
+        let doomed = pages.split_off(&keep);
         if size % PAGE != 0 {
             let idx = size / PAGE;
             self.zero_in_page(idx, size, (idx + 1) * PAGE);
         }
+        self.shrink();
         doomed.len() as u64
     }
 
@@ -180,7 +216,7 @@ impl FileData {
             return None;
         }
         let idx = off / PAGE;
-        let (&k, _) = self.pages.range(idx..).next()?;
+        let (&k, _) = self.map().range(idx..).next()?;
         let pos = (k * PAGE).max(off);
         (pos < size).then_some(pos)
     }
@@ -192,7 +228,7 @@ impl FileData {
             return None;
         }
         let mut idx = off / PAGE;
-        for (&k, _) in self.pages.range(idx..) {
+        for (&k, _) in self.map().range(idx..) {
             if k != idx {
                 break;
             }
@@ -266,7 +302,7 @@ mod tests {
     }
 
     #[test]
-    fn clone_is_copy_on_write() {
+    fn clone_is_independent() {
         let mut d = FileData::default();
         d.write(0, b"hello");
         let snap = d.clone();

@@ -472,7 +472,7 @@ impl Fs {
         let body = match kind {
             FileType::RegularFile => Body::File(FileData::default()),
             FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
-            FileType::Symlink => Body::Symlink(symlink.unwrap_or_default().into()),
+            FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
             _ => Body::Special,
         };
         let meta = Meta {

@@ -1,0 +1,328 @@
+//! Runs `memfs bench metadata`, `fio` and `memory` with tiny sizes through the
+//! real binary, on real mounts, and checks that the JSON reports carry every
+//! field the suite (`memfs bench all`) relies on, and that nothing is left
+//! mounted or running afterwards.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A bench run that is killed and reaped whatever happens to the test.
+struct ChildGuard(Option<Child>);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    let fio = Command::new("fio")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    if !fio.is_ok_and(|s| s.success()) {
+        return Some("fio is not installed".into());
+    }
+    let root = nix::unistd::geteuid().is_root();
+    let fusermount = Command::new("fusermount3")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !root && !fusermount {
+        return Some("not root and no fusermount3".into());
+    }
+    None
+}
+
+/// Runs `memfs ARGS` with its temporary directories under `tmp`, fails the
+/// test on a non-zero exit or after `timeout`, and returns the parsed JSON.
+fn run_bench(tmp: &Path, args: &[&str], json: &Path, timeout: Duration) -> Value {
+    let mut guard = ChildGuard(Some(
+        Command::new(env!("CARGO_BIN_EXE_memfs"))
+            .args(args)
+            .arg("--json")
+            .arg(json)
+            .env("TMPDIR", tmp)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot start memfs"),
+    ));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(s) = guard.0.as_mut().unwrap().try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "memfs {args:?} still running after {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let child = guard.0.take().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        status.success(),
+        "memfs {args:?} failed ({status}):\n{stdout}\n{stderr}"
+    );
+    // The table is printed.
+    assert!(
+        stdout.contains("figure") && stdout.contains("ratio"),
+        "{stdout}"
+    );
+    assert_no_leftovers(tmp);
+    serde_json::from_str(&std::fs::read_to_string(json).expect("JSON written"))
+        .expect("JSON parses")
+}
+
+fn assert_no_leftovers(tmp: &Path) {
+    let tmp = tmp.canonicalize().unwrap();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let needle = tmp.to_string_lossy().into_owned();
+    assert!(
+        !info.lines().any(|l| l.contains(&needle)),
+        "mounts left behind under {needle}:\n{info}"
+    );
+    let left: Vec<PathBuf> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+fn check_report(v: &Value, benchmark: &str) -> Vec<Value> {
+    assert_eq!(v["benchmark"], benchmark);
+    assert!(v["command"].as_str().unwrap().contains(benchmark));
+    assert!(v["duration_secs"].as_f64().unwrap() > 0.0);
+    let m = &v["machine"];
+    assert!(!m["cpu_model"].as_str().unwrap().is_empty());
+    assert!(m["cpus"].as_u64().unwrap() >= 1);
+    assert!(m["memory_bytes"].as_u64().unwrap() > 0);
+    assert!(!m["kernel"].as_str().unwrap().is_empty());
+    assert!(v["config"].is_object());
+    let figures = v["figures"].as_array().unwrap().clone();
+    for f in &figures {
+        for key in [
+            "figure",
+            "unit",
+            "value",
+            "stddev",
+            "baseline",
+            "baseline_name",
+            "ratio",
+            "target",
+            "better",
+            "met",
+        ] {
+            assert!(f.get(key).is_some(), "{key} missing in {f}");
+        }
+        assert!(f["value"].as_f64().unwrap() >= 0.0, "{f}");
+        assert_eq!(f["met"].is_null(), f["target"].is_null(), "{f}");
+    }
+    figures
+}
+
+fn names(figures: &[Value]) -> Vec<&str> {
+    figures
+        .iter()
+        .map(|f| f["figure"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn metadata_fio_and_memory_benchmarks_report_every_field() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping the bench smoke test: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+
+    // metadata: memfs against tmpfs.
+    let v = run_bench(
+        tmp.path(),
+        &["bench", "metadata", "--objects", "200", "--iterations", "2"],
+        &out.path().join("metadata.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "metadata");
+    assert_eq!(
+        names(&figs),
+        [
+            "metadata.t1.create",
+            "metadata.t1.open",
+            "metadata.t1.stat",
+            "metadata.t1.unlink",
+            "metadata.t1.rmdir"
+        ]
+    );
+    for f in &figs {
+        assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["baseline"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["ratio"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(
+            f["stddev"].is_number(),
+            "two iterations give a deviation: {f}"
+        );
+    }
+    assert_eq!(figs[0]["target"], 60_000.0);
+    assert!(figs[0]["met"].is_boolean());
+
+    // metadata on a given path: no mount, no baseline, nothing left there.
+    let dir = tempfile::tempdir().unwrap();
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "metadata",
+            "--path",
+            dir.path().to_str().unwrap(),
+            "--objects",
+            "200",
+            "--iterations",
+            "1",
+            "--threads",
+            "2",
+            "--shared",
+        ],
+        &out.path().join("path.json"),
+        Duration::from_secs(30),
+    );
+    let figs = check_report(&v, "metadata");
+    assert_eq!(figs[0]["figure"], "metadata.t2.shared.create");
+    assert!(figs.iter().all(|f| f["baseline"].is_null()));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    // fio: both block sizes, direct, memfs against tmpfs.
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "fio",
+            "--size",
+            "8M",
+            "--runtime",
+            "1",
+            "--bs",
+            "4k,1m",
+        ],
+        &out.path().join("fio.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "fio");
+    assert_eq!(
+        names(&figs),
+        [
+            "fio.4k.direct.read",
+            "fio.4k.direct.write",
+            "fio.1m.direct.read",
+            "fio.1m.direct.write",
+            "fio.server_vmhwm"
+        ]
+    );
+    for f in &figs[..4] {
+        assert_eq!(f["unit"], "MiB/s");
+        assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["baseline"].as_f64().unwrap() > 0.0, "{f}");
+        assert!(f["met"].is_boolean(), "{f}");
+    }
+
+    // fio with verification fails loudly if a byte is wrong; here it must pass.
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "fio",
+            "--size",
+            "8M",
+            "--runtime",
+            "1",
+            "--bs",
+            "4k",
+            "--verify",
+            "--baseline",
+            "none",
+        ],
+        &out.path().join("verify.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "fio");
+    assert_eq!(figs[0]["figure"], "fio.4k.direct.verify.read");
+    // fio's verify state file must not land in our working directory.
+    let cwd = std::env::current_dir().unwrap();
+    let stray: Vec<_> = std::fs::read_dir(&cwd)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with("-verify.state"))
+        .map(|e| e.path())
+        .collect();
+    assert!(stray.is_empty(), "fio left {stray:?}");
+    assert!(figs[0]["baseline"].is_null());
+
+    // memory: server resident size against the idle server.
+    let v = run_bench(
+        tmp.path(),
+        &["bench", "memory", "--files", "2000", "--data", "8M"],
+        &out.path().join("memory.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "memory");
+    assert_eq!(
+        names(&figs),
+        [
+            "memory.files.vmrss",
+            "memory.files.vmhwm",
+            "memory.files.per_unit",
+            "memory.data.vmrss",
+            "memory.data.vmhwm",
+            "memory.data.per_unit"
+        ]
+    );
+    // 8 MiB written must be resident on top of the idle server.
+    let data_rss = figs[3]["value"].as_f64().unwrap();
+    let idle = figs[3]["baseline"].as_f64().unwrap();
+    assert!(data_rss >= idle + 7.0, "{data_rss} MiB vs idle {idle} MiB");
+}
+
+#[test]
+fn bad_arguments_give_clear_errors() {
+    let bin = env!("CARGO_BIN_EXE_memfs");
+    for (args, want) in [
+        (
+            &["bench", "metadata", "--threads", "0"][..],
+            "--threads must be at least 1",
+        ),
+        (
+            &["bench", "metadata", "--path", "/nonexistent/x"][..],
+            "cannot use --path",
+        ),
+        (&["bench", "fio", "--bs", "100"][..], "multiple of 512"),
+        (&["bench", "fio", "--size", "lots"][..], "invalid --size"),
+        (&["bench", "memory", "--data", "x"][..], "invalid --data"),
+    ] {
+        let out = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
