@@ -241,7 +241,14 @@ impl Fs {
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
         let ino = match name {
             b"." => parent,
-            b".." => d.parent,
+            b".." if d.parent != parent => {
+                // Locks go ancestor first: never wait for the parent while
+                // holding the child (a rename or rmdir holding the parent
+                // and waiting for this directory would deadlock).
+                drop(st);
+                return self.lookup_dotdot(&dir, take_ref);
+            }
+            b".." => parent,
             _ => d.get(name).ok_or(Errno::ENOENT)?.0,
         };
         let child = if ino == parent {
@@ -256,6 +263,29 @@ impl Fs {
         };
         if take_ref {
             child.nlookup.fetch_add(1, Ordering::AcqRel);
+        }
+        Ok(attr)
+    }
+
+    /// `lookup(dir, "..")` without holding `dir` while locking its parent.
+    /// Only renames between directories change a directory's parent, and they
+    /// hold `rename_lock`; under it the parent found stays the parent (a
+    /// retry loop instead could lock a stale parent that has meanwhile moved
+    /// below `dir`). `..` lookups are rare (NFS export), so sharing that lock
+    /// costs nothing where it matters. The parent's lock is held while the
+    /// reference is taken: a linked parent cannot be freed under it.
+    fn lookup_dotdot(&self, dir: &Arc<Inode>, take_ref: bool) -> Result<Attr> {
+        let _shape = self.rename_lock.lock();
+        let up = dir.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+        let p = self.get(up)?;
+        let pst = p.state.read();
+        if pst.meta.nlink == 0 {
+            // `dir` was removed, and its old parent after it.
+            return Err(Errno::ENOENT);
+        }
+        let attr = pst.attr(up, p.kind);
+        if take_ref {
+            p.nlookup.fetch_add(1, Ordering::AcqRel);
         }
         Ok(attr)
     }
@@ -812,8 +842,14 @@ impl Fs {
             if !sdir && ddir {
                 return Err(Errno::EISDIR);
             }
-            if ddir && dino == parent {
-                // The target is the source's own parent: it is not empty.
+            // A target that is an ancestor of the source's directory is not
+            // empty (Linux's rename trap). Decided here, before the child
+            // locks: locking an ancestor of a held directory breaks the lock order.
+            let ancestor = match chains {
+                Some((src_chain, _)) => src_chain.contains(&dino),
+                None => dino == parent,
+            };
+            if ddir && ancestor {
                 return Err(Errno::ENOTEMPTY);
             }
         }
@@ -1090,12 +1126,14 @@ impl Fs {
             let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
             self.release_pages(freed);
         } else {
-            if mode.zero_range {
-                let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
-                self.release_pages(freed);
-            }
+            // Reserve before zeroing, so that ENOSPC leaves the file untouched.
+            // Whole pages the zeroing frees are allocated again just below, so
+            // they keep their reservation: only absent pages need capacity.
             let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
             self.reserve_pages(missing)?;
+            if mode.zero_range {
+                file.punch(off, len.min(meta.size.saturating_sub(off)));
+            }
             file.allocate(off, len);
             if !mode.keep_size {
                 meta.size = meta.size.max(end);
@@ -1132,6 +1170,11 @@ impl Fs {
         if src.kind != FileType::RegularFile || dst.kind != FileType::RegularFile {
             return Err(Errno::EINVAL);
         }
+        // Like Linux, clamp the count to the source's size once, up front: a
+        // copy within one file that extends it must not go on to copy what it
+        // has just written.
+        let size_in = src.state.read().meta.size;
+        let len = len.min(size_in.saturating_sub(off_in));
         if ino_in == ino_out
             && off_in < off_out.saturating_add(len)
             && off_out < off_in.saturating_add(len)
@@ -1206,6 +1249,16 @@ impl Fs {
         mut f: impl FnMut(DirEntry<'_>, &Attr) -> bool,
     ) -> Result<()> {
         let inode = self.get(ino)?;
+        // The attributes of `..` are read before the directory is locked:
+        // waiting for a parent while holding its child breaks the
+        // ancestor-first lock order. They may be a moment stale, as any
+        // listing may.
+        let dotdot = if offset <= 1 {
+            let up = inode.state.read().dir().ok_or(Errno::ENOTDIR)?.parent;
+            Some(self.getattr(up)?)
+        } else {
+            None
+        };
         let st = inode.state.read();
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
         if offset == 0 {
@@ -1220,14 +1273,9 @@ impl Fs {
                 return Ok(());
             }
         }
-        if offset <= 1 {
-            let attr = if d.parent == ino {
-                st.attr(ino, inode.kind)
-            } else {
-                self.getattr(d.parent)?
-            };
+        if let Some(attr) = dotdot {
             let e = DirEntry {
-                ino: d.parent,
+                ino: attr.ino,
                 kind: FileType::Directory,
                 name: b"..",
                 offset: FIRST_SLOT_OFFSET,

@@ -1,0 +1,1116 @@
+//! Unit tests of the engine's POSIX rules: timestamps, setgid inheritance,
+//! privilege clearing, limits (ENOSPC, ENAMETOOLONG), xattr errors,
+//! SEEK_DATA/SEEK_HOLE, fallocate modes and record locks.
+//!
+//! Timestamps are checked without sleeping: every node's times are first set
+//! to a fixed old instant, so "changed" is "no longer that instant".
+
+use std::sync::mpsc;
+
+use memfs_fs::*;
+
+const C: Ctx = Ctx::ROOT;
+const USER: Ctx = Ctx {
+    uid: 1000,
+    gid: 1000,
+    pid: 42,
+};
+const P: u64 = PAGE_SIZE as u64;
+const OLD: Timespec = Timespec {
+    sec: 1_000_000,
+    nsec: 5,
+};
+
+fn fs() -> Fs {
+    Fs::new(Config {
+        capacity: 1 << 30,
+        max_inodes: 1 << 16,
+    })
+}
+
+fn mkfile(fs: &Fs, ctx: Ctx, parent: u64, name: &str, mode: u32) -> Attr {
+    let (a, created) = fs.create(ctx, parent, name.as_bytes(), mode, true).unwrap();
+    assert!(created);
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    a
+}
+
+fn mkdir(fs: &Fs, ctx: Ctx, parent: u64, name: &str, mode: u32) -> Attr {
+    let a = fs.mkdir(ctx, parent, name.as_bytes(), mode).unwrap();
+    fs.forget(a.ino, 1);
+    a
+}
+
+fn set(fs: &Fs, ino: u64, s: SetAttr) -> Attr {
+    fs.setattr(C, ino, &s).unwrap()
+}
+
+/// Sets all three times of each node to `OLD`.
+fn age(fs: &Fs, inos: &[u64]) {
+    for &ino in inos {
+        set(
+            fs,
+            ino,
+            SetAttr {
+                atime: Some(SetTime::At(OLD)),
+                mtime: Some(SetTime::At(OLD)),
+                ctime: Some(OLD),
+                ..Default::default()
+            },
+        );
+    }
+}
+
+/// Which of (atime, mtime, ctime) moved away from `OLD`.
+fn changed(fs: &Fs, ino: u64) -> (bool, bool, bool) {
+    let a = fs.getattr(ino).unwrap();
+    (a.atime != OLD, a.mtime != OLD, a.ctime != OLD)
+}
+
+const NONE: (bool, bool, bool) = (false, false, false);
+const MC: (bool, bool, bool) = (false, true, true);
+const CT: (bool, bool, bool) = (false, false, true);
+
+// ---- timestamps ----------------------------------------------------------------------
+
+#[test]
+fn times_of_creation_and_removal() {
+    let fs = fs();
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o755).ino;
+    age(&fs, &[ROOT_INO, d]);
+    let f = mkfile(&fs, C, d, "f", 0o644);
+    assert_eq!(
+        (f.atime, f.mtime),
+        (f.ctime, f.ctime),
+        "new node: all times equal"
+    );
+    assert!(f.ctime > OLD);
+    assert_eq!(
+        changed(&fs, d),
+        MC,
+        "create changes the parent's mtime and ctime"
+    );
+    assert_eq!(changed(&fs, ROOT_INO), NONE, "grandparent untouched");
+
+    for (what, op) in [
+        (
+            "mkdir",
+            Box::new(|fs: &Fs| {
+                mkdir(fs, C, d, "sub", 0o755);
+            }) as Box<dyn Fn(&Fs)>,
+        ),
+        (
+            "symlink",
+            Box::new(|fs: &Fs| {
+                let a = fs.symlink(C, d, b"l", b"target").unwrap();
+                fs.forget(a.ino, 1);
+            }),
+        ),
+        (
+            "mknod",
+            Box::new(|fs: &Fs| {
+                let a = fs.mknod(C, d, b"p", libc::S_IFIFO | 0o644, 0).unwrap();
+                fs.forget(a.ino, 1);
+            }),
+        ),
+    ] {
+        age(&fs, &[d]);
+        op(&fs);
+        assert_eq!(changed(&fs, d), MC, "{what}: parent times");
+    }
+
+    // link: the node's ctime, the directory's mtime and ctime.
+    age(&fs, &[d, f.ino]);
+    let l = fs.link(f.ino, d, b"f2").unwrap();
+    fs.forget(l.ino, 1);
+    assert_eq!(changed(&fs, f.ino), CT, "link: node ctime");
+    assert_eq!(changed(&fs, d), MC, "link: dir");
+
+    // unlink of one of two names: the node's ctime, the directory's mtime and ctime.
+    age(&fs, &[d, f.ino]);
+    fs.unlink(d, b"f2").unwrap();
+    assert_eq!(changed(&fs, f.ino), CT, "unlink: node ctime");
+    assert_eq!(changed(&fs, d), MC, "unlink: dir");
+
+    age(&fs, &[d]);
+    fs.rmdir(d, b"sub").unwrap();
+    assert_eq!(changed(&fs, d), MC, "rmdir: parent");
+}
+
+#[test]
+fn times_of_rename() {
+    let fs = fs();
+    let a = mkdir(&fs, C, ROOT_INO, "a", 0o755).ino;
+    let b = mkdir(&fs, C, ROOT_INO, "b", 0o755).ino;
+    let f = mkfile(&fs, C, a, "f", 0o644).ino;
+    let victim = mkfile(&fs, C, b, "g", 0o644).ino;
+    fs.link(victim, ROOT_INO, b"keep")
+        .map(|x| fs.forget(x.ino, 1))
+        .unwrap();
+    age(&fs, &[ROOT_INO, a, b, f, victim]);
+    fs.rename(a, b"f", b, b"g", RenameFlags::default()).unwrap();
+    assert_eq!(changed(&fs, a), MC, "source dir");
+    assert_eq!(changed(&fs, b), MC, "target dir");
+    assert_eq!(changed(&fs, f), CT, "moved node: ctime only");
+    assert_eq!(changed(&fs, victim), CT, "replaced node: ctime");
+    assert_eq!(changed(&fs, ROOT_INO), NONE);
+    assert_eq!(fs.getattr(victim).unwrap().nlink, 1);
+}
+
+#[test]
+fn times_of_data_and_attribute_changes() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+
+    age(&fs, &[ROOT_INO, f]);
+    fs.write(C, f, 0, b"hello", false).unwrap();
+    assert_eq!(changed(&fs, f), MC, "write");
+    assert_eq!(
+        changed(&fs, ROOT_INO),
+        NONE,
+        "write leaves the directory alone"
+    );
+
+    age(&fs, &[f]);
+    assert_eq!(fs.write(C, f, 0, b"", false), Ok(0));
+    assert_eq!(changed(&fs, f), NONE, "an empty write changes nothing");
+
+    age(&fs, &[f]);
+    let mut buf = [0u8; 5];
+    assert_eq!(fs.read(f, 0, &mut buf), Ok(5));
+    assert_eq!(changed(&fs, f), (true, false, false), "read: atime only");
+    // relatime: a second read right after does not write atime again.
+    let at = fs.getattr(f).unwrap().atime;
+    fs.read(f, 0, &mut buf).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().atime, at);
+
+    age(&fs, &[f]);
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(2),
+            ..Default::default()
+        },
+    );
+    assert_eq!(changed(&fs, f), MC, "truncate");
+
+    age(&fs, &[f]);
+    set(
+        &fs,
+        f,
+        SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    );
+    assert_eq!(changed(&fs, f), CT, "chmod");
+
+    age(&fs, &[f]);
+    set(
+        &fs,
+        f,
+        SetAttr {
+            uid: Some(5),
+            ..Default::default()
+        },
+    );
+    assert_eq!(changed(&fs, f), CT, "chown");
+
+    age(&fs, &[f]);
+    fs.setxattr(f, b"user.k", b"v", XattrMode::Any).unwrap();
+    assert_eq!(changed(&fs, f), CT, "setxattr");
+    age(&fs, &[f]);
+    fs.removexattr(f, b"user.k").unwrap();
+    assert_eq!(changed(&fs, f), CT, "removexattr");
+
+    age(&fs, &[f]);
+    fs.fallocate(f, 0, P, FallocateMode::ALLOCATE).unwrap();
+    assert_eq!(changed(&fs, f), MC, "fallocate");
+
+    // utimensat: explicit times stick, ctime becomes now.
+    let t = Timespec { sec: 77, nsec: 999 };
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            atime: Some(SetTime::At(t)),
+            mtime: Some(SetTime::At(t)),
+            ..Default::default()
+        },
+    );
+    assert_eq!((a.atime, a.mtime), (t, t));
+    assert!(a.ctime > OLD);
+    // UTIME_NOW.
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            mtime: Some(SetTime::Now),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.atime, t);
+    assert!(a.mtime > t);
+}
+
+// ---- ownership and privilege bits --------------------------------------------------------
+
+#[test]
+fn new_nodes_take_caller_ids_or_setgid_directory_group() {
+    let fs = fs();
+    let plain = mkdir(&fs, C, ROOT_INO, "plain", 0o777).ino;
+    let f = mkfile(&fs, USER, plain, "f", 0o644);
+    assert_eq!((f.uid, f.gid), (1000, 1000));
+
+    let sg = mkdir(&fs, C, ROOT_INO, "sg", 0o2777).ino;
+    set(
+        &fs,
+        sg,
+        SetAttr {
+            gid: Some(500),
+            ..Default::default()
+        },
+    );
+    assert_eq!(
+        fs.getattr(sg).unwrap().perm,
+        0o2777,
+        "chown of a dir keeps setgid"
+    );
+    let f = mkfile(&fs, USER, sg, "f", 0o644);
+    assert_eq!((f.uid, f.gid), (1000, 500), "file inherits the group");
+    assert_eq!(f.perm, 0o644, "files do not get the bit");
+    let d = mkdir(&fs, USER, sg, "d", 0o755);
+    assert_eq!((d.uid, d.gid), (1000, 500), "dir inherits the group");
+    assert_eq!(d.perm, 0o2755, "and the setgid bit");
+    // ... and passes both on again.
+    let dd = mkdir(&fs, USER, d.ino, "dd", 0o700);
+    assert_eq!((dd.gid, dd.perm), (500, 0o2700));
+    let s = fs.symlink(USER, sg, b"l", b"x").unwrap();
+    assert_eq!(s.gid, 500);
+    let n = fs.mknod(USER, sg, b"n", libc::S_IFIFO | 0o600, 0).unwrap();
+    assert_eq!(n.gid, 500);
+    // A non-member creating a setgid file in the directory loses the bit.
+    let g = mkfile(&fs, USER, sg, "g", 0o2755);
+    assert_eq!(g.perm & libc::S_ISGID as u16, 0);
+    // Root keeps it.
+    let r = mkfile(&fs, C, sg, "r", 0o2755);
+    assert_eq!(r.perm, 0o2755);
+}
+
+#[test]
+fn chown_and_write_clear_setuid_and_setgid() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o6755).ino;
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o6755);
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            uid: Some(1000),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.perm, 0o755, "chown clears setuid and (group-exec) setgid");
+
+    // setgid without group execute is a locking marker, not a privilege: kept.
+    set(
+        &fs,
+        f,
+        SetAttr {
+            mode: Some(0o6745),
+            ..Default::default()
+        },
+    );
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            gid: Some(7),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.perm, 0o2745);
+
+    // An unprivileged write clears setuid; a privileged one does not.
+    set(
+        &fs,
+        f,
+        SetAttr {
+            mode: Some(0o4755),
+            ..Default::default()
+        },
+    );
+    fs.write(C, f, 0, b"x", false).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o4755);
+    fs.write(USER, f, 0, b"x", false).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o755);
+
+    // Same for truncate.
+    set(
+        &fs,
+        f,
+        SetAttr {
+            mode: Some(0o6755),
+            ..Default::default()
+        },
+    );
+    fs.setattr(
+        USER,
+        f,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().perm, 0o755);
+}
+
+// ---- limits ------------------------------------------------------------------------------
+
+#[test]
+fn capacity_enospc_changes_nothing_and_statfs_tells_the_truth() {
+    let fs = Fs::new(Config {
+        capacity: 4 * P,
+        max_inodes: 100,
+    });
+    let s = fs.statfs();
+    assert_eq!(
+        (s.blocks, s.bfree, s.bavail, s.bsize),
+        (4, 4, 4, PAGE_SIZE as u32)
+    );
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.write(C, f, 0, &[1u8; 3 * PAGE_SIZE], false).unwrap();
+    assert_eq!(fs.statfs().bfree, 1);
+    // Needs two more pages: refused whole, nothing written.
+    assert_eq!(
+        fs.write(C, f, 3 * P, &[2u8; PAGE_SIZE + 1], false),
+        Err(Errno::ENOSPC)
+    );
+    let a = fs.getattr(f).unwrap();
+    assert_eq!((a.size, a.blocks), (3 * P, 3 * 8));
+    assert_eq!(fs.statfs().bfree, 1);
+    // Rewriting allocated pages needs no capacity.
+    fs.write(C, f, 5, &[3u8; 100], false).unwrap();
+    // A sparse 1 TiB file costs one page.
+    let g = mkfile(&fs, C, ROOT_INO, "g", 0o644).ino;
+    fs.write(C, g, 1 << 40, b"end", false).unwrap();
+    assert_eq!(fs.getattr(g).unwrap().size, (1 << 40) + 3);
+    assert_eq!(fs.statfs().bfree, 0);
+    assert_eq!(fs.write(C, g, 0, b"x", false), Err(Errno::ENOSPC));
+    assert_eq!(
+        fs.fallocate(g, 0, 1, FallocateMode::ALLOCATE),
+        Err(Errno::ENOSPC)
+    );
+    // Truncating frees pages; statfs sees it at once.
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(P),
+            ..Default::default()
+        },
+    );
+    assert_eq!(fs.statfs().bfree, 2);
+    fs.write(C, g, 0, b"x", false).unwrap();
+    // Unlinking frees the rest.
+    fs.unlink(ROOT_INO, b"f").unwrap();
+    fs.unlink(ROOT_INO, b"g").unwrap();
+    assert_eq!(fs.statfs().bfree, 4);
+}
+
+#[test]
+fn inode_limit_enospc_and_statfs() {
+    let fs = Fs::new(Config {
+        capacity: 1 << 20,
+        max_inodes: 4,
+    });
+    assert_eq!(fs.statfs().files, 4);
+    assert_eq!(fs.statfs().ffree, 3, "the root counts");
+    mkfile(&fs, C, ROOT_INO, "a", 0o644);
+    mkdir(&fs, C, ROOT_INO, "d", 0o755);
+    let s = fs.symlink(C, ROOT_INO, b"l", b"a").unwrap();
+    fs.forget(s.ino, 1);
+    assert_eq!(fs.statfs().ffree, 0);
+    assert_eq!(
+        fs.create(C, ROOT_INO, b"b", 0o644, true).map(|_| ()),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(
+        fs.mkdir(C, ROOT_INO, b"e", 0o755).map(|_| ()),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(
+        fs.mknod(C, ROOT_INO, b"p", libc::S_IFIFO | 0o644, 0)
+            .map(|_| ()),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(
+        fs.symlink(C, ROOT_INO, b"m", b"x").map(|_| ()),
+        Err(Errno::ENOSPC)
+    );
+    // Hard links cost no inode.
+    fs.link(s.ino, ROOT_INO, b"l2")
+        .map(|a| fs.forget(a.ino, 1))
+        .unwrap();
+    // An existing name is still EEXIST, not ENOSPC.
+    assert_eq!(
+        fs.mkdir(C, ROOT_INO, b"d", 0o755).map(|_| ()),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"b"), Err(Errno::ENOENT));
+    fs.unlink(ROOT_INO, b"a").unwrap();
+    assert_eq!(fs.statfs().ffree, 1);
+    mkfile(&fs, C, ROOT_INO, "b", 0o644);
+    assert_eq!(fs.inode_count(), 4);
+}
+
+#[test]
+fn names_longer_than_255_bytes_are_enametoolong() {
+    let fs = fs();
+    let ok = "n".repeat(255);
+    let long = "n".repeat(256);
+    let lb = long.as_bytes();
+    let f = mkfile(&fs, C, ROOT_INO, &ok, 0o644).ino;
+    assert_eq!(fs.lookup_noref(ROOT_INO, ok.as_bytes()).unwrap().ino, f);
+    assert_eq!(
+        fs.create(C, ROOT_INO, lb, 0o644, true).map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.mkdir(C, ROOT_INO, lb, 0o755).map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.mknod(C, ROOT_INO, lb, libc::S_IFIFO | 0o644, 0)
+            .map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.symlink(C, ROOT_INO, lb, b"x").map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.link(f, ROOT_INO, lb).map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(fs.lookup_noref(ROOT_INO, lb), Err(Errno::ENAMETOOLONG));
+    assert_eq!(fs.unlink(ROOT_INO, lb), Err(Errno::ENAMETOOLONG));
+    assert_eq!(fs.rmdir(ROOT_INO, lb), Err(Errno::ENAMETOOLONG));
+    let plain = RenameFlags::default();
+    assert_eq!(
+        fs.rename(ROOT_INO, ok.as_bytes(), ROOT_INO, lb, plain),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, lb, ROOT_INO, b"x", plain),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        fs.create_path(C, ROOT_INO, &format!("/{long}"), 0o644, true)
+            .map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    // Symlink targets: up to 4095 bytes.
+    let t = vec![b't'; SYMLINK_MAX];
+    let s = fs.symlink(C, ROOT_INO, b"s", &t).unwrap();
+    assert_eq!(s.size, SYMLINK_MAX as u64);
+    assert_eq!(fs.readlink(s.ino).unwrap(), t);
+    let t = vec![b't'; SYMLINK_MAX + 1];
+    assert_eq!(
+        fs.symlink(C, ROOT_INO, b"s2", &t).map(|_| ()),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(fs.statfs().namelen, 255);
+}
+
+// ---- xattrs ---------------------------------------------------------------------------------
+
+#[test]
+fn xattr_errors_follow_linux() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    assert_eq!(fs.getxattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(fs.removexattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(
+        fs.setxattr(f, b"user.a", b"1", XattrMode::Replace),
+        Err(Errno::ENODATA)
+    );
+    fs.setxattr(f, b"user.a", b"1", XattrMode::Create).unwrap();
+    assert_eq!(
+        fs.setxattr(f, b"user.a", b"2", XattrMode::Create),
+        Err(Errno::EEXIST)
+    );
+    fs.setxattr(f, b"user.a", b"3", XattrMode::Replace).unwrap();
+    assert_eq!(fs.getxattr(f, b"user.a").unwrap(), b"3");
+    fs.setxattr(f, b"user.a", b"", XattrMode::Any).unwrap();
+    assert_eq!(
+        fs.getxattr(f, b"user.a").unwrap(),
+        b"",
+        "empty values exist"
+    );
+
+    // Name length: 255 bytes in all, ERANGE beyond (and for an empty name).
+    let mut name = b"user.".to_vec();
+    name.resize(XATTR_NAME_MAX, b'x');
+    fs.setxattr(f, &name, b"v", XattrMode::Any).unwrap();
+    name.push(b'x');
+    assert_eq!(
+        fs.setxattr(f, &name, b"v", XattrMode::Any),
+        Err(Errno::ERANGE)
+    );
+    assert_eq!(fs.getxattr(f, &name), Err(Errno::ERANGE));
+    assert_eq!(
+        fs.setxattr(f, b"", b"v", XattrMode::Any),
+        Err(Errno::ERANGE)
+    );
+
+    // Value size: 64 KiB, E2BIG beyond; a failed set leaves the old value.
+    fs.setxattr(f, b"user.big", &vec![7u8; XATTR_SIZE_MAX], XattrMode::Any)
+        .unwrap();
+    assert_eq!(
+        fs.setxattr(
+            f,
+            b"user.big",
+            &vec![8u8; XATTR_SIZE_MAX + 1],
+            XattrMode::Any
+        ),
+        Err(Errno::E2BIG)
+    );
+    assert_eq!(
+        fs.getxattr(f, b"user.big").unwrap(),
+        vec![7u8; XATTR_SIZE_MAX]
+    );
+
+    // Namespaces.
+    fs.setxattr(f, b"trusted.t", b"1", XattrMode::Any).unwrap();
+    fs.setxattr(f, b"security.s", b"1", XattrMode::Any).unwrap();
+    for bad in [
+        &b"os2.x"[..],
+        b"user",
+        b"user.",
+        b"system.posix_acl_access_x",
+    ] {
+        assert_eq!(
+            fs.setxattr(f, bad, b"1", XattrMode::Any),
+            Err(Errno::EOPNOTSUPP),
+            "{bad:?}"
+        );
+    }
+    // user.* only on regular files and directories.
+    let s = fs.symlink(C, ROOT_INO, b"l", b"f").unwrap().ino;
+    assert_eq!(
+        fs.setxattr(s, b"user.a", b"1", XattrMode::Any),
+        Err(Errno::EPERM)
+    );
+    fs.setxattr(s, b"trusted.a", b"1", XattrMode::Any).unwrap();
+
+    let mut names: Vec<&[u8]> = Vec::new();
+    let list = fs.listxattr(f).unwrap();
+    assert_eq!(list.last(), Some(&0), "NUL-terminated");
+    names.extend(list.split(|&b| b == 0).filter(|n| !n.is_empty()));
+    names.sort();
+    let mut want: Vec<&[u8]> = vec![
+        b"security.s",
+        b"trusted.t",
+        b"user.a",
+        b"user.big",
+        &name[..name.len() - 1],
+    ];
+    want.sort();
+    assert_eq!(names, want);
+    fs.removexattr(f, b"user.a").unwrap();
+    assert_eq!(fs.getxattr(f, b"user.a"), Err(Errno::ENODATA));
+    assert_eq!(fs.getxattr(ROOT_INO + 1000, b"user.a"), Err(Errno::ENOENT));
+}
+
+// ---- sparse data ------------------------------------------------------------------------------
+
+#[test]
+fn seek_data_and_seek_hole() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    // [data 0..P) [hole P..3P) [data 3P..5P) [hole to size 10P]
+    fs.write(C, f, 10, b"a", false).unwrap();
+    fs.write(C, f, 3 * P + 7, &vec![1u8; PAGE_SIZE], false)
+        .unwrap();
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(10 * P),
+            ..Default::default()
+        },
+    );
+    let seek = |off, whence| fs.lseek(f, off, whence);
+    assert_eq!(seek(0, libc::SEEK_DATA), Ok(0));
+    assert_eq!(seek(5, libc::SEEK_DATA), Ok(5));
+    assert_eq!(seek(0, libc::SEEK_HOLE), Ok(P));
+    assert_eq!(seek(P, libc::SEEK_HOLE), Ok(P));
+    assert_eq!(seek(P + 1, libc::SEEK_DATA), Ok(3 * P));
+    assert_eq!(seek(3 * P, libc::SEEK_HOLE), Ok(5 * P));
+    assert_eq!(
+        seek(5 * P, libc::SEEK_DATA),
+        Err(Errno::ENXIO),
+        "only a hole follows"
+    );
+    assert_eq!(seek(7 * P, libc::SEEK_HOLE), Ok(7 * P));
+    assert_eq!(seek(10 * P, libc::SEEK_DATA), Err(Errno::ENXIO), "at EOF");
+    assert_eq!(seek(10 * P, libc::SEEK_HOLE), Err(Errno::ENXIO), "at EOF");
+    // Data up to EOF: the hole is at EOF.
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(4 * P),
+            ..Default::default()
+        },
+    );
+    assert_eq!(seek(3 * P, libc::SEEK_HOLE), Ok(4 * P));
+    // Holes read as zeros.
+    assert_eq!(fs.read_vec(f, P, 10).unwrap(), vec![0u8; 10]);
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o755).ino;
+    assert_eq!(fs.lseek(d, 0, libc::SEEK_DATA), Err(Errno::EINVAL));
+}
+
+#[test]
+fn truncate_never_exposes_old_bytes() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.write(C, f, 0, &vec![0xEEu8; 2 * PAGE_SIZE], false)
+        .unwrap();
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(100),
+            ..Default::default()
+        },
+    );
+    set(
+        &fs,
+        f,
+        SetAttr {
+            size: Some(2 * P),
+            ..Default::default()
+        },
+    );
+    let back = fs.read_vec(f, 0, 2 * PAGE_SIZE).unwrap();
+    assert!(back[..100].iter().all(|&b| b == 0xEE));
+    assert!(back[100..].iter().all(|&b| b == 0), "old bytes came back");
+    assert_eq!(
+        fs.getattr(f).unwrap().blocks,
+        8,
+        "the page beyond 100 bytes was freed"
+    );
+}
+
+#[test]
+fn fallocate_modes() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let mode = |bits| FallocateMode::from_bits(bits).unwrap();
+    let blocks = |fs: &Fs| fs.getattr(f).unwrap().blocks;
+    let size = |fs: &Fs| fs.getattr(f).unwrap().size;
+
+    fs.fallocate(f, 0, 2 * P, FallocateMode::ALLOCATE).unwrap();
+    assert_eq!((size(&fs), blocks(&fs)), (2 * P, 16), "allocate extends");
+    assert_eq!(
+        fs.lseek(f, 0, libc::SEEK_DATA),
+        Ok(0),
+        "allocated pages are data"
+    );
+    fs.fallocate(f, 4 * P, P, mode(libc::FALLOC_FL_KEEP_SIZE))
+        .unwrap();
+    assert_eq!(
+        (size(&fs), blocks(&fs)),
+        (2 * P, 24),
+        "keep-size allocates past EOF"
+    );
+
+    fs.write(C, f, 0, &vec![9u8; 2 * PAGE_SIZE], false).unwrap();
+    let punch = mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE);
+    fs.fallocate(f, 100, P + 50, punch).unwrap();
+    let back = fs.read_vec(f, 0, 2 * PAGE_SIZE).unwrap();
+    assert!(back[..100].iter().all(|&b| b == 9));
+    assert!(back[100..P as usize + 150].iter().all(|&b| b == 0));
+    assert!(back[P as usize + 150..].iter().all(|&b| b == 9));
+    assert_eq!(size(&fs), 2 * P, "punch keeps the size");
+    fs.fallocate(f, 0, P, punch).unwrap();
+    assert_eq!(blocks(&fs), 16, "a whole punched page is freed");
+    assert_eq!(fs.lseek(f, 0, libc::SEEK_HOLE), Ok(0));
+
+    fs.write(C, f, 0, &vec![5u8; 2 * PAGE_SIZE], false).unwrap();
+    fs.fallocate(f, 10, 3 * P, mode(libc::FALLOC_FL_ZERO_RANGE))
+        .unwrap();
+    assert_eq!(size(&fs), 3 * P + 10, "zero-range extends");
+    let back = fs.read_vec(f, 0, 3 * PAGE_SIZE + 10).unwrap();
+    assert!(back[..10].iter().all(|&b| b == 5));
+    assert!(back[10..].iter().all(|&b| b == 0));
+    assert_eq!(
+        fs.lseek(f, 0, libc::SEEK_HOLE),
+        Ok(size(&fs)),
+        "zeroed range is allocated"
+    );
+    fs.fallocate(
+        f,
+        0,
+        8 * P,
+        mode(libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE),
+    )
+    .unwrap();
+    assert_eq!(size(&fs), 3 * P + 10);
+
+    // Modes memfs does not offer, and invalid combinations.
+    for bits in [
+        libc::FALLOC_FL_PUNCH_HOLE,
+        libc::FALLOC_FL_COLLAPSE_RANGE,
+        libc::FALLOC_FL_INSERT_RANGE,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        0x40, // FALLOC_FL_UNSHARE_RANGE
+    ] {
+        assert_eq!(
+            FallocateMode::from_bits(bits),
+            Err(Errno::EOPNOTSUPP),
+            "{bits:#x}"
+        );
+    }
+    assert_eq!(
+        fs.fallocate(f, 0, 0, FallocateMode::ALLOCATE),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.fallocate(f, MAX_FILE_SIZE, 1, FallocateMode::ALLOCATE),
+        Err(Errno::EFBIG)
+    );
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o755).ino;
+    assert_eq!(
+        fs.fallocate(d, 0, 1, FallocateMode::ALLOCATE),
+        Err(Errno::EISDIR)
+    );
+}
+
+// ---- locks ----------------------------------------------------------------------------------------
+
+type Outcome = mpsc::Receiver<Result<()>>;
+
+fn waiter() -> (LockCallback, Outcome) {
+    let (tx, rx) = mpsc::channel();
+    (Box::new(move |r| tx.send(r).unwrap()), rx)
+}
+
+const END: u64 = u64::MAX;
+
+#[test]
+fn getlk_reports_the_conflicting_lock() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.setlk(f, 1, 100, 199, libc::F_WRLCK, 11).unwrap();
+    let l = fs.getlk(f, 2, 150, 150, libc::F_RDLCK, 22).unwrap();
+    assert_eq!(
+        l,
+        LockInfo {
+            start: 100,
+            end: 199,
+            typ: libc::F_WRLCK,
+            pid: 11
+        }
+    );
+    // No conflict: outside the range, or the owner's own lock.
+    assert_eq!(
+        fs.getlk(f, 2, 200, END, libc::F_WRLCK, 22).unwrap().typ,
+        libc::F_UNLCK
+    );
+    assert_eq!(
+        fs.getlk(f, 1, 0, END, libc::F_WRLCK, 11).unwrap().typ,
+        libc::F_UNLCK
+    );
+    // Read locks share, writes conflict with reads.
+    fs.setlk(f, 3, 300, 399, libc::F_RDLCK, 33).unwrap();
+    assert_eq!(
+        fs.getlk(f, 2, 300, 300, libc::F_RDLCK, 22).unwrap().typ,
+        libc::F_UNLCK
+    );
+    let l = fs.getlk(f, 2, 350, 500, libc::F_WRLCK, 22).unwrap();
+    assert_eq!(
+        (l.typ, l.pid, l.start, l.end),
+        (libc::F_RDLCK, 33, 300, 399)
+    );
+    assert_eq!(
+        fs.setlk(f, 2, 350, 350, libc::F_WRLCK, 22),
+        Err(Errno::EAGAIN)
+    );
+    assert_eq!(fs.setlk(f, 2, 10, 5, libc::F_WRLCK, 22), Err(Errno::EINVAL));
+    assert_eq!(fs.setlk(f, 2, 0, 5, 99, 22), Err(Errno::EINVAL));
+}
+
+#[test]
+fn record_locks_split_and_merge() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let probe = |start, end| fs.getlk(f, 2, start, end, libc::F_WRLCK, 2).unwrap();
+    fs.setlk(f, 1, 0, 99, libc::F_WRLCK, 1).unwrap();
+    // Unlock the middle: two locks remain.
+    fs.setlk(f, 1, 40, 59, libc::F_UNLCK, 1).unwrap();
+    assert_eq!(probe(40, 59).typ, libc::F_UNLCK);
+    let l = probe(0, 50);
+    assert_eq!((l.start, l.end), (0, 39));
+    let l = probe(50, 200);
+    assert_eq!((l.start, l.end), (60, 99));
+    // Downgrade part to a read lock: three pieces of two types.
+    fs.setlk(f, 1, 70, 79, libc::F_RDLCK, 1).unwrap();
+    let l = fs.getlk(f, 2, 70, 79, libc::F_WRLCK, 2).unwrap();
+    assert_eq!((l.typ, l.start, l.end), (libc::F_RDLCK, 70, 79));
+    assert_eq!(
+        fs.getlk(f, 2, 70, 79, libc::F_RDLCK, 2).unwrap().typ,
+        libc::F_UNLCK
+    );
+    // Fill everything with one write lock again: merged into a single range.
+    fs.setlk(f, 1, 40, 79, libc::F_WRLCK, 1).unwrap();
+    let l = probe(50, 50);
+    assert_eq!((l.start, l.end, l.typ), (0, 99, libc::F_WRLCK));
+    // Adjacent ranges of the same type merge too.
+    fs.setlk(f, 1, 100, 149, libc::F_WRLCK, 1).unwrap();
+    let l = probe(120, 120);
+    assert_eq!((l.start, l.end), (0, 149));
+    // To end of file.
+    fs.setlk(f, 1, 1000, END, libc::F_RDLCK, 1).unwrap();
+    let l = probe(1 << 50, 1 << 50);
+    assert_eq!((l.start, l.end), (1000, END));
+    fs.release_locks(f, 1);
+    assert_eq!(probe(0, END).typ, libc::F_UNLCK);
+}
+
+#[test]
+fn blocked_waiters_are_granted_on_release_and_cancelled_on_close() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, w2) = waiter();
+    fs.setlkw(f, 2, 5, 5, libc::F_WRLCK, 2, 2, cb);
+    let (cb, w3) = waiter();
+    fs.setlkw(f, 3, 8, 20, libc::F_RDLCK, 3, 3, cb);
+    assert!(w2.try_recv().is_err(), "granted while the range is held");
+    assert!(w3.try_recv().is_err());
+    // A non-conflicting request is granted at once.
+    let (cb, w4) = waiter();
+    fs.setlkw(f, 4, 50, 60, libc::F_WRLCK, 4, 4, cb);
+    assert_eq!(w4.try_recv(), Ok(Ok(())));
+
+    // Unlocking part of the range wakes the waiter whose range it frees.
+    fs.setlk(f, 1, 5, 5, libc::F_UNLCK, 1).unwrap();
+    assert_eq!(w2.try_recv(), Ok(Ok(())), "woken by the unlock");
+    assert!(w3.try_recv().is_err(), "8..=9 still held by owner 1");
+    let l = fs.getlk(f, 9, 5, 5, libc::F_RDLCK, 9).unwrap();
+    assert_eq!(
+        (l.pid, l.typ),
+        (2, libc::F_WRLCK),
+        "the waiter now holds its lock"
+    );
+
+    // Closing (releasing all of owner 1's locks) grants the next waiter.
+    fs.release_locks(f, 1);
+    assert_eq!(w3.try_recv(), Ok(Ok(())));
+    let l = fs.getlk(f, 9, 15, 15, libc::F_WRLCK, 9).unwrap();
+    assert_eq!((l.pid, l.typ), (3, libc::F_RDLCK));
+
+    // A waiter whose owner goes away is cancelled with EINTR, never granted.
+    let (cb, w5) = waiter();
+    fs.setlkw(f, 5, 0, END, libc::F_WRLCK, 5, 5, cb);
+    fs.release_locks(f, 5);
+    assert_eq!(w5.try_recv(), Ok(Err(Errno::EINTR)));
+    fs.release_locks(f, 2);
+    fs.release_locks(f, 3);
+    fs.release_locks(f, 4);
+    assert_eq!(
+        fs.getlk(f, 9, 0, END, libc::F_WRLCK, 9).unwrap().typ,
+        libc::F_UNLCK
+    );
+    assert!(w5.try_recv().is_err(), "callbacks run exactly once");
+}
+
+#[test]
+fn two_owner_cycle_is_edeadlk() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    fs.setlk(f, 2, 10, 19, libc::F_WRLCK, 2).unwrap();
+    let (cb, w1) = waiter();
+    fs.setlkw(f, 1, 10, 10, libc::F_WRLCK, 1, 1, cb);
+    assert!(w1.try_recv().is_err(), "owner 1 waits for owner 2");
+    let (cb, w2) = waiter();
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 2, cb);
+    assert_eq!(
+        w2.try_recv(),
+        Ok(Err(Errno::EDEADLK)),
+        "owner 2 would wait for owner 1"
+    );
+    // Owner 2 gives up its lock: owner 1 proceeds.
+    fs.setlk(f, 2, 10, 19, libc::F_UNLCK, 2).unwrap();
+    assert_eq!(w1.try_recv(), Ok(Ok(())));
+}
+
+#[test]
+fn flock_is_whole_file_and_independent_of_record_locks() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.flock(f, 1, libc::F_RDLCK, None).unwrap();
+    fs.flock(f, 2, libc::F_RDLCK, None).unwrap();
+    assert_eq!(fs.flock(f, 3, libc::F_WRLCK, None), Err(Errno::EAGAIN));
+    // Record locks do not see flock locks.
+    fs.setlk(f, 3, 0, END, libc::F_WRLCK, 3).unwrap();
+    let (cb, w) = waiter();
+    fs.flock(f, 3, libc::F_WRLCK, Some((3, cb))).unwrap();
+    assert!(w.try_recv().is_err());
+    fs.release_flock(f, 1);
+    assert!(w.try_recv().is_err(), "owner 2 still shares it");
+    fs.flock(f, 2, libc::F_UNLCK, None).unwrap();
+    assert_eq!(w.try_recv(), Ok(Ok(())));
+    assert_eq!(fs.flock(f, 1, libc::F_RDLCK, None), Err(Errno::EAGAIN));
+}
+
+#[test]
+fn cancelled_lock_waits_get_eintr_and_leave_no_trace() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, w) = waiter();
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 77, cb);
+    assert!(w.try_recv().is_err());
+    assert!(!fs.cancel_lock_wait(f, 78), "no such token");
+    assert!(fs.cancel_lock_wait(f, 77));
+    assert_eq!(w.try_recv(), Ok(Err(Errno::EINTR)));
+    assert!(!fs.cancel_lock_wait(f, 77), "cancelled once");
+    // Releasing the blocker grants nothing to the cancelled request.
+    fs.release_locks(f, 1);
+    assert!(w.try_recv().is_err());
+    assert_eq!(
+        fs.getlk(f, 9, 0, END, libc::F_WRLCK, 9).unwrap().typ,
+        libc::F_UNLCK
+    );
+    // A granted request cannot be cancelled any more.
+    fs.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, w) = waiter();
+    fs.setlkw(f, 2, 0, 0, libc::F_WRLCK, 2, 80, cb);
+    fs.release_locks(f, 1);
+    assert_eq!(w.try_recv(), Ok(Ok(())));
+    assert!(!fs.cancel_lock_wait(f, 80));
+    // Flock waits are cancellable too.
+    let (cb, w) = waiter();
+    fs.flock(f, 3, libc::F_WRLCK, None).unwrap();
+    fs.flock(f, 4, libc::F_WRLCK, Some((81, cb))).unwrap();
+    assert!(fs.cancel_lock_wait(f, 81));
+    assert_eq!(w.try_recv(), Ok(Err(Errno::EINTR)));
+}
+
+// ---- rename rules -----------------------------------------------------------------------------
+
+#[test]
+fn rename_errors_and_link_counts() {
+    let fs = fs();
+    let plain = RenameFlags::default();
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    let a = mkdir(&fs, C, ROOT_INO, "a", 0o755).ino;
+    let b = mkdir(&fs, C, a, "b", 0o755).ino;
+    let c = mkdir(&fs, C, b, "c", 0o755).ino;
+    let e = mkdir(&fs, C, ROOT_INO, "empty", 0o755).ino;
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    mkfile(&fs, C, c, "inner", 0o644);
+
+    // A directory into its own subtree.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", c, b"x", plain),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", a, b"x", plain),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"a", c, b"inner", exchange),
+        Err(Errno::EINVAL)
+    );
+    // Onto an ancestor of the source, or any non-empty directory.
+    assert_eq!(
+        fs.rename(b, b"c", ROOT_INO, b"a", plain),
+        Err(Errno::ENOTEMPTY)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"empty", a, b"b", plain),
+        Err(Errno::ENOTEMPTY)
+    );
+    // Type mismatches.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", ROOT_INO, b"empty", plain),
+        Err(Errno::EISDIR)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"empty", ROOT_INO, b"f", plain),
+        Err(Errno::ENOTDIR)
+    );
+    // Flags.
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", c, b"inner", noreplace),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"f", c, b"nope", exchange),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(
+        fs.rename(ROOT_INO, b"nope", c, b"inner", plain),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(fs.rename(ROOT_INO, b".", c, b"x", plain), Err(Errno::EBUSY));
+    assert_eq!(fs.rename(a, b"b", c, b"..", plain), Err(Errno::EBUSY));
+    assert_eq!(
+        RenameFlags::from_bits(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        RenameFlags::from_bits(libc::RENAME_WHITEOUT),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(RenameFlags::from_bits(1 << 10), Err(Errno::EINVAL));
+    assert_eq!(
+        fs.rename(f, b"x", ROOT_INO, b"y", plain),
+        Err(Errno::ENOTDIR)
+    );
+
+    // Two names of one node: nothing happens, both stay.
+    fs.link(f, ROOT_INO, b"f2")
+        .map(|x| fs.forget(x.ino, 1))
+        .unwrap();
+    fs.rename(ROOT_INO, b"f", ROOT_INO, b"f2", plain).unwrap();
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"f").unwrap().ino, f);
+    assert_eq!(fs.getattr(f).unwrap().nlink, 2);
+    fs.unlink(ROOT_INO, b"f2").unwrap();
+
+    // Moving a directory moves a link from the old parent to the new one.
+    let nl = |ino| fs.getattr(ino).unwrap().nlink;
+    assert_eq!((nl(ROOT_INO), nl(a), nl(e)), (4, 3, 2));
+    fs.rename(a, b"b", e, b"b", plain).unwrap();
+    assert_eq!((nl(a), nl(e)), (2, 3));
+    assert_eq!(fs.lookup_noref(b, b"..").unwrap().ino, e);
+    // Replacing an empty directory: the victim is gone, the parent loses its link.
+    mkdir(&fs, C, a, "victim", 0o755);
+    assert_eq!(nl(a), 3);
+    fs.rename(e, b"b", a, b"victim", plain).unwrap();
+    assert_eq!((nl(a), nl(e)), (3, 2));
+    assert_eq!(fs.lookup_noref(a, b"victim").unwrap().ino, b);
+    // Exchanging a directory and a file across parents swaps the links too.
+    fs.rename(a, b"victim", ROOT_INO, b"f", exchange).unwrap();
+    assert_eq!((nl(ROOT_INO), nl(a)), (5, 2));
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"f").unwrap().ino, b);
+    assert_eq!(fs.lookup_noref(a, b"victim").unwrap().ino, f);
+    assert_eq!(fs.lookup_noref(b, b"..").unwrap().ino, ROOT_INO);
+}
