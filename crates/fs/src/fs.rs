@@ -344,12 +344,10 @@ impl Fs {
             }
         }
         if let Some(mode) = set.mode {
-            let mut perm = (mode & 0o7777) as u16;
-            // Linux: a non-owner-group caller without privilege cannot keep setgid.
-            if ctx.uid != 0 && ctx.gid != st.meta.gid && inode.kind != FileType::Directory {
-                perm &= !(libc::S_ISGID as u16);
-            }
-            st.meta.perm = perm;
+            // Stored as given: whether an unprivileged caller may keep setgid
+            // depends on its supplementary groups, which only the kernel knows
+            // (it strips the bit before the request reaches us).
+            st.meta.perm = (mode & 0o7777) as u16;
             st.meta.ctime = now;
         }
         if set.uid.is_some() || set.gid.is_some() {

@@ -695,13 +695,9 @@ impl Model {
         n.xattrs.remove(name).map(|_| ()).ok_or(Errno::ENODATA)
     }
 
-    fn chmod(&mut self, ctx: Ctx, ino: u64, mode: u32) -> Result<()> {
+    fn chmod(&mut self, _ctx: Ctx, ino: u64, mode: u32) -> Result<()> {
         let n = self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
-        let mut perm = (mode & 0o7777) as u16;
-        if ctx.uid != 0 && ctx.gid != n.gid && !n.is_dir() {
-            perm &= !(libc::S_ISGID as u16);
-        }
-        n.perm = perm;
+        n.perm = (mode & 0o7777) as u16;
         Ok(())
     }
 
