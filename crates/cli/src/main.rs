@@ -8,7 +8,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench_block;
 mod bench_lock;
+mod bench_workload;
 mod mount;
+mod shell;
 mod store_cmd;
 
 #[derive(Parser)]
@@ -29,6 +31,8 @@ enum Command {
     /// Unmount a memfs.
     #[command(alias = "unmount")]
     Umount(mount::UmountArgs),
+    /// An interactive or scripted shell over an in-process memfs (no mount needed).
+    Shell(shell::Args),
     /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
     Store(store_cmd::Args),
     /// Run a benchmark against its baseline.
@@ -42,6 +46,8 @@ enum BenchCommand {
     Block(bench_block::Args),
     /// Cross-process lock algorithms.
     Lock(bench_lock::Args),
+    /// Shell workload: create, write, read, delete phases against thread counts.
+    Workload(bench_workload::Args),
 }
 
 #[global_allocator]
@@ -76,9 +82,11 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<()> = match cli.command {
         Command::Mount(args) => mount::run_mount(args),
         Command::Umount(args) => mount::run_umount(args),
+        Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
+        Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

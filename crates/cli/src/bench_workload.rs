@@ -1,0 +1,8 @@
+//! Placeholder until the workload benchmark lands.
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<()> {
+    anyhow::bail!("not implemented yet")
+}
