@@ -1032,7 +1032,10 @@ fn truncate(sh: &mut Shell, args: &[String]) -> CmdResult {
     if o.operands.is_empty() {
         return usage("truncate");
     }
-    let size = parse_size::parse_size(size)
+    // K, M, G are powers of 1024 here, as in coreutils.
+    let size = parse_size::Config::new()
+        .with_binary()
+        .parse_size(size)
         .map_err(|_| super::CmdError(format!("invalid size: {size}")))?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&o.operands, false, |p| {
@@ -1347,27 +1350,25 @@ fn find(sh: &mut Shell, args: &[String]) -> CmdResult {
     if root.kind != FileType::Directory {
         return Err(fs_err(Errno::ENOTDIR, dir));
     }
-    // Depth-first in name order, so that the output is stable.
-    let mut stack = vec![(root.ino, dir.trim_end_matches('/').to_string())];
-    if stack[0].1.is_empty() {
-        stack[0].1 = "/".into();
-    }
-    while let Some((ino, path)) = stack.pop() {
-        let Ok(entries) = children(&sh.fs, ino) else {
-            continue;
+    // Depth-first, pre-order, in name order, so that the output is stable.
+    fn walk(fs: &Fs, out: &mut dyn Write, dir: u64, path: &str, pat: &[u8]) -> std::io::Result<()> {
+        let Ok(entries) = children(fs, dir) else {
+            return Ok(());
         };
-        let mut subdirs = Vec::new();
         for (name, a) in entries {
-            let p = join(&path, &name_str(&name));
-            if glob_match(pat.as_bytes(), &name) {
-                writeln!(sh.out, "{p}")?;
+            let p = join(path, &name_str(&name));
+            if glob_match(pat, &name) {
+                writeln!(out, "{p}")?;
             }
             if a.kind == FileType::Directory {
-                subdirs.push((a.ino, p));
+                walk(fs, out, a.ino, &p, pat)?;
             }
         }
-        stack.extend(subdirs.into_iter().rev());
+        Ok(())
     }
+    let base = dir.trim_end_matches('/');
+    let base = if base.is_empty() { "/" } else { base };
+    walk(&sh.fs, &mut *sh.out, root.ino, base, pat.as_bytes())?;
     Ok(())
 }
 

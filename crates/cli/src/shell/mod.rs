@@ -45,7 +45,10 @@ pub struct Args {
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size::parse_size(s).map_err(|e| format!("invalid size {s:?}: {e}"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("invalid size {s:?}: {e}"))
 }
 
 /// What a durable memfs offers the shell (`log`, `snapshot`, `rollback`).
