@@ -799,17 +799,23 @@ fn mv(sh: &mut Shell, args: &[String]) -> CmdResult {
 
 const CHUNK: usize = 1 << 20;
 
+/// What a copy needs besides the node: the engine, the caller and `-r`.
+struct Copier<'a> {
+    fs: &'a Fs,
+    ctx: Ctx,
+    recursive: bool,
+}
+
 /// Copies the node `src` to a new entry `name` in directory `dir`.
 fn copy_node(
-    fs: &Fs,
-    ctx: Ctx,
+    cp: &Copier<'_>,
     src: &Attr,
     src_path: &str,
     dir: u64,
     name: &[u8],
     shown: &str,
-    recursive: bool,
 ) -> CmdResult {
+    let (fs, ctx, recursive) = (cp.fs, cp.ctx, cp.recursive);
     match src.kind {
         FileType::RegularFile => {
             let (dst, _) = fs
@@ -888,14 +894,12 @@ fn copy_node(
                 let Ok(ca) = fs.getattr(cino) else { continue };
                 let cn = name_str(&cname);
                 copy_node(
-                    fs,
-                    ctx,
+                    cp,
                     &ca,
                     &join(src_path, &cn),
                     d.ino,
                     &cname,
                     &join(shown, &cn),
-                    true,
                 )?;
             }
             Ok(())
@@ -937,7 +941,8 @@ fn cp(sh: &mut Shell, args: &[String]) -> CmdResult {
         let a = fs.stat_path(cwd, src).map_err(|e| fs_err(e, src))?;
         let to = target_path(fs, cwd, src, dest, false);
         let (dir, name) = fs.resolve_parent(cwd, &to).map_err(|e| fs_err(e, &to))?;
-        copy_node(fs, ctx, &a, src, dir, &name, &to, recursive)
+        let copier = Copier { fs, ctx, recursive };
+        copy_node(&copier, &a, src, dir, &name, &to)
     })
 }
 
@@ -1633,7 +1638,7 @@ fn xattr(sh: &mut Shell, args: &[String]) -> CmdResult {
 
 // ---- durable file systems -------------------------------------------------------------
 
-fn needs_durable<'a>(sh: &'a Shell) -> Result<&'a dyn super::Durable, super::CmdError> {
+fn needs_durable(sh: &Shell) -> Result<&dyn super::Durable, super::CmdError> {
     match &sh.durable {
         Some(d) => Ok(d.as_ref()),
         None => err(
