@@ -631,7 +631,8 @@ fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Ve
         .fold(f64::MAX, f64::min)
         .max(1e-3)
         / 2.0;
-    let ymax = rows.iter().map(|r| r.total_ms).fold(0.0, f64::max) * 2.0;
+    // Headroom above the curves for the legend.
+    let ymax = rows.iter().map(|r| r.total_ms).fold(0.0, f64::max) * 12.0;
     let svg = prefix.with_extension("svg");
     let png = prefix.with_extension("png");
     fn draw<DB: DrawingBackend>(
@@ -655,7 +656,7 @@ fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Ve
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d((1f64..tmax).log_scale(), (ymin..ymax).log_scale())
+            .build_cartesian_2d((0.9f64..tmax * 1.15).log_scale(), (ymin..ymax).log_scale())
             .map_err(e)?;
         chart
             .configure_mesh()

@@ -202,7 +202,7 @@ fn errors_are_one_clear_line() {
     let cases: &[(&str, &str)] = &[
         ("read a.txt", "read: no such file: a.txt"),
         ("mkdir d; read d", "read: is a directory: d"),
-        ("read", "read: usage: read FILE"),
+        ("read", "read: usage: read FILE..."),
         ("create a; create a", "create: already exists: a"),
         ("create", "create: usage: create [-n N] FILE..."),
         ("create nodir/a", "create: no such file: nodir/a"),

@@ -38,8 +38,8 @@ pub const COMMANDS: &[Spec] = &[
     },
     Spec {
         name: "read",
-        usage: "read FILE",
-        summary: "print a file (alias: cat)",
+        usage: "read FILE...",
+        summary: "print files (alias: cat)",
         details: "Prints the contents; a newline is added if the file does not end with one.",
     },
     Spec {
