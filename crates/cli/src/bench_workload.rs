@@ -75,6 +75,7 @@ struct PhaseResult {
     mean_us: f64,
     p50_us: f64,
     p99_us: f64,
+    max_us: f64,
     ops_per_sec: f64,
     /// CPU time over wall time, in percent of one core (can exceed 100).
     cpu_percent: f64,
@@ -379,6 +380,7 @@ fn run_once(
                 mean_us: mean,
                 p50_us: percentile(&lats, 0.50),
                 p99_us: percentile(&lats, 0.99),
+                max_us: lats.last().map_or(0.0, |&v| v as f64 / 1000.0),
                 ops_per_sec: ops as f64 / wall_s,
                 cpu_percent: cpu.as_secs_f64() / wall_s * 100.0,
                 peak_rss_mib: status_kib("VmHWM:") as f64 / 1024.0,
@@ -576,7 +578,7 @@ fn print_table(results: &[PhaseResult]) {
     );
     for r in results {
         println!(
-            "{:<32} {:>6} {:>4} {:<7} {:>10.3} {:>9.2} {:>9.2} {:>9.2} {:>12.0} {:>6.0} {:>9.1} {:>9.2}",
+            "{:<32} {:>6} {:>4} {:<7} {:>10.3} {:>9.2} {:>9.2} {:>9.2} {:>9.0} {:>12.0} {:>6.0} {:>9.1} {:>9.2}",
             r.target,
             r.ops,
             r.threads,
@@ -585,6 +587,7 @@ fn print_table(results: &[PhaseResult]) {
             r.mean_us,
             r.p50_us,
             r.p99_us,
+            r.max_us,
             r.ops_per_sec,
             r.cpu_percent,
             r.peak_rss_mib,
@@ -919,5 +922,38 @@ mod tests {
             r.iter()
                 .all(|p| p.ops == 50 && p.total_ms > 0.0 && p.p99_us >= p.p50_us)
         );
+        assert!(r.iter().all(|p| p.max_us >= p.p99_us));
+    }
+
+    #[test]
+    fn files_run_does_every_phase_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = Args {
+            ops: vec![20],
+            threads: vec![2],
+            path: Some(dir.path().to_path_buf()),
+            baseline: "none".into(),
+            shared_dir: true,
+            write_size: 7,
+            runs: 1,
+            warmup: 0,
+            probe_memory: None,
+            json: "x".into(),
+            plot: "x".into(),
+        };
+        let target = Target::Files(dir.path().to_path_buf());
+        let r = run_once(&target, 20, 2, &args).unwrap();
+        assert_eq!(r.iter().map(|p| p.phase).collect::<Vec<_>>(), PHASES);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // A file left in the way makes the create phase fail with a clear error.
+        let prepared = prepare(&target, 4, 1, true).unwrap();
+        if let Prepared::Files { work, .. } = &prepared {
+            std::fs::write(&work[0][0], b"in the way").unwrap();
+        }
+        let mut lat = Vec::new();
+        let e = prepared.run_thread(0, 0, b"x", &mut lat).unwrap_err();
+        assert!(format!("{e:#}").starts_with("create "), "{e:#}");
+        prepared.cleanup();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
