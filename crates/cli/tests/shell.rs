@@ -602,3 +602,51 @@ mod interactive {
         p.exp_eof().unwrap();
     }
 }
+
+/// `memfs bench workload` end to end, tiny: the table, the JSON and the
+/// issue's checks are all there, and bad arguments are clear errors.
+#[test]
+fn workload_benchmark_smoke() {
+    let tmp = tempfile::tempdir().unwrap();
+    let json = tmp.path().join("w.json");
+    let base = tmp.path().join("base");
+    std::fs::create_dir(&base).unwrap();
+    let out = Command::new(BIN)
+        .args(["bench", "workload", "--ops", "10,30", "--threads", "1,3"])
+        .args(["--runs", "1", "--warmup", "0", "--baseline"])
+        .arg(&base)
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(tmp.path().join("w"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("memfs engine (in process)"), "{stdout}");
+    assert!(stdout.contains("memory for 10,000 small files"), "{stdout}");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let results = v["results"].as_array().unwrap();
+    // 2 targets x 2 op counts x 2 thread counts x 4 phases.
+    assert_eq!(results.len(), 32);
+    assert!(
+        results
+            .iter()
+            .all(|r| r["total_ms"].as_f64().unwrap() > 0.0)
+    );
+    assert_eq!(
+        std::fs::read_dir(&base).unwrap().count(),
+        0,
+        "baseline files removed"
+    );
+    let bad = Command::new(BIN)
+        .args(["bench", "workload", "--threads", "0"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--threads needs positive counts"));
+}
