@@ -89,6 +89,11 @@ fn classic_commands() {
 fn everyday_commands() {
     let out = ok("mkdir -p a/b/c; cd a/b; pwd; write c/f data; cd ..; pwd; cd; pwd; read a/b/c/f");
     assert_eq!(out, "/a/b\n/a\n/\ndata\n");
+    // pwd follows renames of an ancestor, and a new directory of the old name is not it.
+    let out = ok("mkdir -p a/b; cd a/b; pwd; mv /a /z; pwd; mkdir -p /a/b; pwd; cd /a/b; pwd");
+    assert_eq!(out, "/a/b\n/z/b\n/z/b\n/a/b\n");
+    let o = c("mkdir d; cd d; pwd; rmdir /d; mkdir /d; pwd");
+    assert_eq!((o.code, o.stdout.as_str()), (1, "/d\n"));
     let out = ok("mkdir d e; rmdir d; ls; mv e f; ls; write x 1; mv x f; ls f; mv f/x y; ls");
     assert_eq!(out, "e\nf\nx\nf\ny\n");
     // cp: files keep contents, mode and xattrs; -r copies trees, symlinks as symlinks.

@@ -756,7 +756,7 @@ fn pwd(sh: &mut Shell, args: &[String]) -> CmdResult {
     if !args.is_empty() {
         return usage("pwd");
     }
-    match dir_path(&sh.fs, sh.cwd()) {
+    match sh.cwd_path() {
         Ok(p) => {
             writeln!(sh.out, "{p}")?;
             Ok(())

@@ -12,7 +12,7 @@ use rustyline::history::DefaultHistory;
 use rustyline::validate::{ValidationContext, ValidationResult, Validator};
 use rustyline::{CompletionType, Config, Context, Editor, Helper};
 
-use super::commands::{command_names, dir_path};
+use super::commands::command_names;
 use super::{ParseError, Shell, parse};
 
 /// Completes command names in first position and memfs paths elsewhere.
@@ -215,7 +215,7 @@ pub fn run(shell: &mut Shell) -> anyhow::Result<()> {
     }
     println!("memfs shell: an in-memory file system. Type help for the commands, Ctrl-D to leave.");
     loop {
-        let dir = dir_path(&shell.fs, shell.cwd()).unwrap_or_else(|_| "(removed)".into());
+        let dir = shell.cwd_path().unwrap_or_else(|_| "(removed)".into());
         match rl.readline(&format!("memfs:{dir}> ")) {
             Ok(line) => {
                 if !line.trim().is_empty() {

@@ -130,6 +130,9 @@ pub struct Shell {
     pub(crate) interactive: bool,
     /// Set by `exit`: the session ends with this status.
     pub(crate) exit: Option<i32>,
+    /// The last path found for the current directory: checking it is a few
+    /// lookups, finding it again scans every parent directory.
+    cwd_cache: Option<(u64, String)>,
 }
 
 impl Shell {
@@ -142,11 +145,26 @@ impl Shell {
             durable: None,
             interactive: false,
             exit: None,
+            cwd_cache: None,
         }
     }
 
     pub(crate) fn cwd(&self) -> u64 {
         self.cwd.load(Ordering::Acquire)
+    }
+
+    /// The absolute path of the current directory; `ENOENT` if it was removed.
+    pub(crate) fn cwd_path(&mut self) -> Result<String, Errno> {
+        let cwd = self.cwd();
+        if let Some((ino, path)) = &self.cwd_cache {
+            // Still valid if it still leads here (renames elsewhere do not matter).
+            if *ino == cwd && self.fs.resolve(ROOT_INO, path, false) == Ok(cwd) {
+                return Ok(path.clone());
+            }
+        }
+        let path = commands::dir_path(&self.fs, cwd)?;
+        self.cwd_cache = Some((cwd, path.clone()));
+        Ok(path)
     }
 
     /// Runs one parsed command; prints its error (if any) as one line on
