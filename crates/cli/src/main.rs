@@ -12,7 +12,9 @@ mod bench_lock;
 mod bench_memory;
 mod bench_metadata;
 mod bench_util;
+mod bench_workload;
 mod mount;
+mod shell;
 mod store_cmd;
 
 #[derive(Parser)]
@@ -33,6 +35,8 @@ enum Command {
     /// Unmount a memfs.
     #[command(alias = "unmount")]
     Umount(mount::UmountArgs),
+    /// An interactive or scripted shell over an in-process memfs (no mount needed).
+    Shell(shell::Args),
     /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
     Store(store_cmd::Args),
     /// Run a benchmark against its baseline.
@@ -52,6 +56,8 @@ enum BenchCommand {
     Metadata(bench_metadata::Args),
     /// Server memory after 1M empty files and after 1 GiB of data.
     Memory(bench_memory::Args),
+    /// Shell workload: create, write, read, delete phases against thread counts.
+    Workload(bench_workload::Args),
 }
 
 #[global_allocator]
@@ -86,12 +92,14 @@ fn main() -> std::process::ExitCode {
     let result: anyhow::Result<()> = match cli.command {
         Command::Mount(args) => mount::run_mount(args),
         Command::Umount(args) => mount::run_umount(args),
+        Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
         Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
         Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
         Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
+        Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
