@@ -7,6 +7,7 @@
 //! its baseline measured in the same run, the ratio, the target and whether it
 //! was met.
 
+use crate::mount::{is_root, lazy_unmount};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{Read, Seek};
@@ -50,10 +51,6 @@ pub fn check_interrupted() -> anyhow::Result<()> {
         bail!("interrupted");
     }
     Ok(())
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
 }
 
 /// Polls `cond` every few milliseconds until it holds or `timeout` passes.
@@ -200,20 +197,6 @@ impl Drop for MemfsMount {
             let _ = std::fs::remove_dir(dir.path());
             std::mem::forget(dir);
         }
-    }
-}
-
-fn lazy_unmount(path: &Path) {
-    if is_root() {
-        let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
-    } else {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg("-z")
-            .arg(path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 }
 

@@ -234,7 +234,7 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
@@ -393,7 +393,8 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     result.with_context(|| format!("serving {}", mountpoint.display()))
 }
 
-fn lazy_unmount(mp: &Path) {
+/// Detaches a mount now; the kernel finishes when its last user leaves.
+pub fn lazy_unmount(mp: &Path) {
     if is_root() {
         let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
     } else {
@@ -401,6 +402,8 @@ fn lazy_unmount(mp: &Path) {
             .arg("-u")
             .arg("-z")
             .arg(mp)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .status();
     }
 }

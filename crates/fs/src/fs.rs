@@ -444,14 +444,7 @@ impl Fs {
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
         let mut st = dir.state.write();
-        let d = st.dir().ok_or(Errno::ENOTDIR)?;
-        if st.meta.nlink == 0 {
-            // The directory was removed while someone still had it open.
-            return Err(Errno::ENOENT);
-        }
-        if d.get(name).is_some() {
-            return Err(Errno::EEXIST);
-        }
+        st.check_new_entry(name)?;
         if kind == FileType::Directory && st.meta.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -597,13 +590,7 @@ impl Fs {
         }
         let dir = self.get(newparent)?;
         let mut dst = dir.state.write();
-        let d = dst.dir().ok_or(Errno::ENOTDIR)?;
-        if dst.meta.nlink == 0 {
-            return Err(Errno::ENOENT);
-        }
-        if d.get(newname).is_some() {
-            return Err(Errno::EEXIST);
-        }
+        dst.check_new_entry(newname)?;
         let mut st = inode.state.write();
         if st.meta.nlink == 0 {
             return Err(Errno::ENOENT);

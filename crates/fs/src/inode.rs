@@ -111,6 +111,19 @@ impl State {
         }
     }
 
+    /// Whether `name` may be added to this (locked) directory.
+    pub fn check_new_entry(&self, name: &[u8]) -> crate::Result<()> {
+        let d = self.dir().ok_or(crate::Errno::ENOTDIR)?;
+        if self.meta.nlink == 0 {
+            // The directory was removed while someone still had it open.
+            return Err(crate::Errno::ENOENT);
+        }
+        if d.get(name).is_some() {
+            return Err(crate::Errno::EEXIST);
+        }
+        Ok(())
+    }
+
     pub fn touch_mc(&mut self, now: Timespec) {
         self.meta.mtime = now;
         self.meta.ctime = now;
