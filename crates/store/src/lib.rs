@@ -1,1 +1,1212 @@
-//! memfs-store
+//! memfs-store: a rollbackable, sharded, in-memory key-value store of blocks
+//! with a durable journal (`memfs-journal`).
+//!
+//! - State lives in RAM in `shards` flat hash tables ([`table`]); a block's
+//!   operations are partitioned by shard and applied by up to `threads`
+//!   threads, each holding one shard's write lock at a time, so a reader waits
+//!   at most for one shard's share of a block.
+//! - Each block becomes one journal commit whose entries carry both the new and
+//!   the old value of every key: replay uses the new, rollback the old.
+//! - The last `rollback_window` blocks keep their entries in memory for
+//!   rollback; snapshots copy the tables shard by shard in the background and
+//!   include the window, so the journal behind a snapshot can be deleted.
+//!
+//! See `docs/store.md` for the invariants and the recovery procedure.
+
+mod codec;
+mod meta;
+mod metrics;
+mod table;
+
+pub use memfs_journal::Durability;
+pub use table::hash_key;
+
+use memfs_journal::snapshot::{SnapshotReader, SnapshotWriter, list_snapshots, snapshot_file_name};
+use memfs_journal::{DataDir, Journal, JournalOptions, Manifest, SnapshotRef};
+use metrics::Metrics;
+use parking_lot::{Mutex, RwLock};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use table::Table;
+
+pub const MIN_KEY_WIDTH: usize = 8;
+pub const MAX_KEY_WIDTH: usize = 64;
+pub const MAX_VALUE_LEN: usize = u16::MAX as usize;
+/// Below this many operations a block is applied on the calling thread: the
+/// hand-off to workers costs more than it saves.
+const PARALLEL_MIN_OPS: usize = 2048;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Journal(#[from] memfs_journal::Error),
+    #[error("key is {got} bytes but this store's keys are {expected} bytes")]
+    KeyWidth { expected: usize, got: usize },
+    #[error(
+        "block {block} is not after the current block {current}; block ids must strictly increase"
+    )]
+    BlockNotIncreasing { block: u64, current: u64 },
+    #[error(
+        "cannot roll back to block {target}: the rollback window covers blocks {oldest} to {current}"
+    )]
+    RollbackOutsideWindow {
+        target: u64,
+        oldest: u64,
+        current: u64,
+    },
+    #[error("value of {len} bytes is too large (at most {MAX_VALUE_LEN} bytes)")]
+    ValueTooLarge { len: usize },
+    #[error("store layout: {0}")]
+    Layout(String),
+    #[error("invalid options: {0}")]
+    Invalid(String),
+    #[error("corrupt store data: {0}")]
+    Corrupt(String),
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the store failed earlier and refuses writes: {0}")]
+    Failed(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Layout (fixed at creation) and runtime options.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Fixed key width in bytes (8..=64), recorded at creation.
+    pub key_width: usize,
+    /// Number of hash tables, recorded at creation.
+    pub shards: usize,
+    /// Initial capacity of each shard (entries).
+    pub capacity_per_shard: usize,
+    /// Threads applying a block (1 = the caller's thread only).
+    pub threads: usize,
+    pub durability: Durability,
+    /// Write a snapshot every this many blocks (0 = only on request).
+    pub snapshot_interval: u64,
+    /// How many of the most recent blocks can be rolled back.
+    pub rollback_window: u64,
+    /// Journal segment size in bytes.
+    pub segment_size: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            key_width: 8,
+            shards: 16,
+            capacity_per_shard: 1024,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            durability: Durability::Sync,
+            snapshot_interval: 1000,
+            rollback_window: 100,
+            segment_size: 64 << 20,
+        }
+    }
+}
+
+impl StoreOptions {
+    pub fn validate(&self) -> Result<()> {
+        if !(MIN_KEY_WIDTH..=MAX_KEY_WIDTH).contains(&self.key_width) {
+            return Err(StoreError::Invalid(format!(
+                "key width {} is outside {MIN_KEY_WIDTH}..={MAX_KEY_WIDTH}",
+                self.key_width
+            )));
+        }
+        if self.shards == 0 || self.shards > 4096 {
+            return Err(StoreError::Invalid(format!(
+                "shard count {} is outside 1..=4096",
+                self.shards
+            )));
+        }
+        if self.threads == 0 || self.threads > 256 {
+            return Err(StoreError::Invalid("threads must be 1..=256".into()));
+        }
+        if self.capacity_per_shard > 1 << 32 {
+            return Err(StoreError::Invalid("capacity per shard too large".into()));
+        }
+        if self.segment_size < 4096 {
+            return Err(StoreError::Invalid(
+                "segment size must be at least 4096".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What opening the store found and did.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    pub created: bool,
+    /// The block the store is at after recovery.
+    pub block: u64,
+    /// The journal commit reached.
+    pub commit: u64,
+    /// The snapshot loaded, if any (its journal commit).
+    pub snapshot_commit: Option<u64>,
+    pub snapshot_entries: u64,
+    pub commits_replayed: u64,
+    pub bytes_replayed: u64,
+    pub truncated_tail: Option<(PathBuf, u64, u64)>,
+    pub elapsed: Duration,
+}
+
+/// A point-in-time view of the store's metrics.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSnapshot {
+    pub block: u64,
+    pub blocks: u64,
+    pub ops: u64,
+    pub rollbacks: u64,
+    pub uptime_secs: f64,
+    pub blocks_per_sec: f64,
+    pub ops_per_sec: f64,
+    pub latency_p50_us: u64,
+    pub latency_p99_us: u64,
+    pub latency_p999_us: u64,
+    /// Blocks committed but not yet durable.
+    pub pending_blocks: u64,
+    pub pending_bytes: u64,
+    pub durable_commit: u64,
+    pub fsyncs: u64,
+    pub journal_bytes: u64,
+    pub snapshot_bytes: u64,
+    pub snapshots_written: u64,
+    pub last_snapshot_block: u64,
+    pub entries: u64,
+    pub table_bytes: u64,
+    pub window_blocks: u64,
+    pub window_bytes: u64,
+    /// "ok" or the reason the store refuses writes.
+    pub health: String,
+}
+
+/// Undo (and redo) entries of one block, one buffer per shard touched.
+struct UndoBlock {
+    block: u64,
+    parts: Vec<Vec<u8>>,
+}
+
+impl UndoBlock {
+    fn bytes(&self) -> usize {
+        self.parts.iter().map(|p| p.len()).sum()
+    }
+}
+
+struct Shared {
+    kw: usize,
+    shards: Vec<RwLock<Table>>,
+    current: AtomicU64,
+    metrics: Metrics,
+    dir: PathBuf,
+    failed: Mutex<Option<String>>,
+    /// Held from applying a block until its journal commit is appended, so a
+    /// snapshot can learn the last commit whose effects it may contain.
+    commit_gate: Mutex<()>,
+}
+
+impl Shared {
+    #[inline]
+    fn shard_of(&self, h: u64) -> usize {
+        (((h >> 32) * self.shards.len() as u64) >> 32) as usize
+    }
+
+    fn check_failed(&self) -> Result<()> {
+        match &*self.failed.lock() {
+            Some(e) => Err(StoreError::Failed(e.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&self, e: &StoreError) {
+        let mut f = self.failed.lock();
+        if f.is_none() {
+            tracing::error!(error = %e, "store: refusing further writes");
+            *f = Some(e.to_string());
+        }
+    }
+}
+
+struct Writer {
+    journal: Arc<Journal>,
+    opts: StoreOptions,
+    window: VecDeque<Arc<UndoBlock>>,
+    /// The block whose state undoing the whole window restores.
+    window_base: u64,
+    window_bytes: usize,
+    blocks_since_snapshot: u64,
+    snapshot: Option<JoinHandle<Result<u64>>>,
+    hashes: Vec<u64>,
+    by_shard: Vec<Vec<u32>>,
+    spare: Vec<Vec<u8>>,
+}
+
+/// The block store. Share it between threads by reference or `Arc`; writes
+/// are serialised internally, reads run concurrently.
+pub struct Store {
+    shared: Arc<Shared>,
+    w: Mutex<Writer>,
+    report: OpenReport,
+    options: StoreOptions,
+    // Declared last: the lock is released only after the journal is closed.
+    _dir: DataDir,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("dir", &self.shared.dir)
+            .field("block", &self.current_block())
+            .finish()
+    }
+}
+
+fn check_key(kw: usize, k: &[u8]) -> Result<()> {
+    if k.len() != kw {
+        return Err(StoreError::KeyWidth {
+            expected: kw,
+            got: k.len(),
+        });
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Creates a store in `dir` (which must not hold one yet).
+    pub fn create(dir: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        opts.validate()?;
+        let dir = dir.as_ref();
+        let dd = DataDir::open(dir, true)?;
+        let meta_path = dir.join(meta::META_FILE);
+        if meta_path.exists() {
+            return Err(StoreError::Layout(format!(
+                "{} already holds a store",
+                dir.display()
+            )));
+        }
+        memfs_journal::dir::write_file_atomic(
+            dir,
+            meta::META_FILE,
+            meta::encode(&opts).as_bytes(),
+        )?;
+        Store::open_locked(dd, opts, true)
+    }
+
+    /// Opens an existing store with the options recorded at creation.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store> {
+        let dir = dir.as_ref();
+        let dd = DataDir::open(dir, false)?;
+        let opts = read_meta(dir)?;
+        Store::open_locked(dd, opts, false)
+    }
+
+    /// Opens the store in `dir`, creating it if absent. An existing store must
+    /// have the same key width and shard count; the runtime options
+    /// (durability, threads, snapshot interval, window) are taken from `opts`
+    /// and recorded.
+    pub fn open_or_create(dir: impl AsRef<Path>, opts: StoreOptions) -> Result<Store> {
+        opts.validate()?;
+        let dir = dir.as_ref();
+        let dd = DataDir::open(dir, true)?;
+        let meta_path = dir.join(meta::META_FILE);
+        let created = !meta_path.exists();
+        if !created {
+            let rec = read_meta(dir)?;
+            if rec.key_width != opts.key_width {
+                return Err(StoreError::Layout(format!(
+                    "{} was created with {}-byte keys, not {}",
+                    dir.display(),
+                    rec.key_width,
+                    opts.key_width
+                )));
+            }
+            if rec.shards != opts.shards {
+                return Err(StoreError::Layout(format!(
+                    "{} was created with {} shards, not {}",
+                    dir.display(),
+                    rec.shards,
+                    opts.shards
+                )));
+            }
+        }
+        memfs_journal::dir::write_file_atomic(
+            dir,
+            meta::META_FILE,
+            meta::encode(&opts).as_bytes(),
+        )?;
+        Store::open_locked(dd, opts, created)
+    }
+
+    fn open_locked(dd: DataDir, opts: StoreOptions, created: bool) -> Result<Store> {
+        let t0 = Instant::now();
+        let dir = dd.path().to_path_buf();
+        let kw = opts.key_width;
+        let mut tables: Vec<Table> = (0..opts.shards)
+            .map(|_| Table::new(kw, opts.capacity_per_shard))
+            .collect();
+        let mut rec = Recovered {
+            window: VecDeque::new(),
+            window_base: 0,
+            current: 0,
+            window_limit: opts.rollback_window,
+        };
+        let mut report = OpenReport {
+            created,
+            ..Default::default()
+        };
+        let manifest = Manifest::load(&dir)?;
+        let snap = manifest.as_ref().and_then(|m| m.snapshot);
+        let after = match snap {
+            Some(s) => {
+                let path = dir.join(snapshot_file_name(s.commit));
+                report.snapshot_entries = load_snapshot(&path, &opts, &mut tables, &mut rec)?;
+                report.snapshot_commit = Some(s.commit);
+                s.commit
+            }
+            None => 0,
+        };
+        let jopts = JournalOptions {
+            durability: opts.durability,
+            segment_size: opts.segment_size,
+        };
+        let shard_count = tables.len();
+        let (journal, jrep) = Journal::open(&dd, jopts, after, &mut |_, payload| {
+            replay_commit(payload, kw, shard_count, &mut tables, &mut rec)
+        })?;
+        if let Some(s) = snap
+            && jrep.last_commit < s.required_end
+        {
+            return Err(StoreError::Corrupt(format!(
+                "the snapshot at commit {} needs the journal up to commit {}, but it ends at commit {}",
+                s.commit, s.required_end, jrep.last_commit
+            )));
+        }
+        report.block = rec.current;
+        report.commit = jrep.last_commit;
+        report.commits_replayed = jrep.commits_replayed;
+        report.bytes_replayed = jrep.bytes_replayed;
+        report.truncated_tail = jrep.truncated_tail;
+        report.elapsed = t0.elapsed();
+        tracing::info!(
+            block = report.block,
+            commit = report.commit,
+            replayed = report.commits_replayed,
+            "store opened"
+        );
+        let window_bytes = rec.window.iter().map(|u| u.bytes()).sum();
+        let shared = Arc::new(Shared {
+            kw,
+            shards: tables.into_iter().map(RwLock::new).collect(),
+            current: AtomicU64::new(rec.current),
+            metrics: Metrics::new(),
+            dir,
+            failed: Mutex::new(None),
+            commit_gate: Mutex::new(()),
+        });
+        let w = Writer {
+            journal: Arc::new(journal),
+            window: rec.window,
+            window_base: rec.window_base,
+            window_bytes,
+            blocks_since_snapshot: 0,
+            snapshot: None,
+            hashes: Vec::new(),
+            by_shard: vec![Vec::new(); opts.shards],
+            spare: Vec::new(),
+            opts: opts.clone(),
+        };
+        Ok(Store {
+            shared,
+            w: Mutex::new(w),
+            report,
+            options: opts,
+            _dir: dd,
+        })
+    }
+
+    pub fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    pub fn open_report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    pub fn key_width(&self) -> usize {
+        self.shared.kw
+    }
+
+    pub fn current_block(&self) -> u64 {
+        self.shared.current.load(Ordering::Acquire)
+    }
+
+    /// The oldest block `rollback` can return to.
+    pub fn oldest_rollback_block(&self) -> u64 {
+        self.w.lock().window_base
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        check_key(self.shared.kw, key)?;
+        let h = hash_key(key);
+        let t = self.shared.shards[self.shared.shard_of(h)].read();
+        Ok(t.get(key, h).map(|v| v.to_vec()))
+    }
+
+    pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|k| self.get(k.as_ref())).collect()
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> u64 {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| s.read().len() as u64)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Visits every entry (shard by shard; not atomic against writers).
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], &[u8])) {
+        for s in &self.shared.shards {
+            s.read().for_each(&mut f);
+        }
+    }
+
+    /// Applies a block atomically: every (key, value) in order; an empty value
+    /// deletes the key. Nothing changes if any argument is invalid.
+    pub fn set<K, V>(&self, block: u64, ops: &[(K, V)]) -> Result<()>
+    where
+        K: AsRef<[u8]> + Sync,
+        V: AsRef<[u8]> + Sync,
+    {
+        self.apply_block(block, ops).map(|_| ())
+    }
+
+    /// Deletes `key` in block `block`, returning its previous value.
+    pub fn pop(&self, block: u64, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let ops: [(&[u8], &[u8]); 1] = [(key, b"")];
+        let undo = self.apply_block(block, &ops)?;
+        for p in &undo.parts {
+            if let Some(Ok(e)) = codec::entries(p, self.shared.kw).next() {
+                return Ok((!e.old.is_empty()).then(|| e.old.to_vec()));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Starts a block whose reads see its own staged writes.
+    pub fn start_block(&self, block: u64) -> Result<BlockBuilder<'_>> {
+        let current = self.current_block();
+        if block <= current {
+            return Err(StoreError::BlockNotIncreasing { block, current });
+        }
+        Ok(BlockBuilder {
+            store: self,
+            block,
+            ops: Vec::new(),
+            staged: std::collections::HashMap::new(),
+        })
+    }
+
+    fn validate<K: AsRef<[u8]>, V: AsRef<[u8]>>(&self, ops: &[(K, V)]) -> Result<()> {
+        for (k, v) in ops {
+            check_key(self.shared.kw, k.as_ref())?;
+            let len = v.as_ref().len();
+            if len > MAX_VALUE_LEN {
+                return Err(StoreError::ValueTooLarge { len });
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_block<K, V>(&self, block: u64, ops: &[(K, V)]) -> Result<Arc<UndoBlock>>
+    where
+        K: AsRef<[u8]> + Sync,
+        V: AsRef<[u8]> + Sync,
+    {
+        let t0 = Instant::now();
+        self.validate(ops)?;
+        let mut w = self.w.lock();
+        self.shared.check_failed()?;
+        let current = self.current_block();
+        if block <= current {
+            return Err(StoreError::BlockNotIncreasing { block, current });
+        }
+        let gate = self.shared.commit_gate.lock();
+        let parts = apply_ops(&self.shared, &mut w, ops);
+        let header = codec::block_header(block);
+        let mut iov: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        iov.push(&header);
+        iov.extend(parts.iter().map(|p| p.as_slice()));
+        let res = w.journal.commit_vectored(&iov);
+        drop(gate);
+        if let Err(e) = res {
+            let e = StoreError::from(e);
+            self.shared.fail(&e);
+            return Err(e);
+        }
+        self.shared.current.store(block, Ordering::Release);
+        let undo = Arc::new(UndoBlock { block, parts });
+        push_window(&mut w, undo.clone());
+        self.shared.metrics.record_block(ops.len(), t0.elapsed());
+        w.blocks_since_snapshot += 1;
+        if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
+            self.maybe_start_snapshot(&mut w);
+        }
+        Ok(undo)
+    }
+
+    /// Restores exactly the state after block `target` (which must be inside
+    /// the rollback window). Later block ids can then be used again.
+    pub fn rollback(&self, target: u64) -> Result<()> {
+        let mut w = self.w.lock();
+        self.shared.check_failed()?;
+        let current = self.current_block();
+        if target > current || target < w.window_base {
+            return Err(StoreError::RollbackOutsideWindow {
+                target,
+                oldest: w.window_base,
+                current,
+            });
+        }
+        if target == current {
+            return Ok(());
+        }
+        let gate = self.shared.commit_gate.lock();
+        let kw = self.shared.kw;
+        while w.window.back().is_some_and(|u| u.block > target) {
+            let u = w.window.pop_back().expect("checked");
+            w.window_bytes -= u.bytes();
+            for p in &u.parts {
+                let Some(first) = codec::entries(p, kw).next().and_then(|e| e.ok()) else {
+                    continue;
+                };
+                let s = self.shared.shard_of(hash_key(first.key));
+                let mut t = self.shared.shards[s].write();
+                undo_part(&mut t, p, kw).map_err(StoreError::Corrupt)?;
+            }
+        }
+        let new_current = w.window.back().map_or(w.window_base, |u| u.block);
+        let res = w
+            .journal
+            .commit(&codec::rollback_payload(target, new_current));
+        drop(gate);
+        if let Err(e) = res {
+            let e = StoreError::from(e);
+            self.shared.fail(&e);
+            return Err(e);
+        }
+        self.shared.current.store(new_current, Ordering::Release);
+        self.shared
+            .metrics
+            .rollbacks
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Makes every committed block durable (whatever the mode).
+    pub fn sync(&self) -> Result<()> {
+        let j = self.w.lock().journal.clone();
+        j.sync()?;
+        Ok(())
+    }
+
+    /// Writes a snapshot now and waits for it; returns its journal commit.
+    pub fn snapshot(&self) -> Result<u64> {
+        let h = {
+            let mut w = self.w.lock();
+            if let Some(h) = w.snapshot.take() {
+                drop(w);
+                let _ = join_snapshot(h, &self.shared);
+                w = self.w.lock();
+            }
+            self.shared.check_failed()?;
+            self.spawn_snapshot(&mut w)?
+        };
+        join_snapshot(h, &self.shared)
+    }
+
+    fn maybe_start_snapshot(&self, w: &mut Writer) {
+        if let Some(h) = &w.snapshot {
+            if !h.is_finished() {
+                return;
+            }
+            let h = w.snapshot.take().expect("checked");
+            let _ = join_snapshot(h, &self.shared);
+        }
+        match self.spawn_snapshot(w) {
+            Ok(h) => w.snapshot = Some(h),
+            Err(e) => tracing::error!(error = %e, "store: could not start a snapshot"),
+        }
+    }
+
+    fn spawn_snapshot(&self, w: &mut Writer) -> Result<JoinHandle<Result<u64>>> {
+        w.blocks_since_snapshot = 0;
+        let job = SnapshotJob {
+            shared: self.shared.clone(),
+            journal: w.journal.clone(),
+            commit: w.journal.last_commit(),
+            block: self.current_block(),
+            window_base: w.window_base,
+            window: w.window.iter().cloned().collect(),
+            shards: w.opts.shards,
+        };
+        std::thread::Builder::new()
+            .name("store-snapshot".into())
+            .spawn(move || job.run())
+            .map_err(io_err(&self.shared.dir))
+    }
+
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let m = &self.shared.metrics;
+        let (js, jbytes, window_blocks, window_bytes) = {
+            let w = self.w.lock();
+            (
+                w.journal.stats(),
+                w.journal.disk_bytes(),
+                w.window.len() as u64,
+                w.window_bytes as u64,
+            )
+        };
+        let up = m.started.elapsed().as_secs_f64().max(1e-9);
+        let blocks = m.blocks.load(Ordering::Relaxed);
+        let ops = m.ops.load(Ordering::Relaxed);
+        let p = m.percentiles(&[0.5, 0.99, 0.999]);
+        let (mut entries, mut table_bytes) = (0u64, 0u64);
+        for s in &self.shared.shards {
+            let t = s.read();
+            entries += t.len() as u64;
+            table_bytes += t.memory_bytes() as u64;
+        }
+        let snapshot_bytes = list_snapshots(&self.shared.dir)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(_, p)| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum();
+        MetricsSnapshot {
+            block: self.current_block(),
+            blocks,
+            ops,
+            rollbacks: m.rollbacks.load(Ordering::Relaxed),
+            uptime_secs: up,
+            blocks_per_sec: blocks as f64 / up,
+            ops_per_sec: ops as f64 / up,
+            latency_p50_us: p[0],
+            latency_p99_us: p[1],
+            latency_p999_us: p[2],
+            pending_blocks: js.pending_commits,
+            pending_bytes: js.pending_bytes,
+            durable_commit: js.durable_commit,
+            fsyncs: js.fsyncs,
+            journal_bytes: jbytes,
+            snapshot_bytes,
+            snapshots_written: m.snapshots.load(Ordering::Relaxed),
+            last_snapshot_block: m.last_snapshot_block.load(Ordering::Relaxed),
+            entries,
+            table_bytes,
+            window_blocks,
+            window_bytes,
+            health: match (self.shared.failed.lock().clone(), js.failed) {
+                (Some(e), _) | (None, Some(e)) => e,
+                (None, None) => "ok".into(),
+            },
+        }
+    }
+
+    /// Waits for a running snapshot, flushes and fsyncs the journal.
+    pub fn close(self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&self) -> Result<()> {
+        let h = self.w.lock().snapshot.take();
+        let snap = h.map(|h| join_snapshot(h, &self.shared));
+        let j = self.w.lock().journal.clone();
+        j.sync()?;
+        if let Some(Err(e)) = snap {
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "store: close failed");
+        }
+    }
+}
+
+fn read_meta(dir: &Path) -> Result<StoreOptions> {
+    let p = dir.join(meta::META_FILE);
+    let text = match std::fs::read_to_string(&p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::Layout(format!(
+                "{} is not a memfs store (no {} file)",
+                dir.display(),
+                meta::META_FILE
+            )));
+        }
+        Err(e) => return Err(io_err(&p)(e)),
+    };
+    meta::decode(&text, &p)
+}
+
+fn join_snapshot(h: JoinHandle<Result<u64>>, shared: &Shared) -> Result<u64> {
+    match h.join() {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "store: snapshot failed");
+            Err(e)
+        }
+        Err(_) => {
+            let e = StoreError::Failed("the snapshot thread panicked".into());
+            shared.fail(&e);
+            Err(e)
+        }
+    }
+}
+
+fn push_window(w: &mut Writer, undo: Arc<UndoBlock>) {
+    w.window_bytes += undo.bytes();
+    w.window.push_back(undo);
+    while w.window.len() as u64 > w.opts.rollback_window {
+        let old = w.window.pop_front().expect("non-empty");
+        w.window_base = old.block;
+        w.window_bytes -= old.bytes();
+        // Recycle the buffers when nobody else (a snapshot) holds them.
+        if let Ok(old) = Arc::try_unwrap(old) {
+            for mut p in old.parts {
+                if w.spare.len() < 4 * w.opts.shards {
+                    p.clear();
+                    w.spare.push(p);
+                }
+            }
+        }
+    }
+}
+
+/// Applies `ops` to the shards, returning one entry buffer per touched shard.
+fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> Vec<Vec<u8>>
+where
+    K: AsRef<[u8]> + Sync,
+    V: AsRef<[u8]> + Sync,
+{
+    let n = shared.shards.len();
+    w.hashes.clear();
+    for b in &mut w.by_shard {
+        b.clear();
+    }
+    for (i, (k, _)) in ops.iter().enumerate() {
+        let h = hash_key(k.as_ref());
+        w.hashes.push(h);
+        w.by_shard[shared.shard_of(h)].push(i as u32);
+    }
+    let kw = shared.kw;
+    let hashes = &w.hashes;
+    let by_shard = &w.by_shard;
+    let apply_shard = |s: usize, buf: &mut Vec<u8>| {
+        let idx = &by_shard[s];
+        buf.reserve(idx.len() * (kw + 4 + 16));
+        let mut t = shared.shards[s].write();
+        for &i in idx {
+            let (k, v) = &ops[i as usize];
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let h = hashes[i as usize];
+            buf.extend_from_slice(k);
+            buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            buf.extend_from_slice(v);
+            if v.is_empty() {
+                t.remove(k, h, Some(buf));
+            } else {
+                t.set(k, h, v, Some(buf));
+            }
+        }
+    };
+    let mut parts: Vec<Vec<u8>> = (0..n)
+        .map(|s| {
+            if by_shard[s].is_empty() {
+                Vec::new()
+            } else {
+                w.spare.pop().unwrap_or_default()
+            }
+        })
+        .collect();
+    let threads = w.opts.threads.min(n);
+    if threads <= 1 || ops.len() < PARALLEL_MIN_OPS {
+        for (s, buf) in parts.iter_mut().enumerate() {
+            if !by_shard[s].is_empty() {
+                apply_shard(s, buf);
+            }
+        }
+    } else {
+        // Work-stealing over shards: threads pull the next shard index.
+        let next = AtomicUsize::new(0);
+        let slots: Vec<Mutex<Vec<u8>>> = parts.drain(..).map(Mutex::new).collect();
+        let work = || {
+            loop {
+                let s = next.fetch_add(1, Ordering::Relaxed);
+                if s >= n {
+                    break;
+                }
+                if !by_shard[s].is_empty() {
+                    apply_shard(s, &mut slots[s].lock());
+                }
+            }
+        };
+        std::thread::scope(|sc| {
+            for _ in 1..threads {
+                sc.spawn(work);
+            }
+            work();
+        });
+        parts = slots.into_iter().map(Mutex::into_inner).collect();
+    }
+    parts.retain(|p| !p.is_empty());
+    parts
+}
+
+/// Applies the entries of one shard's buffer backwards, restoring old values.
+fn undo_part(t: &mut Table, part: &[u8], kw: usize) -> Result<(), String> {
+    let es: Vec<codec::Entry<'_>> = codec::entries(part, kw).collect::<Result<_, _>>()?;
+    for e in es.iter().rev() {
+        let h = hash_key(e.key);
+        if e.old.is_empty() {
+            t.remove(e.key, h, None);
+        } else {
+            t.set(e.key, h, e.old, None);
+        }
+    }
+    Ok(())
+}
+
+/// Window state rebuilt during recovery.
+struct Recovered {
+    window: VecDeque<Arc<UndoBlock>>,
+    window_base: u64,
+    current: u64,
+    window_limit: u64,
+}
+
+fn replay_commit(
+    payload: &[u8],
+    kw: usize,
+    nshards: usize,
+    tables: &mut [Table],
+    rec: &mut Recovered,
+) -> Result<(), String> {
+    let shard_of = |h: u64| (((h >> 32) * nshards as u64) >> 32) as usize;
+    match codec::decode(payload)? {
+        codec::Decoded::Block { block, body } => {
+            if block <= rec.current {
+                return Err(format!(
+                    "block {block} does not follow block {}",
+                    rec.current
+                ));
+            }
+            // Split into per-shard parts again so rollback after recovery
+            // works exactly as it does live.
+            let mut parts: Vec<Vec<u8>> = vec![Vec::new(); nshards];
+            let mut pos = 0;
+            for e in codec::entries(body, kw) {
+                let e = e?;
+                let len = kw + 4 + e.new.len() + e.old.len();
+                let h = hash_key(e.key);
+                let s = shard_of(h);
+                if e.new.is_empty() {
+                    tables[s].remove(e.key, h, None);
+                } else {
+                    tables[s].set(e.key, h, e.new, None);
+                }
+                parts[s].extend_from_slice(&body[pos..pos + len]);
+                pos += len;
+            }
+            parts.retain(|p| !p.is_empty());
+            rec.window.push_back(Arc::new(UndoBlock { block, parts }));
+            while rec.window.len() as u64 > rec.window_limit {
+                rec.window_base = rec.window.pop_front().expect("non-empty").block;
+            }
+            rec.current = block;
+        }
+        codec::Decoded::Rollback { target, current } => {
+            if target < rec.window_base || target > rec.current {
+                return Err(format!(
+                    "rollback to block {target} outside the window {}..={} (was the rollback window reduced?)",
+                    rec.window_base, rec.current
+                ));
+            }
+            while rec.window.back().is_some_and(|u| u.block > target) {
+                let u = rec.window.pop_back().expect("checked");
+                for p in &u.parts {
+                    let Some(first) = codec::entries(p, kw).next().and_then(|e| e.ok()) else {
+                        continue;
+                    };
+                    undo_part(&mut tables[shard_of(hash_key(first.key))], p, kw)?;
+                }
+            }
+            let now = rec.window.back().map_or(rec.window_base, |u| u.block);
+            if now != current {
+                return Err(format!(
+                    "rollback to block {target} reached block {now}, the journal says {current}"
+                ));
+            }
+            rec.current = now;
+        }
+    }
+    Ok(())
+}
+
+struct SnapshotJob {
+    shared: Arc<Shared>,
+    journal: Arc<Journal>,
+    commit: u64,
+    block: u64,
+    window_base: u64,
+    window: Vec<Arc<UndoBlock>>,
+    shards: usize,
+}
+
+const SNAP_VERSION: u32 = 1;
+
+impl SnapshotJob {
+    fn run(self) -> Result<u64> {
+        let dir = self.shared.dir.clone();
+        let mut sw = SnapshotWriter::create(&dir, self.commit)?;
+        match self.write_body(&mut sw) {
+            Ok(()) => {}
+            Err(e) => {
+                sw.abandon();
+                return Err(e);
+            }
+        }
+        // The copy may contain blocks applied after `commit`; the journal must
+        // be durable through every one of them before the manifest points at
+        // this snapshot (recovery replays up to there).
+        let required_end = {
+            let _g = self.shared.commit_gate.lock();
+            self.journal.last_commit()
+        };
+        self.journal.wait_durable(required_end)?;
+        let path = sw.finish()?;
+        let mut m = Manifest {
+            snapshot: Some(SnapshotRef {
+                commit: self.commit,
+                required_end,
+            }),
+            ..Default::default()
+        };
+        m.publish(&dir)?;
+        let pruned = self.journal.prune(self.commit)?;
+        for (c, p) in list_snapshots(&dir)? {
+            if c < self.commit {
+                std::fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+        }
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let mt = &self.shared.metrics;
+        mt.snapshots.fetch_add(1, Ordering::Relaxed);
+        mt.last_snapshot_block.store(self.block, Ordering::Relaxed);
+        mt.last_snapshot_bytes.store(bytes, Ordering::Relaxed);
+        tracing::info!(
+            commit = self.commit,
+            block = self.block,
+            bytes,
+            pruned,
+            "snapshot written"
+        );
+        Ok(self.commit)
+    }
+
+    fn write_body(&self, sw: &mut SnapshotWriter) -> Result<()> {
+        let dir = self.shared.dir.clone();
+        let e = io_err(&dir);
+        let mut hdr = Vec::new();
+        hdr.extend_from_slice(&SNAP_VERSION.to_le_bytes());
+        hdr.extend_from_slice(&(self.shared.kw as u32).to_le_bytes());
+        hdr.extend_from_slice(&(self.shards as u32).to_le_bytes());
+        hdr.extend_from_slice(&self.block.to_le_bytes());
+        hdr.extend_from_slice(&self.window_base.to_le_bytes());
+        hdr.extend_from_slice(&(self.window.len() as u32).to_le_bytes());
+        for u in &self.window {
+            hdr.extend_from_slice(&u.block.to_le_bytes());
+            hdr.extend_from_slice(&(u.parts.len() as u32).to_le_bytes());
+            for p in &u.parts {
+                hdr.extend_from_slice(&(p.len() as u32).to_le_bytes());
+                hdr.extend_from_slice(p);
+            }
+        }
+        sw.write_all(&hdr).map_err(e)?;
+        let mut buf = Vec::with_capacity(1 << 20);
+        for s in &self.shared.shards {
+            // Hold the shard only for a memcpy-speed clone; serialise outside.
+            let copy = s.read().clone();
+            buf.clear();
+            buf.extend_from_slice(&(copy.len() as u64).to_le_bytes());
+            let mut err = None;
+            copy.for_each(|k, v| {
+                buf.extend_from_slice(k);
+                buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                buf.extend_from_slice(v);
+                if buf.len() >= 1 << 20 && err.is_none() {
+                    err = sw.write_all(&buf).err();
+                    buf.clear();
+                }
+            });
+            if let Some(x) = err {
+                return Err(io_err(&dir)(x));
+            }
+            sw.write_all(&buf).map_err(io_err(&dir))?;
+        }
+        Ok(())
+    }
+}
+
+fn load_snapshot(
+    path: &Path,
+    opts: &StoreOptions,
+    tables: &mut [Table],
+    rec: &mut Recovered,
+) -> Result<u64> {
+    let mut r = SnapshotReader::open(path)?;
+    let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
+    fn u32_(r: &mut SnapshotReader) -> std::io::Result<u32> {
+        let mut b = [0u8; 4];
+        r.read_exact(&mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+    fn u64_(r: &mut SnapshotReader) -> std::io::Result<u64> {
+        let mut b = [0u8; 8];
+        r.read_exact(&mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+    let bad = |what: String| StoreError::Corrupt(format!("snapshot {}: {what}", path.display()));
+    let version = u32_(&mut r).map_err(corrupt)?;
+    if version != SNAP_VERSION {
+        return Err(bad(format!("unsupported store snapshot version {version}")));
+    }
+    let kw = u32_(&mut r).map_err(corrupt)? as usize;
+    let shards = u32_(&mut r).map_err(corrupt)? as usize;
+    if kw != opts.key_width || shards != opts.shards {
+        return Err(bad(format!(
+            "written for {kw}-byte keys and {shards} shards, the store has {} and {}",
+            opts.key_width, opts.shards
+        )));
+    }
+    rec.current = u64_(&mut r).map_err(corrupt)?;
+    rec.window_base = u64_(&mut r).map_err(corrupt)?;
+    let nwin = u32_(&mut r).map_err(corrupt)?;
+    for _ in 0..nwin {
+        let block = u64_(&mut r).map_err(corrupt)?;
+        let nparts = u32_(&mut r).map_err(corrupt)?;
+        let mut parts = Vec::new();
+        for _ in 0..nparts {
+            let len = u32_(&mut r).map_err(corrupt)? as usize;
+            let mut p = Vec::new();
+            (&mut r)
+                .take(len as u64)
+                .read_to_end(&mut p)
+                .map_err(corrupt)?;
+            if p.len() != len {
+                return Err(bad("window entry truncated".into()));
+            }
+            parts.push(p);
+        }
+        rec.window.push_back(Arc::new(UndoBlock { block, parts }));
+    }
+    while rec.window.len() as u64 > rec.window_limit {
+        rec.window_base = rec.window.pop_front().expect("non-empty").block;
+    }
+    let mut total = 0u64;
+    let mut key = vec![0u8; kw];
+    let mut val = vec![0u8; MAX_VALUE_LEN];
+    for t in tables.iter_mut() {
+        let count = u64_(&mut r).map_err(corrupt)?;
+        for _ in 0..count {
+            r.read_exact(&mut key).map_err(corrupt)?;
+            let mut lb = [0u8; 2];
+            r.read_exact(&mut lb).map_err(corrupt)?;
+            let len = u16::from_le_bytes(lb) as usize;
+            if len == 0 {
+                return Err(bad("empty value in snapshot".into()));
+            }
+            r.read_exact(&mut val[..len]).map_err(corrupt)?;
+            t.set(&key, hash_key(&key), &val[..len], None);
+        }
+        total += count;
+    }
+    r.finish().map_err(corrupt)?;
+    Ok(total)
+}
+
+/// Staged writes of one block; reads see them. Dropping it aborts.
+pub struct BlockBuilder<'a> {
+    store: &'a Store,
+    block: u64,
+    ops: Vec<(Vec<u8>, Vec<u8>)>,
+    staged: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+}
+
+impl BlockBuilder<'_> {
+    pub fn block(&self) -> u64 {
+        self.block
+    }
+
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<()> {
+        check_key(self.store.shared.kw, key)?;
+        if value.len() > MAX_VALUE_LEN {
+            return Err(StoreError::ValueTooLarge { len: value.len() });
+        }
+        self.ops.push((key.to_vec(), value.to_vec()));
+        self.staged.insert(key.to_vec(), value.to_vec());
+        Ok(())
+    }
+
+    pub fn delete(&mut self, key: &[u8]) -> Result<()> {
+        self.put(key, b"")
+    }
+
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        match self.staged.get(key) {
+            Some(v) if v.is_empty() => Ok(None),
+            Some(v) => Ok(Some(v.clone())),
+            None => self.store.get(key),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    pub fn commit(self) -> Result<()> {
+        self.store.set(self.block, &self.ops)
+    }
+
+    pub fn abort(self) {}
+}

@@ -1,0 +1,239 @@
+//! Every documented error case: clear message, nothing changed.
+
+use memfs_store::{MAX_VALUE_LEN, Store, StoreError, StoreOptions};
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        shards: 4,
+        durability: "none".parse().unwrap(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn wrong_key_width_is_refused_everywhere() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::create(t.path(), opts()).unwrap();
+    let err = s.set(1, &[(b"short".to_vec(), b"v".to_vec())]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::KeyWidth {
+                expected: 8,
+                got: 5
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("8 bytes"));
+    assert!(s.get(b"123456789").is_err());
+    assert_eq!(s.current_block(), 0);
+    s.close().unwrap();
+    // Reopening with another width.
+    let err = Store::open_or_create(
+        t.path(),
+        StoreOptions {
+            key_width: 16,
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("created with 8-byte keys"),
+        "{err}"
+    );
+    let err = Store::open_or_create(
+        t.path(),
+        StoreOptions {
+            shards: 3,
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("4 shards"), "{err}");
+    // Invalid widths at creation.
+    let t2 = tempfile::tempdir().unwrap();
+    for kw in [0, 7, 65] {
+        let err = Store::create(
+            t2.path(),
+            StoreOptions {
+                key_width: kw,
+                ..opts()
+            },
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("key width"), "{err}");
+    }
+}
+
+#[test]
+fn non_increasing_block_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::create(t.path(), opts()).unwrap();
+    s.set(5, &[(*b"aaaaaaaa", *b"1")]).unwrap();
+    for b in [0, 3, 5] {
+        let err = s.set(b, &[(*b"aaaaaaaa", *b"2")]).unwrap_err();
+        assert!(
+            matches!(err, StoreError::BlockNotIncreasing { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("strictly increase"));
+    }
+    assert!(s.start_block(5).is_err());
+    assert_eq!(s.get(b"aaaaaaaa").unwrap().unwrap(), b"1");
+    assert_eq!(s.current_block(), 5);
+}
+
+#[test]
+fn value_too_large_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::create(t.path(), opts()).unwrap();
+    let big = vec![1u8; MAX_VALUE_LEN + 1];
+    let ok = vec![2u8; MAX_VALUE_LEN];
+    let err = s
+        .set(
+            1,
+            &[
+                (b"aaaaaaaa".to_vec(), ok.clone()),
+                (b"bbbbbbbb".to_vec(), big),
+            ],
+        )
+        .unwrap_err();
+    assert!(matches!(err, StoreError::ValueTooLarge { len } if len == MAX_VALUE_LEN + 1));
+    assert_eq!(s.get(b"aaaaaaaa").unwrap(), None);
+    assert_eq!(s.current_block(), 0);
+    s.set(1, &[(b"aaaaaaaa".to_vec(), ok.clone())]).unwrap();
+    s.close().unwrap();
+    let s = Store::open(t.path()).unwrap();
+    assert_eq!(s.get(b"aaaaaaaa").unwrap().unwrap(), ok);
+}
+
+#[test]
+fn rollback_outside_the_window_changes_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::create(
+        t.path(),
+        StoreOptions {
+            rollback_window: 3,
+            ..opts()
+        },
+    )
+    .unwrap();
+    for b in 1..=10u64 {
+        s.set(b, &[(b.to_be_bytes(), b.to_le_bytes())]).unwrap();
+    }
+    let err = s.rollback(6).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::RollbackOutsideWindow {
+                target: 6,
+                oldest: 7,
+                current: 10
+            }
+        ),
+        "{err}"
+    );
+    assert!(s.rollback(11).is_err());
+    assert_eq!(s.current_block(), 10);
+    assert_eq!(s.len(), 10);
+    s.rollback(7).unwrap();
+    assert_eq!(s.current_block(), 7);
+    assert_eq!(s.len(), 7);
+    // pop returns the old value.
+    assert_eq!(
+        s.pop(8, &3u64.to_be_bytes()).unwrap().unwrap(),
+        3u64.to_le_bytes()
+    );
+    assert_eq!(s.pop(9, &3u64.to_be_bytes()).unwrap(), None);
+    let many: Vec<_> = (1..=10u64).map(|b| b.to_be_bytes()).collect();
+    let got = s.multi_get(&many).unwrap();
+    assert_eq!(got.iter().filter(|v| v.is_some()).count(), 6);
+}
+
+#[test]
+fn opening_a_non_store_is_a_clear_error() {
+    let t = tempfile::tempdir().unwrap();
+    let err = Store::open(t.path()).unwrap_err();
+    assert!(err.to_string().contains("not a memfs store"), "{err}");
+    let err = Store::open(t.path().join("missing")).unwrap_err();
+    assert!(err.to_string().contains("does not exist"), "{err}");
+}
+
+#[test]
+fn metrics_report_activity() {
+    let t = tempfile::tempdir().unwrap();
+    let s = Store::create(
+        t.path(),
+        StoreOptions {
+            snapshot_interval: 2,
+            ..opts()
+        },
+    )
+    .unwrap();
+    for b in 1..=5u64 {
+        let ops: Vec<_> = (0..100u64)
+            .map(|i| ((b * 1000 + i).to_be_bytes(), [1u8; 8]))
+            .collect();
+        s.set(b, &ops).unwrap();
+    }
+    s.snapshot().unwrap();
+    let m = s.metrics();
+    assert_eq!(m.blocks, 5);
+    assert_eq!(m.ops, 500);
+    assert_eq!(m.entries, 500);
+    assert_eq!(m.health, "ok");
+    assert!(m.snapshots_written >= 1);
+    assert!(m.snapshot_bytes > 0 && m.journal_bytes > 0);
+    assert!(m.latency_p99_us >= m.latency_p50_us);
+}
+
+#[test]
+fn parallel_application_matches_sequential_and_rolls_back() {
+    let t = tempfile::tempdir().unwrap();
+    let par = Store::create(
+        t.path().join("p"),
+        StoreOptions {
+            threads: 4,
+            shards: 16,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let seq = Store::create(
+        t.path().join("s"),
+        StoreOptions {
+            threads: 1,
+            shards: 16,
+            ..opts()
+        },
+    )
+    .unwrap();
+    for b in 1..=6u64 {
+        // Big enough to take the parallel path; overwrites, deletes and
+        // repeated keys inside one block.
+        let mut ops: Vec<([u8; 8], Vec<u8>)> = Vec::new();
+        for i in 0..5000u64 {
+            let k = ((b * 3000 + i) % 9000).to_be_bytes();
+            let v = if i % 7 == 0 {
+                Vec::new()
+            } else {
+                vec![(b + i) as u8 | 1; (i % 20) as usize + 1]
+            };
+            ops.push((k, v));
+        }
+        par.set(b, &ops).unwrap();
+        seq.set(b, &ops).unwrap();
+    }
+    let dump = |s: &Store| {
+        let mut v = Vec::new();
+        s.for_each(|k, val| v.push((k.to_vec(), val.to_vec())));
+        v.sort();
+        v
+    };
+    assert_eq!(dump(&par), dump(&seq));
+    par.rollback(3).unwrap();
+    seq.rollback(3).unwrap();
+    assert_eq!(dump(&par), dump(&seq));
+    assert!(!dump(&par).is_empty());
+}
