@@ -40,6 +40,9 @@ pub const MAX_VALUE_LEN: usize = u16::MAX as usize;
 /// Below this many operations a block is applied on the calling thread: the
 /// hand-off to workers costs more than it saves.
 const PARALLEL_MIN_OPS: usize = 2048;
+/// How many operations ahead a shard's home slot is prefetched: enough to
+/// cover a memory latency with the work of the operations in between.
+const PREFETCH_AHEAD: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -832,7 +835,10 @@ where
         let idx = &by_shard[s];
         buf.reserve(idx.len() * (kw + 4 + 16));
         let mut t = shared.shards[s].write();
-        for &i in idx {
+        for (j, &i) in idx.iter().enumerate() {
+            if let Some(&ahead) = idx.get(j + PREFETCH_AHEAD) {
+                t.prefetch(hashes[ahead as usize]);
+            }
             let (k, v) = &ops[i as usize];
             let (k, v) = (k.as_ref(), v.as_ref());
             let h = hashes[i as usize];
