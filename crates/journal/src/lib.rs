@@ -35,6 +35,10 @@ use std::path::PathBuf;
 /// A commit id: strictly increasing, consecutive, starting at 1.
 pub type CommitId = u64;
 
+/// The replay callback: receives each commit's id and payload in order; an
+/// `Err(reason)` aborts recovery with [`Error::Apply`].
+pub type ReplayFn<'a> = dyn FnMut(CommitId, &[u8]) -> std::result::Result<(), String> + 'a;
+
 /// Everything that can go wrong in the journal. Every variant names what it
 /// concerns so the message alone is actionable.
 #[derive(Debug, thiserror::Error)]

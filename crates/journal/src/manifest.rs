@@ -167,7 +167,7 @@ impl Manifest {
         if f.metadata().map_err(io_err(&path))?.len() < (2 * SLOT_LEN) as u64 {
             f.set_len((2 * SLOT_LEN) as u64).map_err(io_err(&path))?;
         }
-        let slot = (self.seq % 2) as u64;
+        let slot = self.seq % 2;
         f.seek(SeekFrom::Start(slot * SLOT_LEN as u64))
             .map_err(io_err(&path))?;
         f.write_all(&bytes).map_err(io_err(&path))?;

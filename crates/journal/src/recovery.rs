@@ -124,7 +124,7 @@ pub(crate) fn scan(
     dir: &Path,
     after: u64,
     skip_covered: bool,
-    cb: &mut dyn FnMut(u64, &[u8]) -> std::result::Result<(), String>,
+    cb: &mut crate::ReplayFn<'_>,
 ) -> Result<Scan> {
     let t0 = Instant::now();
     let segments = list_segments(dir)?;
@@ -266,6 +266,16 @@ pub(crate) fn scan(
         tail,
         segments,
     })
+}
+
+/// Replays every commit after `after` without changing any file (a torn tail
+/// is reported, not cut). For read-only checks such as `verify`.
+pub fn replay_readonly(
+    dir: &Path,
+    after: u64,
+    cb: &mut crate::ReplayFn<'_>,
+) -> Result<RecoveryReport> {
+    scan(dir, after, true, cb).map(|s| s.report)
 }
 
 /// Checks every segment without changing anything.

@@ -120,7 +120,7 @@ impl Journal {
         dir: &DataDir,
         opts: JournalOptions,
         after: u64,
-        replay: &mut dyn FnMut(CommitId, &[u8]) -> std::result::Result<(), String>,
+        replay: &mut crate::ReplayFn<'_>,
     ) -> Result<(Journal, RecoveryReport)> {
         if opts.segment_size < (SEGMENT_HEADER_LEN + FRAME_HEADER_LEN) as u64 {
             return Err(Error::Invalid("segment size too small".into()));

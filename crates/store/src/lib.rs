@@ -1167,6 +1167,116 @@ fn load_snapshot(
     Ok(total)
 }
 
+/// What [`verify`] found.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyReport {
+    pub options: Option<StoreOptions>,
+    pub journal: memfs_journal::VerifyReport,
+    /// The snapshot named by the manifest: its commit and entry count.
+    pub snapshot: Option<(u64, u64)>,
+    /// The block a recovery would reach, when replay succeeded.
+    pub block: Option<u64>,
+    pub commits_replayed: u64,
+    /// Every problem found, each naming the file concerned.
+    pub problems: Vec<String>,
+}
+
+impl VerifyReport {
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Checks every checksum of the store in `dir` and that journal and snapshot
+/// agree, by loading the snapshot and replaying the journal in memory. Changes
+/// nothing on disk; needs the directory's lock (refused while a store is open).
+pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
+    let dir = dir.as_ref();
+    let _dd = DataDir::open(dir, false)?;
+    let mut r = VerifyReport::default();
+    let opts = match read_meta(dir) {
+        Ok(o) => o,
+        Err(e) => {
+            r.problems.push(e.to_string());
+            return Ok(r);
+        }
+    };
+    r.options = Some(opts.clone());
+    r.journal = memfs_journal::recovery::verify(dir)?;
+    if let Some(d) = &r.journal.corruption {
+        r.problems.push(format!(
+            "journal: {} at offset {}: {}",
+            d.file.display(),
+            d.offset,
+            d.reason
+        ));
+    }
+    let snap = match Manifest::load(dir) {
+        Ok(m) => m.and_then(|m| m.snapshot),
+        Err(e) => {
+            r.problems.push(e.to_string());
+            return Ok(r);
+        }
+    };
+    let mut tables: Vec<Table> = (0..opts.shards)
+        .map(|_| Table::new(opts.key_width, 16))
+        .collect();
+    let mut rec = Recovered {
+        window: VecDeque::new(),
+        window_base: 0,
+        current: 0,
+        window_limit: opts.rollback_window,
+    };
+    let after = match snap {
+        Some(s) => {
+            let path = dir.join(snapshot_file_name(s.commit));
+            match load_snapshot(&path, &opts, &mut tables, &mut rec) {
+                Ok(n) => r.snapshot = Some((s.commit, n)),
+                Err(e) => {
+                    r.problems.push(format!("snapshot {}: {e}", path.display()));
+                    return Ok(r);
+                }
+            }
+            s.commit
+        }
+        None => 0,
+    };
+    let (kw, n) = (opts.key_width, opts.shards);
+    match memfs_journal::recovery::replay_readonly(dir, after, &mut |_, p| {
+        replay_commit(p, kw, n, &mut tables, &mut rec)
+    }) {
+        Ok(rep) => {
+            r.commits_replayed = rep.commits_replayed;
+            if let Some(s) = snap
+                && rep.last_commit < s.required_end
+            {
+                r.problems.push(format!(
+                    "the snapshot at commit {} needs the journal up to commit {}, but it ends at commit {}",
+                    s.commit, s.required_end, rep.last_commit
+                ));
+            } else {
+                r.block = Some(rec.current);
+            }
+        }
+        Err(e) => {
+            let msg = e.to_string();
+            if !r.problems.iter().any(|p| p.contains(&msg)) && r.journal.corruption.is_none() {
+                r.problems.push(msg);
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// Truncates a damaged journal to its last intact commit (see
+/// [`memfs_journal::recovery::repair`]); print [`verify`]'s report first so the
+/// user knows what is lost.
+pub fn repair(dir: impl AsRef<Path>) -> Result<memfs_journal::RepairReport> {
+    let dir = dir.as_ref();
+    let _dd = DataDir::open(dir, false)?;
+    Ok(memfs_journal::recovery::repair(dir)?)
+}
+
 /// Staged writes of one block; reads see them. Dropping it aborts.
 pub struct BlockBuilder<'a> {
     store: &'a Store,

@@ -52,7 +52,7 @@ fn model(upto: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
     for b in 1..=upto {
         for (k, v) in block_ops(b) {
             if v.is_empty() {
-                m.remove(&k.to_vec());
+                m.remove(k.as_slice());
             } else {
                 m.insert(k.to_vec(), v);
             }
