@@ -18,7 +18,7 @@ mod meta;
 mod metrics;
 mod table;
 
-pub use memfs_journal::Durability;
+pub use memfs_journal::{self as journal, Durability};
 pub use table::hash_key;
 
 use memfs_journal::snapshot::{SnapshotReader, SnapshotWriter, list_snapshots, snapshot_file_name};

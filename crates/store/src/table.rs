@@ -102,7 +102,9 @@ impl Table {
                 return Err(i);
             }
             let sk = &s[META..];
-            if u64::from_le_bytes(sk[..8].try_into().unwrap()) == k8 && sk[8..] == key[8..] {
+            if u64::from_le_bytes(sk[..8].try_into().unwrap()) == k8
+                && (self.kw == 8 || sk[8..] == key[8..])
+            {
                 return Ok(i);
             }
             i = (i + 1) & self.mask;
