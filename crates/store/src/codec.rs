@@ -57,7 +57,7 @@ pub fn entries(buf: &[u8], kw: usize) -> impl Iterator<Item = Result<Entry<'_>, 
     })
 }
 
-fn decode_at(buf: &[u8], pos: usize, kw: usize) -> Result<(Entry<'_>, usize), String> {
+pub fn decode_at(buf: &[u8], pos: usize, kw: usize) -> Result<(Entry<'_>, usize), String> {
     let bad = || format!("malformed entry at payload offset {pos}");
     let key = buf.get(pos..pos + kw).ok_or_else(bad)?;
     let mut p = pos + kw;
@@ -70,6 +70,31 @@ fn decode_at(buf: &[u8], pos: usize, kw: usize) -> Result<(Entry<'_>, usize), St
     let old = buf.get(p..p + ol).ok_or_else(bad)?;
     p += ol;
     Ok((Entry { key, new, old }, p))
+}
+
+/// Like [`entries`], with each entry's offset in `buf`.
+pub fn entry_positions(
+    buf: &[u8],
+    kw: usize,
+) -> impl Iterator<Item = (usize, Result<Entry<'_>, String>)> {
+    let mut pos = 0usize;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || pos >= buf.len() {
+            return None;
+        }
+        let at = pos;
+        match decode_at(buf, pos, kw) {
+            Ok((e, next)) => {
+                pos = next;
+                Some((at, Ok(e)))
+            }
+            Err(msg) => {
+                failed = true;
+                Some((at, Err(msg)))
+            }
+        }
+    })
 }
 
 pub enum Decoded<'a> {

@@ -368,6 +368,8 @@ impl Store {
             window_base: 0,
             current: 0,
             window_limit: opts.rollback_window,
+            pos: Vec::new(),
+            hashes: Vec::new(),
         };
         let mut report = OpenReport {
             created,
@@ -601,12 +603,12 @@ impl Store {
             let u = w.window.pop_back().expect("checked");
             w.window_bytes -= u.bytes();
             for p in &u.parts {
-                let Some(first) = codec::entries(p, kw).next().and_then(|e| e.ok()) else {
-                    continue;
-                };
-                let s = self.shared.shard_of(hash_key(first.key));
-                let mut t = self.shared.shards[s].write();
-                undo_part(&mut t, p, kw).map_err(StoreError::Corrupt)?;
+                undo_entries(p, kw, |key, old| {
+                    let h = hash_key(key);
+                    let mut t = self.shared.shards[self.shared.shard_of(h)].write();
+                    restore(&mut t, key, h, old);
+                })
+                .map_err(StoreError::Corrupt)?;
             }
         }
         let new_current = w.window.back().map_or(w.window_base, |u| u.block);
@@ -895,18 +897,25 @@ where
     parts
 }
 
-/// Applies the entries of one shard's buffer backwards, restoring old values.
-fn undo_part(t: &mut Table, part: &[u8], kw: usize) -> Result<(), String> {
+/// Visits the entries of a buffer backwards as (key, old value): undoing them
+/// in this order restores the state before the buffer's operations, whatever
+/// the shards of the keys.
+fn undo_entries(part: &[u8], kw: usize, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
     let es: Vec<codec::Entry<'_>> = codec::entries(part, kw).collect::<Result<_, _>>()?;
     for e in es.iter().rev() {
-        let h = hash_key(e.key);
-        if e.old.is_empty() {
-            t.remove(e.key, h, None);
-        } else {
-            t.set(e.key, h, e.old, None);
-        }
+        f(e.key, e.old);
     }
     Ok(())
+}
+
+/// key := value, where the empty value means absent.
+#[inline]
+fn restore(t: &mut Table, key: &[u8], h: u64, v: &[u8]) {
+    if v.is_empty() {
+        t.remove(key, h, None);
+    } else {
+        t.set(key, h, v, None);
+    }
 }
 
 /// Window state rebuilt during recovery.
@@ -915,6 +924,8 @@ struct Recovered {
     window_base: u64,
     current: u64,
     window_limit: u64,
+    pos: Vec<usize>,
+    hashes: Vec<u64>,
 }
 
 fn replay_commit(
@@ -933,24 +944,26 @@ fn replay_commit(
                     rec.current
                 ));
             }
-            // Split into per-shard parts again so rollback after recovery
-            // works exactly as it does live.
-            let mut parts: Vec<Vec<u8>> = vec![Vec::new(); nshards];
-            let mut pos = 0;
-            for e in codec::entries(body, kw) {
+            // Pass 1 finds entries and hashes; pass 2 applies them with the
+            // home slots prefetched a few entries ahead (as the live path).
+            rec.pos.clear();
+            rec.hashes.clear();
+            for (pos, e) in codec::entry_positions(body, kw) {
                 let e = e?;
-                let len = kw + 4 + e.new.len() + e.old.len();
-                let h = hash_key(e.key);
-                let s = shard_of(h);
-                if e.new.is_empty() {
-                    tables[s].remove(e.key, h, None);
-                } else {
-                    tables[s].set(e.key, h, e.new, None);
-                }
-                parts[s].extend_from_slice(&body[pos..pos + len]);
-                pos += len;
+                rec.pos.push(pos);
+                rec.hashes.push(hash_key(e.key));
             }
-            parts.retain(|p| !p.is_empty());
+            for j in 0..rec.pos.len() {
+                if let Some(&ha) = rec.hashes.get(j + PREFETCH_AHEAD) {
+                    tables[shard_of(ha)].prefetch(ha);
+                }
+                let (e, _) = codec::decode_at(body, rec.pos[j], kw)?;
+                let h = rec.hashes[j];
+                restore(&mut tables[shard_of(h)], e.key, h, e.new);
+            }
+            // The window keeps the body as one buffer: undo order does not
+            // depend on shards (see `undo_entries`).
+            let parts = vec![body.to_vec()];
             rec.window.push_back(Arc::new(UndoBlock { block, parts }));
             while rec.window.len() as u64 > rec.window_limit {
                 rec.window_base = rec.window.pop_front().expect("non-empty").block;
@@ -967,10 +980,10 @@ fn replay_commit(
             while rec.window.back().is_some_and(|u| u.block > target) {
                 let u = rec.window.pop_back().expect("checked");
                 for p in &u.parts {
-                    let Some(first) = codec::entries(p, kw).next().and_then(|e| e.ok()) else {
-                        continue;
-                    };
-                    undo_part(&mut tables[shard_of(hash_key(first.key))], p, kw)?;
+                    undo_entries(p, kw, |key, old| {
+                        let h = hash_key(key);
+                        restore(&mut tables[shard_of(h)], key, h, old);
+                    })?;
                 }
             }
             let now = rec.window.back().map_or(rec.window_base, |u| u.block);
@@ -1226,6 +1239,8 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
         window_base: 0,
         current: 0,
         window_limit: opts.rollback_window,
+        pos: Vec::new(),
+        hashes: Vec::new(),
     };
     let after = match snap {
         Some(s) => {
