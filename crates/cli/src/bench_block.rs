@@ -42,9 +42,16 @@ pub struct Args {
     /// Where to write the machine-readable results.
     #[arg(long, default_value = "bench-results/block.json")]
     json: PathBuf,
+    /// Internal: run only scenario K in this process and write its result to
+    /// --child-out (the parent runs each scenario in a fresh process so peak
+    /// memory and heap state are not inherited from the previous one).
+    #[arg(long, hide = true)]
+    child_scenario: Option<usize>,
+    #[arg(long, hide = true)]
+    child_out: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Scenario {
     name: String,
     engine: String,
@@ -67,7 +74,7 @@ struct Scenario {
     recovery: Option<Recovery>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 struct Recovery {
     /// Full open: snapshot load + journal replay applied to the tables.
     open_seconds: f64,
@@ -340,29 +347,80 @@ pub fn run(args: Args) -> Result<()> {
             args.threads,
         )]
     };
-    let base = match &args.dir {
-        Some(d) => {
+    let base = match (&args.dir, args.child_scenario) {
+        (Some(d), Some(_)) => d.clone(),
+        (Some(d), None) => {
             std::fs::create_dir_all(d)?;
             tempfile_in(d)?
         }
-        None => tempfile_in(&std::env::temp_dir())?,
+        (None, _) => tempfile_in(&std::env::temp_dir())?,
     };
-    let mut results = Vec::new();
-    for (i, (name, d, threads)) in modes.iter().enumerate() {
-        eprintln!("running {name} ({} blocks)...", args.blocks);
-        let dir = base.join(format!("memfs-{i}"));
-        let r = run_memfs(&dir, name, *d, *threads, &args)?;
-        std::fs::remove_dir_all(&dir).ok();
-        results.push(r);
-    }
-    if args.lmdb {
-        for sync in [false, true] {
-            eprintln!("running LMDB sync {} ...", if sync { "on" } else { "off" });
-            let dir = base.join(format!("lmdb-{sync}"));
-            let r = run_lmdb(&dir, sync, &args)?;
+    // Scenario k < modes.len() is a memfs mode; then LMDB sync off, on.
+    let count = modes.len() + if args.lmdb { 2 } else { 0 };
+    let run_one = |k: usize| -> Result<Scenario> {
+        if k < modes.len() {
+            let (name, d, threads) = &modes[k];
+            let dir = base.join(format!("memfs-{k}"));
+            let r = run_memfs(&dir, name, *d, *threads, &args);
             std::fs::remove_dir_all(&dir).ok();
-            results.push(r);
+            r
+        } else {
+            let sync = k > modes.len();
+            let dir = base.join(format!("lmdb-{sync}"));
+            let r = run_lmdb(&dir, sync, &args);
+            std::fs::remove_dir_all(&dir).ok();
+            r
         }
+    };
+    if let Some(k) = args.child_scenario {
+        anyhow::ensure!(k < count, "no scenario {k}");
+        let r = run_one(k)?;
+        let out = args.child_out.as_ref().context("--child-out is required")?;
+        std::fs::write(out, serde_json::to_vec(&r)?)?;
+        return Ok(());
+    }
+    let exe = std::env::current_exe().context("locating the memfs binary")?;
+    // The child gets our arguments minus --dir (it is given the run's base).
+    let mut child_args = Vec::new();
+    let mut skip_next = false;
+    for a in std::env::args_os().skip(1) {
+        if skip_next {
+            skip_next = false;
+            continue;
+        }
+        if a == "--dir" {
+            skip_next = true;
+            continue;
+        }
+        if a.to_string_lossy().starts_with("--dir=") {
+            continue;
+        }
+        child_args.push(a);
+    }
+    let mut results = Vec::new();
+    for k in 0..count {
+        let label = if k < modes.len() {
+            modes[k].0.clone()
+        } else if k == modes.len() {
+            "LMDB sync off".into()
+        } else {
+            "LMDB sync on".into()
+        };
+        eprintln!("running {label} ({} blocks)...", args.blocks);
+        let out = base.join(format!("result-{k}.json"));
+        let status = std::process::Command::new(&exe)
+            .args(&child_args)
+            .arg("--child-scenario")
+            .arg(k.to_string())
+            .arg("--child-out")
+            .arg(&out)
+            .arg("--dir")
+            .arg(&base)
+            .status()
+            .context("starting a scenario process")?;
+        anyhow::ensure!(status.success(), "scenario {label} failed ({status})");
+        let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+        results.push(serde_json::from_slice::<Scenario>(&bytes)?);
     }
     std::fs::remove_dir_all(&base).ok();
     let lmdb_off = results
