@@ -219,9 +219,17 @@ struct Shared {
     metrics: Metrics,
     dir: PathBuf,
     failed: Mutex<Option<String>>,
-    /// Held from applying a block until its journal commit is appended, so a
-    /// snapshot can learn the last commit whose effects it may contain.
-    commit_gate: Mutex<()>,
+    /// The rollback window. Held from applying a block (or rollback) until its
+    /// journal commit is appended and the window updated, so a snapshot sees
+    /// a consistent (last commit, window, block) triple.
+    gate: Mutex<WindowState>,
+}
+
+struct WindowState {
+    window: VecDeque<Arc<UndoBlock>>,
+    /// The block whose state undoing the whole window restores.
+    base: u64,
+    bytes: usize,
 }
 
 impl Shared {
@@ -249,10 +257,6 @@ impl Shared {
 struct Writer {
     journal: Arc<Journal>,
     opts: StoreOptions,
-    window: VecDeque<Arc<UndoBlock>>,
-    /// The block whose state undoing the whole window restores.
-    window_base: u64,
-    window_bytes: usize,
     blocks_since_snapshot: u64,
     snapshot: Option<JoinHandle<Result<u64>>>,
     hashes: Vec<u64>,
@@ -363,14 +367,7 @@ impl Store {
         let mut tables: Vec<Table> = (0..opts.shards)
             .map(|_| Table::new(kw, opts.capacity_per_shard))
             .collect();
-        let mut rec = Recovered {
-            window: VecDeque::new(),
-            window_base: 0,
-            current: 0,
-            window_limit: opts.rollback_window,
-            pos: Vec::new(),
-            hashes: Vec::new(),
-        };
+        let mut rec = Recovered::new(opts.rollback_window);
         let mut report = OpenReport {
             created,
             ..Default::default()
@@ -390,9 +387,8 @@ impl Store {
             durability: opts.durability,
             segment_size: opts.segment_size,
         };
-        let shard_count = tables.len();
-        let (journal, jrep) = Journal::open(&dd, jopts, after, &mut |_, payload| {
-            replay_commit(payload, kw, shard_count, &mut tables, &mut rec)
+        let (journal, jrep) = Journal::open(&dd, jopts, after, &mut |id, payload| {
+            replay_commit(id, payload, kw, &mut tables, &mut rec)
         })?;
         if let Some(s) = snap
             && jrep.last_commit < s.required_end
@@ -422,13 +418,14 @@ impl Store {
             metrics: Metrics::new(),
             dir,
             failed: Mutex::new(None),
-            commit_gate: Mutex::new(()),
+            gate: Mutex::new(WindowState {
+                window: rec.window,
+                base: rec.window_base,
+                bytes: window_bytes,
+            }),
         });
         let w = Writer {
             journal: Arc::new(journal),
-            window: rec.window,
-            window_base: rec.window_base,
-            window_bytes,
             blocks_since_snapshot: 0,
             snapshot: None,
             hashes: Vec::new(),
@@ -463,7 +460,7 @@ impl Store {
 
     /// The oldest block `rollback` can return to.
     pub fn oldest_rollback_block(&self) -> u64 {
-        self.w.lock().window_base
+        self.shared.gate.lock().base
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -513,7 +510,7 @@ impl Store {
         let undo = self.apply_block(block, &ops)?;
         for p in &undo.parts {
             if let Some(Ok(e)) = codec::entries(p, self.shared.kw).next() {
-                return Ok((!e.old.is_empty()).then(|| e.old.to_vec()));
+                return Ok((!e.value.is_empty()).then(|| e.value.to_vec()));
             }
         }
         Ok(None)
@@ -557,22 +554,26 @@ impl Store {
         if block <= current {
             return Err(StoreError::BlockNotIncreasing { block, current });
         }
-        let gate = self.shared.commit_gate.lock();
-        let parts = apply_ops(&self.shared, &mut w, ops);
+        let mut gate = self.shared.gate.lock();
+        let (redo, undo) = apply_ops(&self.shared, &mut w, ops);
         let header = codec::block_header(block);
-        let mut iov: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+        let mut iov: Vec<&[u8]> = Vec::with_capacity(redo.len() + 1);
         iov.push(&header);
-        iov.extend(parts.iter().map(|p| p.as_slice()));
+        iov.extend(redo.iter().map(|p| p.as_slice()));
         let res = w.journal.commit_vectored(&iov);
-        drop(gate);
+        drop(iov);
+        recycle(&mut w, redo);
         if let Err(e) = res {
+            drop(gate);
             let e = StoreError::from(e);
             self.shared.fail(&e);
             return Err(e);
         }
         self.shared.current.store(block, Ordering::Release);
-        let undo = Arc::new(UndoBlock { block, parts });
-        push_window(&mut w, undo.clone());
+        let undo = Arc::new(UndoBlock { block, parts: undo });
+        let limit = w.opts.rollback_window;
+        push_window(&mut gate, limit, undo.clone(), &mut w.spare);
+        drop(gate);
         self.shared.metrics.record_block(ops.len(), t0.elapsed());
         w.blocks_since_snapshot += 1;
         if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
@@ -584,44 +585,56 @@ impl Store {
     /// Restores exactly the state after block `target` (which must be inside
     /// the rollback window). Later block ids can then be used again.
     pub fn rollback(&self, target: u64) -> Result<()> {
-        let mut w = self.w.lock();
+        let w = self.w.lock();
         self.shared.check_failed()?;
+        let mut gate = self.shared.gate.lock();
         let current = self.current_block();
-        if target > current || target < w.window_base {
+        if target > current || target < gate.base {
             return Err(StoreError::RollbackOutsideWindow {
                 target,
-                oldest: w.window_base,
+                oldest: gate.base,
                 current,
             });
         }
         if target == current {
             return Ok(());
         }
-        let gate = self.shared.commit_gate.lock();
         let kw = self.shared.kw;
-        while w.window.back().is_some_and(|u| u.block > target) {
-            let u = w.window.pop_back().expect("checked");
-            w.window_bytes -= u.bytes();
+        // The journal records the writes a rollback performs (key := old
+        // value), so replay needs no undo information.
+        let mut payload = Vec::new();
+        let mut bad = None;
+        while gate.window.back().is_some_and(|u| u.block > target) {
+            let u = gate.window.pop_back().expect("checked");
+            gate.bytes -= u.bytes();
             for p in &u.parts {
-                undo_entries(p, kw, |key, old| {
+                if let Err(e) = undo_entries(p, kw, |key, old| {
                     let h = hash_key(key);
                     let mut t = self.shared.shards[self.shared.shard_of(h)].write();
                     restore(&mut t, key, h, old);
-                })
-                .map_err(StoreError::Corrupt)?;
+                    payload.extend_from_slice(key);
+                    payload.extend_from_slice(&(old.len() as u16).to_le_bytes());
+                    payload.extend_from_slice(old);
+                }) {
+                    bad = Some(e);
+                }
             }
         }
-        let new_current = w.window.back().map_or(w.window_base, |u| u.block);
-        let res = w
-            .journal
-            .commit(&codec::rollback_payload(target, new_current));
-        drop(gate);
+        let new_current = gate.window.back().map_or(gate.base, |u| u.block);
+        let header = codec::rollback_header(target, new_current);
+        let res = match bad {
+            Some(e) => Err(StoreError::Corrupt(e)),
+            None => w
+                .journal
+                .commit_vectored(&[&header, &payload])
+                .map_err(StoreError::from),
+        };
         if let Err(e) = res {
-            let e = StoreError::from(e);
             self.shared.fail(&e);
             return Err(e);
         }
         self.shared.current.store(new_current, Ordering::Release);
+        drop(gate);
         self.shared
             .metrics
             .rollbacks
@@ -671,9 +684,6 @@ impl Store {
             shared: self.shared.clone(),
             journal: w.journal.clone(),
             commit: w.journal.last_commit(),
-            block: self.current_block(),
-            window_base: w.window_base,
-            window: w.window.iter().cloned().collect(),
             shards: w.opts.shards,
         };
         std::thread::Builder::new()
@@ -684,14 +694,13 @@ impl Store {
 
     pub fn metrics(&self) -> MetricsSnapshot {
         let m = &self.shared.metrics;
-        let (js, jbytes, window_blocks, window_bytes) = {
+        let (js, jbytes) = {
             let w = self.w.lock();
-            (
-                w.journal.stats(),
-                w.journal.disk_bytes(),
-                w.window.len() as u64,
-                w.window_bytes as u64,
-            )
+            (w.journal.stats(), w.journal.disk_bytes())
+        };
+        let (window_blocks, window_bytes) = {
+            let g = self.shared.gate.lock();
+            (g.window.len() as u64, g.bytes as u64)
         };
         let up = m.started.elapsed().as_secs_f64().max(1e-9);
         let blocks = m.blocks.load(Ordering::Relaxed);
@@ -795,27 +804,39 @@ fn join_snapshot(h: JoinHandle<Result<u64>>, shared: &Shared) -> Result<u64> {
     }
 }
 
-fn push_window(w: &mut Writer, undo: Arc<UndoBlock>) {
-    w.window_bytes += undo.bytes();
-    w.window.push_back(undo);
-    while w.window.len() as u64 > w.opts.rollback_window {
-        let old = w.window.pop_front().expect("non-empty");
-        w.window_base = old.block;
-        w.window_bytes -= old.bytes();
+fn push_window(g: &mut WindowState, limit: u64, undo: Arc<UndoBlock>, spare: &mut Vec<Vec<u8>>) {
+    g.bytes += undo.bytes();
+    g.window.push_back(undo);
+    while g.window.len() as u64 > limit {
+        let old = g.window.pop_front().expect("non-empty");
+        g.base = old.block;
+        g.bytes -= old.bytes();
         // Recycle the buffers when nobody else (a snapshot) holds them.
         if let Ok(old) = Arc::try_unwrap(old) {
             for mut p in old.parts {
-                if w.spare.len() < 4 * w.opts.shards {
+                if spare.len() < 64 {
                     p.clear();
-                    w.spare.push(p);
+                    spare.push(p);
                 }
             }
         }
     }
 }
 
-/// Applies `ops` to the shards, returning one entry buffer per touched shard.
-fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> Vec<Vec<u8>>
+fn recycle(w: &mut Writer, bufs: Vec<Vec<u8>>) {
+    for mut p in bufs {
+        if w.spare.len() < 64 {
+            p.clear();
+            w.spare.push(p);
+        }
+    }
+}
+
+/// Applies `ops` to the shards. Returns, per touched shard, the redo entries
+/// (`[key][len][new value]`, for the journal) and the undo entries
+/// (`[key][len][old value]`, for the rollback window).
+#[allow(clippy::type_complexity)]
+fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>)
 where
     K: AsRef<[u8]> + Sync,
     V: AsRef<[u8]> + Sync,
@@ -833,9 +854,11 @@ where
     let kw = shared.kw;
     let hashes = &w.hashes;
     let by_shard = &w.by_shard;
-    let apply_shard = |s: usize, buf: &mut Vec<u8>| {
+    let apply_shard = |s: usize, bufs: &mut (Vec<u8>, Vec<u8>)| {
+        let (redo, undo) = bufs;
         let idx = &by_shard[s];
-        buf.reserve(idx.len() * (kw + 4 + 16));
+        redo.reserve(idx.len() * (kw + 2 + 8));
+        undo.reserve(idx.len() * (kw + 2 + 8));
         let mut t = shared.shards[s].write();
         for (j, &i) in idx.iter().enumerate() {
             if let Some(&ahead) = idx.get(j + PREFETCH_AHEAD) {
@@ -844,36 +867,40 @@ where
             let (k, v) = &ops[i as usize];
             let (k, v) = (k.as_ref(), v.as_ref());
             let h = hashes[i as usize];
-            buf.extend_from_slice(k);
-            buf.extend_from_slice(&(v.len() as u16).to_le_bytes());
-            buf.extend_from_slice(v);
+            redo.extend_from_slice(k);
+            redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            redo.extend_from_slice(v);
+            undo.extend_from_slice(k);
             if v.is_empty() {
-                t.remove(k, h, Some(buf));
+                t.remove(k, h, Some(undo));
             } else {
-                t.set(k, h, v, Some(buf));
+                t.set(k, h, v, Some(undo));
             }
         }
     };
-    let mut parts: Vec<Vec<u8>> = (0..n)
+    let mut parts: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
         .map(|s| {
             if by_shard[s].is_empty() {
-                Vec::new()
+                (Vec::new(), Vec::new())
             } else {
-                w.spare.pop().unwrap_or_default()
+                (
+                    w.spare.pop().unwrap_or_default(),
+                    w.spare.pop().unwrap_or_default(),
+                )
             }
         })
         .collect();
     let threads = w.opts.threads.min(n);
     if threads <= 1 || ops.len() < PARALLEL_MIN_OPS {
-        for (s, buf) in parts.iter_mut().enumerate() {
+        for (s, bufs) in parts.iter_mut().enumerate() {
             if !by_shard[s].is_empty() {
-                apply_shard(s, buf);
+                apply_shard(s, bufs);
             }
         }
     } else {
         // Work-stealing over shards: threads pull the next shard index.
         let next = AtomicUsize::new(0);
-        let slots: Vec<Mutex<Vec<u8>>> = parts.drain(..).map(Mutex::new).collect();
+        let slots: Vec<Mutex<(Vec<u8>, Vec<u8>)>> = parts.drain(..).map(Mutex::new).collect();
         let work = || {
             loop {
                 let s = next.fetch_add(1, Ordering::Relaxed);
@@ -893,8 +920,8 @@ where
         });
         parts = slots.into_iter().map(Mutex::into_inner).collect();
     }
-    parts.retain(|p| !p.is_empty());
-    parts
+    parts.retain(|(r, _)| !r.is_empty());
+    parts.into_iter().unzip()
 }
 
 /// Visits the entries of a buffer backwards as (key, old value): undoing them
@@ -903,7 +930,7 @@ where
 fn undo_entries(part: &[u8], kw: usize, mut f: impl FnMut(&[u8], &[u8])) -> Result<(), String> {
     let es: Vec<codec::Entry<'_>> = codec::entries(part, kw).collect::<Result<_, _>>()?;
     for e in es.iter().rev() {
-        f(e.key, e.old);
+        f(e.key, e.value);
     }
     Ok(())
 }
@@ -924,53 +951,109 @@ struct Recovered {
     window_base: u64,
     current: u64,
     window_limit: u64,
+    /// Commits up to this one are already reflected in the snapshot's window
+    /// and block (its required end): replay only re-applies their writes.
+    settled_upto: u64,
     pos: Vec<usize>,
     hashes: Vec<u64>,
 }
 
+impl Recovered {
+    fn new(window_limit: u64) -> Recovered {
+        Recovered {
+            window: VecDeque::new(),
+            window_base: 0,
+            current: 0,
+            window_limit,
+            settled_upto: 0,
+            pos: Vec::new(),
+            hashes: Vec::new(),
+        }
+    }
+}
+
+/// Applies the entries of `body` (key := value) in order; with `undo`, also
+/// records each key's previous value there, as the live path does.
+fn replay_writes(
+    body: &[u8],
+    kw: usize,
+    tables: &mut [Table],
+    rec: &mut Recovered,
+    mut undo: Option<&mut Vec<u8>>,
+) -> Result<(), String> {
+    let n = tables.len() as u64;
+    let shard_of = |h: u64| (((h >> 32) * n) >> 32) as usize;
+    // Pass 1 finds entries and hashes; pass 2 applies them with the home slots
+    // prefetched a few entries ahead, like the live path.
+    rec.pos.clear();
+    rec.hashes.clear();
+    for (pos, e) in codec::entry_positions(body, kw) {
+        let e = e?;
+        rec.pos.push(pos);
+        rec.hashes.push(hash_key(e.key));
+    }
+    for j in 0..rec.pos.len() {
+        if let Some(&ha) = rec.hashes.get(j + PREFETCH_AHEAD) {
+            tables[shard_of(ha)].prefetch(ha);
+        }
+        let (e, _) = codec::decode_at(body, rec.pos[j], kw)?;
+        let h = rec.hashes[j];
+        let t = &mut tables[shard_of(h)];
+        match undo.as_deref_mut() {
+            Some(u) => {
+                u.extend_from_slice(e.key);
+                if e.value.is_empty() {
+                    t.remove(e.key, h, Some(u));
+                } else {
+                    t.set(e.key, h, e.value, Some(u));
+                }
+            }
+            None => restore(t, e.key, h, e.value),
+        }
+    }
+    Ok(())
+}
+
 fn replay_commit(
+    id: u64,
     payload: &[u8],
     kw: usize,
-    nshards: usize,
     tables: &mut [Table],
     rec: &mut Recovered,
 ) -> Result<(), String> {
-    let shard_of = |h: u64| (((h >> 32) * nshards as u64) >> 32) as usize;
+    let settled = id <= rec.settled_upto;
     match codec::decode(payload)? {
         codec::Decoded::Block { block, body } => {
+            if settled {
+                return replay_writes(body, kw, tables, rec, None);
+            }
             if block <= rec.current {
                 return Err(format!(
                     "block {block} does not follow block {}",
                     rec.current
                 ));
             }
-            // Pass 1 finds entries and hashes; pass 2 applies them with the
-            // home slots prefetched a few entries ahead (as the live path).
-            rec.pos.clear();
-            rec.hashes.clear();
-            for (pos, e) in codec::entry_positions(body, kw) {
-                let e = e?;
-                rec.pos.push(pos);
-                rec.hashes.push(hash_key(e.key));
-            }
-            for j in 0..rec.pos.len() {
-                if let Some(&ha) = rec.hashes.get(j + PREFETCH_AHEAD) {
-                    tables[shard_of(ha)].prefetch(ha);
-                }
-                let (e, _) = codec::decode_at(body, rec.pos[j], kw)?;
-                let h = rec.hashes[j];
-                restore(&mut tables[shard_of(h)], e.key, h, e.new);
-            }
-            // The window keeps the body as one buffer: undo order does not
+            let mut undo = Vec::with_capacity(body.len());
+            replay_writes(body, kw, tables, rec, Some(&mut undo))?;
+            // The window keeps the block as one buffer: undo order does not
             // depend on shards (see `undo_entries`).
-            let parts = vec![body.to_vec()];
-            rec.window.push_back(Arc::new(UndoBlock { block, parts }));
+            rec.window.push_back(Arc::new(UndoBlock {
+                block,
+                parts: vec![undo],
+            }));
             while rec.window.len() as u64 > rec.window_limit {
                 rec.window_base = rec.window.pop_front().expect("non-empty").block;
             }
             rec.current = block;
         }
-        codec::Decoded::Rollback { target, current } => {
+        codec::Decoded::Rollback {
+            target,
+            current,
+            body,
+        } => {
+            if settled {
+                return replay_writes(body, kw, tables, rec, None);
+            }
             if target < rec.window_base || target > rec.current {
                 return Err(format!(
                     "rollback to block {target} outside the window {}..={} (was the rollback window reduced?)",
@@ -978,13 +1061,7 @@ fn replay_commit(
                 ));
             }
             while rec.window.back().is_some_and(|u| u.block > target) {
-                let u = rec.window.pop_back().expect("checked");
-                for p in &u.parts {
-                    undo_entries(p, kw, |key, old| {
-                        let h = hash_key(key);
-                        restore(&mut tables[shard_of(h)], key, h, old);
-                    })?;
-                }
+                rec.window.pop_back();
             }
             let now = rec.window.back().map_or(rec.window_base, |u| u.block);
             if now != current {
@@ -992,6 +1069,7 @@ fn replay_commit(
                     "rollback to block {target} reached block {now}, the journal says {current}"
                 ));
             }
+            replay_writes(body, kw, tables, rec, None)?;
             rec.current = now;
         }
     }
@@ -1002,32 +1080,25 @@ struct SnapshotJob {
     shared: Arc<Shared>,
     journal: Arc<Journal>,
     commit: u64,
-    block: u64,
-    window_base: u64,
-    window: Vec<Arc<UndoBlock>>,
     shards: usize,
 }
 
-const SNAP_VERSION: u32 = 1;
+const SNAP_VERSION: u32 = 2;
 
 impl SnapshotJob {
     fn run(self) -> Result<u64> {
         let dir = self.shared.dir.clone();
         let mut sw = SnapshotWriter::create(&dir, self.commit)?;
-        match self.write_body(&mut sw) {
-            Ok(()) => {}
+        let (block, required_end) = match self.write_body(&mut sw) {
+            Ok(x) => x,
             Err(e) => {
                 sw.abandon();
                 return Err(e);
             }
-        }
+        };
         // The copy may contain blocks applied after `commit`; the journal must
         // be durable through every one of them before the manifest points at
         // this snapshot (recovery replays up to there).
-        let required_end = {
-            let _g = self.shared.commit_gate.lock();
-            self.journal.last_commit()
-        };
         self.journal.wait_durable(required_end)?;
         let path = sw.finish()?;
         let mut m = Manifest {
@@ -1047,11 +1118,11 @@ impl SnapshotJob {
         let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let mt = &self.shared.metrics;
         mt.snapshots.fetch_add(1, Ordering::Relaxed);
-        mt.last_snapshot_block.store(self.block, Ordering::Relaxed);
+        mt.last_snapshot_block.store(block, Ordering::Relaxed);
         mt.last_snapshot_bytes.store(bytes, Ordering::Relaxed);
         tracing::info!(
             commit = self.commit,
-            block = self.block,
+            block,
             bytes,
             pruned,
             "snapshot written"
@@ -1059,25 +1130,15 @@ impl SnapshotJob {
         Ok(self.commit)
     }
 
-    fn write_body(&self, sw: &mut SnapshotWriter) -> Result<()> {
+    /// Streams the tables, then (block, window, last commit) taken together
+    /// under the gate once the copy is done. Returns (block, last commit).
+    fn write_body(&self, sw: &mut SnapshotWriter) -> Result<(u64, u64)> {
         let dir = self.shared.dir.clone();
-        let e = io_err(&dir);
         let mut hdr = Vec::new();
         hdr.extend_from_slice(&SNAP_VERSION.to_le_bytes());
         hdr.extend_from_slice(&(self.shared.kw as u32).to_le_bytes());
         hdr.extend_from_slice(&(self.shards as u32).to_le_bytes());
-        hdr.extend_from_slice(&self.block.to_le_bytes());
-        hdr.extend_from_slice(&self.window_base.to_le_bytes());
-        hdr.extend_from_slice(&(self.window.len() as u32).to_le_bytes());
-        for u in &self.window {
-            hdr.extend_from_slice(&u.block.to_le_bytes());
-            hdr.extend_from_slice(&(u.parts.len() as u32).to_le_bytes());
-            for p in &u.parts {
-                hdr.extend_from_slice(&(p.len() as u32).to_le_bytes());
-                hdr.extend_from_slice(p);
-            }
-        }
-        sw.write_all(&hdr).map_err(e)?;
+        sw.write_all(&hdr).map_err(io_err(&dir))?;
         let mut buf = Vec::with_capacity(1 << 20);
         for s in &self.shared.shards {
             // Hold the shard only for a memcpy-speed clone; serialise outside.
@@ -1099,7 +1160,33 @@ impl SnapshotJob {
             }
             sw.write_all(&buf).map_err(io_err(&dir))?;
         }
-        Ok(())
+        let (block, base, last, window) = {
+            let g = self.shared.gate.lock();
+            (
+                self.shared.current.load(Ordering::Acquire),
+                g.base,
+                self.journal.last_commit(),
+                g.window.iter().cloned().collect::<Vec<_>>(),
+            )
+        };
+        buf.clear();
+        buf.extend_from_slice(&block.to_le_bytes());
+        buf.extend_from_slice(&base.to_le_bytes());
+        buf.extend_from_slice(&last.to_le_bytes());
+        buf.extend_from_slice(&(window.len() as u32).to_le_bytes());
+        sw.write_all(&buf).map_err(io_err(&dir))?;
+        for u in &window {
+            buf.clear();
+            buf.extend_from_slice(&u.block.to_le_bytes());
+            buf.extend_from_slice(&(u.parts.len() as u32).to_le_bytes());
+            sw.write_all(&buf).map_err(io_err(&dir))?;
+            for p in &u.parts {
+                sw.write_all(&(p.len() as u32).to_le_bytes())
+                    .and_then(|_| sw.write_all(p))
+                    .map_err(io_err(&dir))?;
+            }
+        }
+        Ok((block, last))
     }
 }
 
@@ -1134,8 +1221,27 @@ fn load_snapshot(
             opts.key_width, opts.shards
         )));
     }
+    let mut total = 0u64;
+    let mut key = vec![0u8; kw];
+    let mut val = vec![0u8; MAX_VALUE_LEN];
+    for t in tables.iter_mut() {
+        let count = u64_(&mut r).map_err(corrupt)?;
+        for _ in 0..count {
+            r.read_exact(&mut key).map_err(corrupt)?;
+            let mut lb = [0u8; 2];
+            r.read_exact(&mut lb).map_err(corrupt)?;
+            let len = u16::from_le_bytes(lb) as usize;
+            if len == 0 {
+                return Err(bad("empty value in snapshot".into()));
+            }
+            r.read_exact(&mut val[..len]).map_err(corrupt)?;
+            t.set(&key, hash_key(&key), &val[..len], None);
+        }
+        total += count;
+    }
     rec.current = u64_(&mut r).map_err(corrupt)?;
     rec.window_base = u64_(&mut r).map_err(corrupt)?;
+    rec.settled_upto = u64_(&mut r).map_err(corrupt)?;
     let nwin = u32_(&mut r).map_err(corrupt)?;
     for _ in 0..nwin {
         let block = u64_(&mut r).map_err(corrupt)?;
@@ -1157,24 +1263,6 @@ fn load_snapshot(
     }
     while rec.window.len() as u64 > rec.window_limit {
         rec.window_base = rec.window.pop_front().expect("non-empty").block;
-    }
-    let mut total = 0u64;
-    let mut key = vec![0u8; kw];
-    let mut val = vec![0u8; MAX_VALUE_LEN];
-    for t in tables.iter_mut() {
-        let count = u64_(&mut r).map_err(corrupt)?;
-        for _ in 0..count {
-            r.read_exact(&mut key).map_err(corrupt)?;
-            let mut lb = [0u8; 2];
-            r.read_exact(&mut lb).map_err(corrupt)?;
-            let len = u16::from_le_bytes(lb) as usize;
-            if len == 0 {
-                return Err(bad("empty value in snapshot".into()));
-            }
-            r.read_exact(&mut val[..len]).map_err(corrupt)?;
-            t.set(&key, hash_key(&key), &val[..len], None);
-        }
-        total += count;
     }
     r.finish().map_err(corrupt)?;
     Ok(total)
@@ -1234,14 +1322,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     let mut tables: Vec<Table> = (0..opts.shards)
         .map(|_| Table::new(opts.key_width, 16))
         .collect();
-    let mut rec = Recovered {
-        window: VecDeque::new(),
-        window_base: 0,
-        current: 0,
-        window_limit: opts.rollback_window,
-        pos: Vec::new(),
-        hashes: Vec::new(),
-    };
+    let mut rec = Recovered::new(opts.rollback_window);
     let after = match snap {
         Some(s) => {
             let path = dir.join(snapshot_file_name(s.commit));
@@ -1256,9 +1337,9 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
         }
         None => 0,
     };
-    let (kw, n) = (opts.key_width, opts.shards);
-    match memfs_journal::recovery::replay_readonly(dir, after, &mut |_, p| {
-        replay_commit(p, kw, n, &mut tables, &mut rec)
+    let kw = opts.key_width;
+    match memfs_journal::recovery::replay_readonly(dir, after, &mut |id, p| {
+        replay_commit(id, p, kw, &mut tables, &mut rec)
     }) {
         Ok(rep) => {
             r.commits_replayed = rep.commits_replayed;
