@@ -255,7 +255,8 @@ fn fuzzy_background_snapshots_recover_exactly() {
         ..Default::default()
     };
     let s = Store::create(t.path(), o).unwrap();
-    let mut hist: Vec<(u64, BTreeMap<[u8; 8], Vec<u8>>)> = vec![(0, BTreeMap::new())];
+    type State = BTreeMap<[u8; 8], Vec<u8>>;
+    let mut hist: Vec<(u64, State)> = vec![(0, BTreeMap::new())];
     let mut block = 0u64;
     for step in 0..150u64 {
         if step % 7 == 6 && hist.len() > 3 {
@@ -294,7 +295,7 @@ fn fuzzy_background_snapshots_recover_exactly() {
     assert!(s.metrics().snapshots_written > 0 || s.snapshot().is_ok());
     s.close().unwrap();
     let s = Store::open(t.path()).unwrap();
-    let check = |s: &Store, st: &BTreeMap<[u8; 8], Vec<u8>>| {
+    let check = |s: &Store, st: &State| {
         assert_eq!(s.len(), st.len() as u64);
         for (k, v) in st {
             assert_eq!(s.get(k).unwrap().as_ref(), Some(v));
