@@ -5,10 +5,9 @@
 //!   operations are partitioned by shard and applied by up to `threads`
 //!   threads, each holding one shard's write lock at a time, so a reader waits
 //!   at most for one shard's share of a block.
-//! - Each block becomes one journal commit whose entries carry both the new and
-//!   the old value of every key: replay uses the new, rollback the old.
-//! - The last `rollback_window` blocks keep their entries in memory for
-//!   rollback; snapshots copy the tables shard by shard in the background and
+//! - Each block becomes one journal commit of absolute writes (key := value).
+//! - The last `rollback_window` blocks keep undo entries (key := old value) in
+//!   memory; snapshots copy the tables shard by shard in the background and
 //!   include the window, so the journal behind a snapshot can be deleted.
 //!
 //! See `docs/store.md` for the invariants and the recovery procedure.
