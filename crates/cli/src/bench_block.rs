@@ -42,6 +42,11 @@ pub struct Args {
     /// Where to write the machine-readable results.
     #[arg(long, default_value = "bench-results/block.json")]
     json: PathBuf,
+    /// Run the whole sequence of scenarios this many times, interleaved, and
+    /// report each scenario's median run: on a shared, noisy machine this keeps
+    /// a load spike from landing on one scenario only.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Internal: run only scenario K in this process and write its result to
     /// --child-out (the parent runs each scenario in a fresh process so peak
     /// memory and heap state are not inherited from the previous one).
@@ -398,29 +403,44 @@ pub fn run(args: Args) -> Result<()> {
         child_args.push(a);
     }
     let mut results = Vec::new();
-    for k in 0..count {
-        let label = if k < modes.len() {
-            modes[k].0.clone()
-        } else if k == modes.len() {
-            "LMDB sync off".into()
-        } else {
-            "LMDB sync on".into()
-        };
-        eprintln!("running {label} ({} blocks)...", args.blocks);
-        let out = base.join(format!("result-{k}.json"));
-        let status = std::process::Command::new(&exe)
-            .args(&child_args)
-            .arg("--child-scenario")
-            .arg(k.to_string())
-            .arg("--child-out")
-            .arg(&out)
-            .arg("--dir")
-            .arg(&base)
-            .status()
-            .context("starting a scenario process")?;
-        anyhow::ensure!(status.success(), "scenario {label} failed ({status})");
-        let bytes = std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
-        results.push(serde_json::from_slice::<Scenario>(&bytes)?);
+    anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
+    let mut runs: Vec<Vec<Scenario>> = vec![Vec::new(); count];
+    for round in 0..args.repeat {
+        for (k, runs_k) in runs.iter_mut().enumerate() {
+            let label = if k < modes.len() {
+                modes[k].0.clone()
+            } else if k == modes.len() {
+                "LMDB sync off".into()
+            } else {
+                "LMDB sync on".into()
+            };
+            eprintln!(
+                "round {}/{}: running {label} ({} blocks)...",
+                round + 1,
+                args.repeat,
+                args.blocks
+            );
+            let out = base.join(format!("result-{k}.json"));
+            let status = std::process::Command::new(&exe)
+                .args(&child_args)
+                .arg("--child-scenario")
+                .arg(k.to_string())
+                .arg("--child-out")
+                .arg(&out)
+                .arg("--dir")
+                .arg(&base)
+                .status()
+                .context("starting a scenario process")?;
+            anyhow::ensure!(status.success(), "scenario {label} failed ({status})");
+            let bytes =
+                std::fs::read(&out).with_context(|| format!("reading {}", out.display()))?;
+            runs_k.push(serde_json::from_slice::<Scenario>(&bytes)?);
+        }
+    }
+    let all_runs = runs.clone();
+    for mut v in runs {
+        v.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+        results.push(v.swap_remove(v.len() / 2));
     }
     std::fs::remove_dir_all(&base).ok();
     let lmdb_off = results
@@ -480,6 +500,12 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
+    if args.repeat > 1 {
+        println!(
+            "each row is the median of {} interleaved runs (all runs in the JSON)",
+            args.repeat
+        );
+    }
     println!(
         "vs LMDB0/LMDB1: ratio to LMDB with sync off/on in this run; vs publ.: ratio to the published store's figure on these machines (issue 4; only at 1000 and 3000 blocks)"
     );
@@ -493,7 +519,9 @@ pub fn run(args: Args) -> Result<()> {
         "shards": args.shards,
         "threads": args.threads,
         "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "repeat": args.repeat,
         "scenarios": results,
+        "all_runs": all_runs,
     });
     std::fs::write(&args.json, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("writing {}", args.json.display()))?;

@@ -371,6 +371,16 @@ impl Store {
             created,
             ..Default::default()
         };
+        // A crash during a snapshot leaves its temporary file behind.
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let name = name.to_string_lossy();
+                if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let manifest = Manifest::load(&dir)?;
         let snap = manifest.as_ref().and_then(|m| m.snapshot);
         let after = match snap {
