@@ -564,14 +564,41 @@ impl Store {
             return Err(StoreError::BlockNotIncreasing { block, current });
         }
         let mut gate = self.shared.gate.lock();
-        let (redo, undo) = apply_ops(&self.shared, &mut w, ops);
+        // The journal entry is the operations themselves (key := value), so it
+        // does not depend on applying them: encode it first, then write it
+        // while the tables are updated. In `sync` mode the fsync overlaps the
+        // in-memory work instead of following it.
+        let mut redo = w.spare.pop().unwrap_or_default();
+        redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
+        for (k, v) in ops {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            redo.extend_from_slice(k);
+            redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            redo.extend_from_slice(v);
+        }
         let header = codec::block_header(block);
-        let mut iov: Vec<&[u8]> = Vec::with_capacity(redo.len() + 1);
-        iov.push(&header);
-        iov.extend(redo.iter().map(|p| p.as_slice()));
-        let res = w.journal.commit_vectored(&iov);
-        drop(iov);
-        recycle(&mut w, redo);
+        let overlap = ops.len() >= PARALLEL_MIN_OPS
+            && matches!(
+                w.opts.durability,
+                Durability::Sync | Durability::Relaxed { .. }
+            );
+        let journal = w.journal.clone();
+        let (res, undo) = if overlap {
+            std::thread::scope(|sc| {
+                let h = sc.spawn(|| journal.commit_vectored(&[&header, &redo]));
+                let undo = apply_ops(&self.shared, &mut w, ops);
+                let res = h.join().unwrap_or_else(|_| {
+                    Err(memfs_journal::Error::Failed(
+                        "journal thread panicked".into(),
+                    ))
+                });
+                (res, undo)
+            })
+        } else {
+            let undo = apply_ops(&self.shared, &mut w, ops);
+            (journal.commit_vectored(&[&header, &redo]), undo)
+        };
+        recycle(&mut w, vec![redo]);
         if let Err(e) = res {
             drop(gate);
             let e = StoreError::from(e);
@@ -841,11 +868,9 @@ fn recycle(w: &mut Writer, bufs: Vec<Vec<u8>>) {
     }
 }
 
-/// Applies `ops` to the shards. Returns, per touched shard, the redo entries
-/// (`[key][len][new value]`, for the journal) and the undo entries
+/// Applies `ops` to the shards. Returns, per touched shard, the undo entries
 /// (`[key][len][old value]`, for the rollback window).
-#[allow(clippy::type_complexity)]
-fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>)
+fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> Vec<Vec<u8>>
 where
     K: AsRef<[u8]> + Sync,
     V: AsRef<[u8]> + Sync,
@@ -863,10 +888,8 @@ where
     let kw = shared.kw;
     let hashes = &w.hashes;
     let by_shard = &w.by_shard;
-    let apply_shard = |s: usize, bufs: &mut (Vec<u8>, Vec<u8>)| {
-        let (redo, undo) = bufs;
+    let apply_shard = |s: usize, undo: &mut Vec<u8>| {
         let idx = &by_shard[s];
-        redo.reserve(idx.len() * (kw + 2 + 8));
         undo.reserve(idx.len() * (kw + 2 + 8));
         let mut t = shared.shards[s].write();
         for (j, &i) in idx.iter().enumerate() {
@@ -876,9 +899,6 @@ where
             let (k, v) = &ops[i as usize];
             let (k, v) = (k.as_ref(), v.as_ref());
             let h = hashes[i as usize];
-            redo.extend_from_slice(k);
-            redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
-            redo.extend_from_slice(v);
             undo.extend_from_slice(k);
             if v.is_empty() {
                 t.remove(k, h, Some(undo));
@@ -887,29 +907,26 @@ where
             }
         }
     };
-    let mut parts: Vec<(Vec<u8>, Vec<u8>)> = (0..n)
+    let mut parts: Vec<Vec<u8>> = (0..n)
         .map(|s| {
             if by_shard[s].is_empty() {
-                (Vec::new(), Vec::new())
+                Vec::new()
             } else {
-                (
-                    w.spare.pop().unwrap_or_default(),
-                    w.spare.pop().unwrap_or_default(),
-                )
+                w.spare.pop().unwrap_or_default()
             }
         })
         .collect();
     let threads = w.opts.threads.min(n);
     if threads <= 1 || ops.len() < PARALLEL_MIN_OPS {
-        for (s, bufs) in parts.iter_mut().enumerate() {
+        for (s, buf) in parts.iter_mut().enumerate() {
             if !by_shard[s].is_empty() {
-                apply_shard(s, bufs);
+                apply_shard(s, buf);
             }
         }
     } else {
         // Work-stealing over shards: threads pull the next shard index.
         let next = AtomicUsize::new(0);
-        let slots: Vec<Mutex<(Vec<u8>, Vec<u8>)>> = parts.drain(..).map(Mutex::new).collect();
+        let slots: Vec<Mutex<Vec<u8>>> = parts.drain(..).map(Mutex::new).collect();
         let work = || {
             loop {
                 let s = next.fetch_add(1, Ordering::Relaxed);
@@ -929,8 +946,8 @@ where
         });
         parts = slots.into_iter().map(Mutex::into_inner).collect();
     }
-    parts.retain(|(r, _)| !r.is_empty());
-    parts.into_iter().unzip()
+    parts.retain(|p| !p.is_empty());
+    parts
 }
 
 /// Visits the entries of a buffer backwards as (key, old value): undoing them
