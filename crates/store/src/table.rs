@@ -13,6 +13,47 @@
 //! value means "delete", so it is never stored).
 
 const INLINE: usize = 8;
+
+/// Allocates a zeroed slot array and asks the kernel to back it with 2 MiB
+/// pages. Probes land on random slots: with 4 KiB pages almost every probe of
+/// a large table also misses the TLB, and the page walk misses the cache too.
+fn alloc_slots(bytes: usize) -> Vec<u8> {
+    let v = vec![0u8; bytes];
+    advise_huge_pages(&v);
+    v
+}
+
+fn huge_pages_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("MEMFS_STORE_HUGE_PAGES").map_or(true, |v| v != "0"))
+}
+
+fn advise_huge_pages(v: &[u8]) {
+    const HUGE: usize = 2 << 20;
+    if v.len() < 4 * HUGE || !huge_pages_wanted() {
+        return;
+    }
+    let start = v.as_ptr() as usize;
+    let aligned = (start + HUGE - 1) & !(HUGE - 1);
+    let end = (start + v.len()) & !(HUGE - 1);
+    if end <= aligned {
+        return;
+    }
+    let Some(ptr) = std::ptr::NonNull::new(aligned as *mut std::ffi::c_void) else {
+        return;
+    };
+    // SAFETY: the range lies inside `v`, a live allocation we own; the advice
+    // only changes how the kernel backs those pages (huge pages where it can),
+    // never their contents or validity. A failure (e.g. THP disabled) is
+    // harmless and ignored.
+    unsafe {
+        let _ = nix::sys::mman::madvise(
+            ptr,
+            end - aligned,
+            nix::sys::mman::MmapAdvise::MADV_HUGEPAGE,
+        );
+    }
+}
 const META: usize = 2 + INLINE;
 
 #[derive(Clone)]
@@ -57,7 +98,7 @@ impl Table {
         Table {
             kw,
             slot,
-            data: vec![0u8; cap * slot],
+            data: alloc_slots(cap * slot),
             mask: cap - 1,
             len: 0,
             heap: Vec::new(),
@@ -251,7 +292,7 @@ impl Table {
 
     fn grow(&mut self) {
         let new_cap = (self.mask + 1) * 2;
-        let old = std::mem::replace(&mut self.data, vec![0u8; new_cap * self.slot]);
+        let old = std::mem::replace(&mut self.data, alloc_slots(new_cap * self.slot));
         self.mask = new_cap - 1;
         for s in old.chunks_exact(self.slot) {
             if s[0] == 0 && s[1] == 0 {
