@@ -435,7 +435,9 @@ impl Store {
         });
         let w = Writer {
             journal: Arc::new(journal),
-            blocks_since_snapshot: 0,
+            // Commits since the snapshot count towards the next one, so a
+            // store reopened for every block still snapshots.
+            blocks_since_snapshot: report.commits_replayed,
             snapshot: None,
             hashes: Vec::new(),
             by_shard: vec![Vec::new(); opts.shards],
