@@ -11,11 +11,7 @@ mod bench_lock;
 mod store_cmd;
 
 #[derive(Parser)]
-#[command(
-    name = "memfs",
-    version,
-    about = "An in-memory POSIX file system for Linux"
-)]
+#[command(name = "memfs", version, about = "An in-memory POSIX file system for Linux")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
