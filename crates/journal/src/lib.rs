@@ -1,1 +1,73 @@
-//! memfs-journal
+//! memfs-journal: the shared durable commit journal of memfs.
+//!
+//! One journal format, one durability engine and one recovery procedure serve
+//! both the block store (`memfs-store`) and the file system. Payloads are opaque
+//! bytes: each client encodes its own operations (and undo information) and the
+//! journal guarantees that a commit is either wholly recovered or not at all.
+//!
+//! Pieces:
+//! - [`DataDir`]: a data directory held exclusively by one process (flock).
+//! - [`Journal`]: append commits with strictly increasing ids; durability modes
+//!   ([`Durability`]) with group commit and a background writer.
+//! - [`recovery`]: replay, verify (fsck) and repair of the segment files.
+//! - [`manifest`] and [`snapshot`]: checksummed snapshot files published through
+//!   two alternating manifest slots.
+//!
+//! The on-disk format is described in `docs/journal.md`.
+
+pub mod dir;
+pub mod durability;
+pub mod format;
+pub mod manifest;
+pub mod recovery;
+pub mod snapshot;
+pub mod writer;
+
+pub use dir::DataDir;
+pub use durability::Durability;
+pub use manifest::{Manifest, SnapshotRef};
+pub use recovery::{Damage, RecoveryReport, RepairReport, VerifyReport};
+pub use snapshot::{SnapshotReader, SnapshotWriter};
+pub use writer::{Journal, JournalOptions, JournalStats};
+
+use std::path::PathBuf;
+
+/// A commit id: strictly increasing, consecutive, starting at 1.
+pub type CommitId = u64;
+
+/// The replay callback: receives each commit's id and payload in order; an
+/// `Err(reason)` aborts recovery with [`Error::Apply`].
+pub type ReplayFn<'a> = dyn FnMut(CommitId, &[u8]) -> std::result::Result<(), String> + 'a;
+
+/// Everything that can go wrong in the journal. Every variant names what it
+/// concerns so the message alone is actionable.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("data directory {path} is in use by another process (lock on {path}/LOCK is held)")]
+    Locked { path: PathBuf },
+    #[error("corrupt journal data in {file} at offset {offset}: {reason}")]
+    Corrupt {
+        file: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("the journal failed earlier and refuses further commits: {0}")]
+    Failed(String),
+    #[error("replay callback rejected commit {commit}: {reason}")]
+    Apply { commit: CommitId, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn io_err(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { path, source }
+}

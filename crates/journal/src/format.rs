@@ -1,0 +1,187 @@
+//! Byte layouts shared by the writer, the reader and the verifier.
+//!
+//! All integers are little-endian. See `docs/journal.md` for the normative
+//! description.
+
+/// First 8 bytes of every segment file.
+pub const SEGMENT_MAGIC: [u8; 8] = *b"MEMFSJNL";
+/// Segment format version; bump on any incompatible change.
+pub const SEGMENT_VERSION: u32 = 1;
+/// Size of the segment header.
+pub const SEGMENT_HEADER_LEN: usize = 32;
+/// First 4 bytes of every commit frame.
+pub const FRAME_MAGIC: [u8; 4] = *b"CMT1";
+/// Size of a commit frame header.
+pub const FRAME_HEADER_LEN: usize = 20;
+/// Upper bound on one commit's payload: bigger is certainly corruption.
+pub const MAX_PAYLOAD: usize = 1 << 30;
+
+pub fn segment_file_name(first: u64) -> String {
+    format!("journal-{first:020}.log")
+}
+
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("journal-")?.strip_suffix(".log")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub fn encode_segment_header(first: u64) -> [u8; SEGMENT_HEADER_LEN] {
+    let mut h = [0u8; SEGMENT_HEADER_LEN];
+    h[0..8].copy_from_slice(&SEGMENT_MAGIC);
+    h[8..12].copy_from_slice(&SEGMENT_VERSION.to_le_bytes());
+    h[12..16].copy_from_slice(&(SEGMENT_HEADER_LEN as u32).to_le_bytes());
+    h[16..24].copy_from_slice(&first.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Decodes a segment header, returning its first commit id.
+pub fn decode_segment_header(h: &[u8]) -> Result<u64, String> {
+    if h.len() < SEGMENT_HEADER_LEN {
+        return Err(format!("segment header truncated ({} bytes)", h.len()));
+    }
+    if h[0..8] != SEGMENT_MAGIC {
+        return Err("bad segment magic".into());
+    }
+    let crc = u32::from_le_bytes(h[28..32].try_into().unwrap());
+    if crc != crc32c::crc32c(&h[0..28]) {
+        return Err("segment header checksum mismatch".into());
+    }
+    let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
+    if version != SEGMENT_VERSION {
+        return Err(format!("unsupported segment version {version}"));
+    }
+    Ok(u64::from_le_bytes(h[16..24].try_into().unwrap()))
+}
+
+/// The checksum of a frame covers the payload, then the first 16 header bytes
+/// (magic, length, commit id). Payload first so the caller can checksum the
+/// payload before taking the journal lock and finish it once the id is known.
+pub fn frame_crc(payload_crc: u32, header16: &[u8]) -> u32 {
+    crc32c::crc32c_append(payload_crc, header16)
+}
+
+pub fn encode_frame_header(id: u64, payload: &[u8], payload_crc: u32) -> [u8; FRAME_HEADER_LEN] {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    h[0..4].copy_from_slice(&FRAME_MAGIC);
+    h[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    h[8..16].copy_from_slice(&id.to_le_bytes());
+    let crc = frame_crc(payload_crc, &h[0..16]);
+    h[16..20].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// Outcome of decoding the frame that starts at the front of `buf`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// A whole, checksummed frame.
+    Ok {
+        id: u64,
+        payload: &'a [u8],
+        len: usize,
+    },
+    /// The frame claims more bytes than remain: a torn write if at the tail.
+    Truncated,
+    /// The frame is complete but wrong (magic, length or checksum).
+    Bad(String),
+}
+
+pub fn decode_frame(buf: &[u8]) -> Frame<'_> {
+    if buf.len() < FRAME_HEADER_LEN {
+        if buf[..].iter().all(|&b| b == 0) || buf.starts_with(&FRAME_MAGIC[..buf.len().min(4)]) {
+            return Frame::Truncated;
+        }
+        return Frame::Bad("garbage shorter than a frame header".into());
+    }
+    if buf[0..4] != FRAME_MAGIC {
+        return Frame::Bad("bad frame magic".into());
+    }
+    let len = u32::from_le_bytes(buf[4..8].try_into().unwrap()) as usize;
+    if len > MAX_PAYLOAD {
+        return Frame::Bad(format!("frame length {len} exceeds the maximum"));
+    }
+    let id = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let crc = u32::from_le_bytes(buf[16..20].try_into().unwrap());
+    let total = FRAME_HEADER_LEN + len;
+    if buf.len() < total {
+        return Frame::Truncated;
+    }
+    let payload = &buf[FRAME_HEADER_LEN..total];
+    if frame_crc(crc32c::crc32c(payload), &buf[0..16]) != crc {
+        return Frame::Bad("frame checksum mismatch".into());
+    }
+    Frame::Ok {
+        id,
+        payload,
+        len: total,
+    }
+}
+
+/// Finds the next offset at or after `from` where a whole valid frame starts.
+/// Used only on the damage path to tell a torn tail from corruption in the
+/// middle: a valid frame after a bad one means data was lost mid-log.
+pub fn find_valid_frame_after(buf: &[u8], from: usize) -> Option<usize> {
+    let mut pos = from;
+    while pos + FRAME_HEADER_LEN <= buf.len() {
+        let rel = memchr_magic(&buf[pos..])?;
+        let at = pos + rel;
+        if let Frame::Ok { .. } = decode_frame(&buf[at..]) {
+            return Some(at);
+        }
+        pos = at + 1;
+    }
+    None
+}
+
+fn memchr_magic(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == FRAME_MAGIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_round_trip_and_damage() {
+        let payload = b"hello journal";
+        let h = encode_frame_header(7, payload, crc32c::crc32c(payload));
+        let mut buf = h.to_vec();
+        buf.extend_from_slice(payload);
+        match decode_frame(&buf) {
+            Frame::Ok {
+                id,
+                payload: p,
+                len,
+            } => {
+                assert_eq!(id, 7);
+                assert_eq!(p, payload);
+                assert_eq!(len, buf.len());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(decode_frame(&buf[..buf.len() - 1]), Frame::Truncated);
+        for i in 0..buf.len() {
+            let mut b = buf.clone();
+            b[i] ^= 0x40;
+            assert!(
+                !matches!(decode_frame(&b), Frame::Ok { .. }),
+                "flip at {i} undetected"
+            );
+        }
+    }
+
+    #[test]
+    fn segment_header_round_trip() {
+        let h = encode_segment_header(42);
+        assert_eq!(decode_segment_header(&h), Ok(42));
+        let mut bad = h;
+        bad[17] ^= 1;
+        assert!(decode_segment_header(&bad).is_err());
+        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
+        assert_eq!(parse_segment_file_name("journal-1.log"), None);
+    }
+}

@@ -1,0 +1,307 @@
+//! Snapshot files: a client-defined byte stream cut into checksummed chunks.
+//!
+//! Layout: a 32-byte header (magic, version, commit id, checksum), then chunks
+//! `[len u32][crc32c u32][len bytes]`, then an end marker `[0u32][crc32c of the
+//! total payload length as u64 LE]`, then end of file. The client streams its
+//! state through [`SnapshotWriter`] (an `io::Write`) and reads it back through
+//! [`SnapshotReader`] (an `io::Read`) which verifies every chunk before handing
+//! out a byte of it.
+
+use crate::{Error, Result, io_err};
+use std::fs::File;
+use std::io::{self, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+
+pub const SNAPSHOT_MAGIC: [u8; 8] = *b"MEMFSSNP";
+pub const SNAPSHOT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 32;
+const CHUNK: usize = 1 << 20;
+
+pub fn snapshot_file_name(commit: u64) -> String {
+    format!("snapshot-{commit:020}.snap")
+}
+
+pub fn parse_snapshot_file_name(name: &str) -> Option<u64> {
+    let d = name.strip_prefix("snapshot-")?.strip_suffix(".snap")?;
+    if d.len() != 20 || !d.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    d.parse().ok()
+}
+
+/// Streams a snapshot into a temporary file; [`SnapshotWriter::finish`]
+/// makes it durable under its final name.
+pub struct SnapshotWriter {
+    file: File,
+    tmp: PathBuf,
+    dst: PathBuf,
+    dir: PathBuf,
+    buf: Vec<u8>,
+    total: u64,
+}
+
+impl SnapshotWriter {
+    pub fn create(dir: &Path, commit: u64) -> Result<Self> {
+        let name = snapshot_file_name(commit);
+        let tmp = dir.join(format!("{name}.tmp"));
+        let dst = dir.join(name);
+        let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+        let mut h = [0u8; HEADER_LEN];
+        h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
+        h[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        h[16..24].copy_from_slice(&commit.to_le_bytes());
+        let crc = crc32c::crc32c(&h[0..28]);
+        h[28..32].copy_from_slice(&crc.to_le_bytes());
+        file.write_all(&h).map_err(io_err(&tmp))?;
+        Ok(SnapshotWriter {
+            file,
+            tmp,
+            dst,
+            dir: dir.to_path_buf(),
+            buf: Vec::with_capacity(CHUNK),
+            total: 0,
+        })
+    }
+
+    fn flush_chunk(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let mut h = [0u8; 8];
+        h[0..4].copy_from_slice(&(self.buf.len() as u32).to_le_bytes());
+        h[4..8].copy_from_slice(&crc32c::crc32c(&self.buf).to_le_bytes());
+        self.file.write_all(&h)?;
+        self.file.write_all(&self.buf)?;
+        self.total += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Writes the end marker, fsyncs, renames into place and fsyncs the
+    /// directory. Returns the final path.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        self.flush_chunk().map_err(io_err(&self.tmp))?;
+        let mut end = [0u8; 8];
+        end[4..8].copy_from_slice(&crc32c::crc32c(&self.total.to_le_bytes()).to_le_bytes());
+        self.file.write_all(&end).map_err(io_err(&self.tmp))?;
+        self.file.sync_all().map_err(io_err(&self.tmp))?;
+        std::fs::rename(&self.tmp, &self.dst).map_err(io_err(&self.dst))?;
+        crate::dir::sync_dir(&self.dir)?;
+        Ok(self.dst.clone())
+    }
+
+    /// Drops the temporary file (after a failed snapshot).
+    pub fn abandon(self) {
+        let _ = std::fs::remove_file(&self.tmp);
+    }
+}
+
+impl Write for SnapshotWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = CHUNK - self.buf.len();
+        let n = room.min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == CHUNK {
+            self.flush_chunk()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a snapshot back, verifying each chunk. Errors carry the file and
+/// offset of the damage (as `io::ErrorKind::InvalidData`).
+pub struct SnapshotReader {
+    inner: BufReader<File>,
+    path: PathBuf,
+    commit: u64,
+    offset: u64,
+    chunk: Vec<u8>,
+    pos: usize,
+    total: u64,
+    done: bool,
+}
+
+impl SnapshotReader {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(io_err(path))?;
+        let mut inner = BufReader::with_capacity(CHUNK, file);
+        let mut h = [0u8; HEADER_LEN];
+        let corrupt = |reason: &str| Error::Corrupt {
+            file: path.to_path_buf(),
+            offset: 0,
+            reason: reason.to_string(),
+        };
+        inner
+            .read_exact(&mut h)
+            .map_err(|_| corrupt("snapshot header truncated"))?;
+        if h[0..8] != SNAPSHOT_MAGIC {
+            return Err(corrupt("bad snapshot magic"));
+        }
+        if u32::from_le_bytes(h[28..32].try_into().unwrap()) != crc32c::crc32c(&h[0..28]) {
+            return Err(corrupt("snapshot header checksum mismatch"));
+        }
+        let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
+        if version != SNAPSHOT_VERSION {
+            return Err(corrupt(&format!("unsupported snapshot version {version}")));
+        }
+        Ok(SnapshotReader {
+            inner,
+            path: path.to_path_buf(),
+            commit: u64::from_le_bytes(h[16..24].try_into().unwrap()),
+            offset: HEADER_LEN as u64,
+            chunk: Vec::new(),
+            pos: 0,
+            total: 0,
+            done: false,
+        })
+    }
+
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn bad(&self, offset: u64, reason: &str) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "corrupt snapshot {} at offset {offset}: {reason}",
+                self.path.display()
+            ),
+        )
+    }
+
+    fn next_chunk(&mut self) -> io::Result<()> {
+        let at = self.offset;
+        let mut h = [0u8; 8];
+        self.inner
+            .read_exact(&mut h)
+            .map_err(|_| self.bad(at, "truncated (chunk header missing)"))?;
+        let len = u32::from_le_bytes(h[0..4].try_into().unwrap()) as usize;
+        let crc = u32::from_le_bytes(h[4..8].try_into().unwrap());
+        if len == 0 {
+            if crc != crc32c::crc32c(&self.total.to_le_bytes()) {
+                return Err(self.bad(at, "end marker does not match the data length"));
+            }
+            let mut rest = [0u8; 1];
+            if self.inner.read(&mut rest)? != 0 {
+                return Err(self.bad(at + 8, "trailing bytes after the end marker"));
+            }
+            self.done = true;
+            self.chunk.clear();
+            self.pos = 0;
+            return Ok(());
+        }
+        if len > CHUNK {
+            return Err(self.bad(at, &format!("chunk length {len} out of range")));
+        }
+        self.chunk.resize(len, 0);
+        let mut chunk = std::mem::take(&mut self.chunk);
+        let r = self.inner.read_exact(&mut chunk);
+        self.chunk = chunk;
+        r.map_err(|_| self.bad(at, "truncated chunk"))?;
+        if crc32c::crc32c(&self.chunk) != crc {
+            return Err(self.bad(at, "chunk checksum mismatch"));
+        }
+        self.offset += 8 + len as u64;
+        self.total += len as u64;
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Confirms that the whole stream was consumed and the end marker is valid.
+    pub fn finish(mut self) -> io::Result<()> {
+        if self.pos < self.chunk.len() {
+            return Err(self.bad(self.offset, "snapshot has unread data"));
+        }
+        while !self.done {
+            self.next_chunk()?;
+            if !self.chunk.is_empty() {
+                return Err(self.bad(self.offset, "snapshot has unread data"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Read for SnapshotReader {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.chunk.len() {
+            if self.done {
+                return Ok(0);
+            }
+            self.next_chunk()?;
+        }
+        let n = out.len().min(self.chunk.len() - self.pos);
+        out[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// Lists snapshot files in `dir` as (commit, path), oldest first.
+pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let e = e.map_err(io_err(dir))?;
+        if let Some(c) = e.file_name().to_str().and_then(parse_snapshot_file_name) {
+            v.push((c, e.path()));
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, data: &[u8]) -> PathBuf {
+        let mut w = SnapshotWriter::create(dir, 9).unwrap();
+        w.write_all(data).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_every_damage_detected() {
+        let t = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..3 * CHUNK + 77).map(|i| (i * 31 % 251) as u8).collect();
+        let p = write(t.path(), &data);
+        let mut r = SnapshotReader::open(&p).unwrap();
+        assert_eq!(r.commit(), 9);
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert!(back == data);
+        r.finish().unwrap();
+
+        let small = write(t.path(), b"0123456789abcdef");
+        let orig = std::fs::read(&small).unwrap();
+        for i in 0..orig.len() {
+            let mut b = orig.clone();
+            b[i] ^= 0x10;
+            std::fs::write(&small, &b).unwrap();
+            let res = SnapshotReader::open(&small).and_then(|mut r| {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v).map_err(io_err(&small))?;
+                r.finish().map_err(io_err(&small))
+            });
+            assert!(res.is_err(), "flip at byte {i} undetected");
+        }
+        for cut in 0..orig.len() {
+            std::fs::write(&small, &orig[..cut]).unwrap();
+            let res = SnapshotReader::open(&small).and_then(|mut r| {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v).map_err(io_err(&small))?;
+                r.finish().map_err(io_err(&small))
+            });
+            assert!(res.is_err(), "truncation at {cut} undetected");
+        }
+    }
+}

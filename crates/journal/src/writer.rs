@@ -1,0 +1,565 @@
+//! The durability engine: appending commits, group commit, background writer.
+//!
+//! Committers encode their frame into an in-memory pending buffer under a short
+//! lock (a memcpy; the payload checksum is computed before the lock). One thread
+//! at a time, the *flusher*, takes the whole pending buffer, releases the lock,
+//! writes it (rotating segments as needed) and fsyncs if the mode asks for it.
+//! Commits appended meanwhile are taken by the next flush: that is group commit
+//! in `sync` mode (one fsync covers every waiter) and batching in the others.
+
+use crate::durability::Durability;
+use crate::format::{self, FRAME_HEADER_LEN, SEGMENT_HEADER_LEN};
+use crate::recovery::{self, RecoveryReport, Tail};
+use crate::{CommitId, DataDir, Error, Result, io_err};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct JournalOptions {
+    pub durability: Durability,
+    /// A segment is rotated once it would exceed this size (a single commit
+    /// larger than this gets a segment of its own).
+    pub segment_size: u64,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        JournalOptions {
+            durability: Durability::Sync,
+            segment_size: 64 << 20,
+        }
+    }
+}
+
+/// Counters for metrics.
+#[derive(Debug, Clone, Default)]
+pub struct JournalStats {
+    pub last_commit: u64,
+    pub written_commit: u64,
+    pub durable_commit: u64,
+    /// Commits appended but not yet durable.
+    pub pending_commits: u64,
+    /// Bytes appended but not yet written to the OS.
+    pub pending_bytes: u64,
+    pub fsyncs: u64,
+    pub bytes_written: u64,
+    pub segments: usize,
+    pub failed: Option<String>,
+}
+
+/// In `none` mode, pending bytes are written to the OS once they reach this.
+const NONE_FLUSH_BYTES: usize = 4 << 20;
+
+struct Chunk {
+    /// Start a new segment (whose first commit is this) before writing `buf`.
+    new_segment: Option<u64>,
+    buf: Vec<u8>,
+}
+
+struct Segment {
+    file: File,
+    path: PathBuf,
+}
+
+struct State {
+    pending: VecDeque<Chunk>,
+    spare: Vec<Vec<u8>>,
+    pending_bytes: usize,
+    last_appended: u64,
+    written: u64,
+    durable: u64,
+    /// Commits written since the last fsync.
+    unsynced: u64,
+    last_sync: Instant,
+    flushing: bool,
+    seg: Option<Segment>,
+    /// Size the current segment will have once pending bytes are written.
+    logical_seg_len: u64,
+    segments: Vec<(u64, PathBuf)>,
+    error: Option<String>,
+    shutdown: bool,
+    fsyncs: u64,
+    bytes_written: u64,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    durable_cv: Condvar,
+    space_cv: Condvar,
+    work_cv: Condvar,
+    dir: PathBuf,
+    opts: JournalOptions,
+}
+
+/// An open journal. Commit from any number of threads.
+pub struct Journal {
+    inner: Arc<Inner>,
+    bg: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("dir", &self.inner.dir)
+            .field("durability", &self.inner.opts.durability)
+            .finish()
+    }
+}
+
+impl Journal {
+    /// Recovers the journal in `dir` and opens it for appending. Every commit
+    /// after `after` (the snapshot's commit, or 0) is passed to `replay` in
+    /// order; an error from it aborts the open. A torn tail is truncated.
+    pub fn open(
+        dir: &DataDir,
+        opts: JournalOptions,
+        after: u64,
+        replay: &mut crate::ReplayFn<'_>,
+    ) -> Result<(Journal, RecoveryReport)> {
+        if opts.segment_size < (SEGMENT_HEADER_LEN + FRAME_HEADER_LEN) as u64 {
+            return Err(Error::Invalid("segment size too small".into()));
+        }
+        let path = dir.path().to_path_buf();
+        let scan = recovery::scan(&path, after, true, replay)?;
+        let report = scan.report;
+        let mut segments = scan.segments;
+        let last = report.last_commit;
+        let (seg, len) = match scan.tail {
+            Tail::Empty => {
+                let first = last + 1;
+                let seg = create_segment(&path, first)?;
+                segments.push((first, seg.path.clone()));
+                (seg, SEGMENT_HEADER_LEN as u64)
+            }
+            Tail::Append {
+                first,
+                path: p,
+                len,
+                rewrite_header,
+            } => {
+                let mut file = OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .map_err(io_err(&p))?;
+                let mut len = len;
+                if rewrite_header {
+                    file.set_len(0).map_err(io_err(&p))?;
+                    file.write_all(&format::encode_segment_header(first))
+                        .map_err(io_err(&p))?;
+                    len = SEGMENT_HEADER_LEN as u64;
+                    file.sync_all().map_err(io_err(&p))?;
+                } else if report.truncated_tail.is_some() {
+                    file.set_len(len).map_err(io_err(&p))?;
+                    file.sync_all().map_err(io_err(&p))?;
+                    tracing::warn!(
+                        file = %p.display(),
+                        offset = len,
+                        "truncated a torn journal tail"
+                    );
+                }
+                use std::io::Seek;
+                file.seek(std::io::SeekFrom::Start(len))
+                    .map_err(io_err(&p))?;
+                (Segment { file, path: p }, len)
+            }
+        };
+        let state = State {
+            pending: VecDeque::new(),
+            spare: Vec::new(),
+            pending_bytes: 0,
+            last_appended: last,
+            written: last,
+            durable: last,
+            unsynced: 0,
+            last_sync: Instant::now(),
+            flushing: false,
+            seg: Some(seg),
+            logical_seg_len: len,
+            segments,
+            error: None,
+            shutdown: false,
+            fsyncs: 0,
+            bytes_written: 0,
+        };
+        let inner = Arc::new(Inner {
+            state: Mutex::new(state),
+            durable_cv: Condvar::new(),
+            space_cv: Condvar::new(),
+            work_cv: Condvar::new(),
+            dir: path,
+            opts,
+        });
+        let needs_bg = !matches!(inner.opts.durability, Durability::None | Durability::Sync);
+        let bg = if needs_bg {
+            let i = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("journal-writer".into())
+                    .spawn(move || background(&i))
+                    .map_err(io_err(&inner.dir))?,
+            )
+        } else {
+            None
+        };
+        Ok((Journal { inner, bg }, report))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.inner.opts.durability
+    }
+
+    /// Appends one commit and returns its id once the durability mode allows:
+    /// `sync` waits until it is on stable storage; `async` modes wait only if
+    /// the pending bound is reached.
+    pub fn commit(&self, payload: &[u8]) -> Result<CommitId> {
+        self.commit_vectored(&[payload])
+    }
+
+    /// Like [`Journal::commit`] with the payload given as consecutive parts,
+    /// which saves the caller a concatenation.
+    pub fn commit_vectored(&self, parts: &[&[u8]]) -> Result<CommitId> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if len > format::MAX_PAYLOAD {
+            return Err(Error::Invalid(format!(
+                "commit of {len} bytes exceeds the maximum of {} bytes",
+                format::MAX_PAYLOAD
+            )));
+        }
+        // Checksum before taking the lock: it is the expensive part.
+        let mut pcrc = 0u32;
+        for p in parts {
+            pcrc = crc32c::crc32c_append(pcrc, p);
+        }
+        let inner = &*self.inner;
+        let mode = inner.opts.durability;
+        let mut g = inner.state.lock();
+        if let Some((max_commits, max_bytes)) = mode.bounds() {
+            while g.error.is_none()
+                && (g.last_appended - g.written >= max_commits as u64
+                    || (g.pending_bytes > 0 && g.pending_bytes + len > max_bytes))
+            {
+                inner.space_cv.wait(&mut g);
+            }
+        }
+        if let Some(e) = &g.error {
+            return Err(Error::Failed(e.clone()));
+        }
+        let id = g.last_appended + 1;
+        let frame_len = (FRAME_HEADER_LEN + len) as u64;
+        let rotate = g.logical_seg_len > SEGMENT_HEADER_LEN as u64
+            && g.logical_seg_len + frame_len > inner.opts.segment_size;
+        if rotate || g.pending.is_empty() {
+            let buf = g.spare.pop().unwrap_or_default();
+            g.pending.push_back(Chunk {
+                new_segment: rotate.then_some(id),
+                buf,
+            });
+            if rotate {
+                g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
+            }
+        }
+        let mut hdr16 = [0u8; 16];
+        hdr16[0..4].copy_from_slice(&format::FRAME_MAGIC);
+        hdr16[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        hdr16[8..16].copy_from_slice(&id.to_le_bytes());
+        let crc = format::frame_crc(pcrc, &hdr16);
+        let chunk = g.pending.back_mut().expect("pending chunk exists");
+        chunk.buf.reserve(FRAME_HEADER_LEN + len);
+        chunk.buf.extend_from_slice(&hdr16);
+        chunk.buf.extend_from_slice(&crc.to_le_bytes());
+        for p in parts {
+            chunk.buf.extend_from_slice(p);
+        }
+        g.pending_bytes += FRAME_HEADER_LEN + len;
+        g.logical_seg_len += frame_len;
+        g.last_appended = id;
+        match mode {
+            Durability::None => {
+                if g.pending_bytes >= NONE_FLUSH_BYTES && !g.flushing {
+                    flush(inner, &mut g, false)?;
+                }
+            }
+            Durability::Sync => wait_durable_locked(inner, &mut g, id)?,
+            Durability::Relaxed { .. } => {
+                if !g.flushing {
+                    let due = relaxed_due(inner, &g);
+                    flush(inner, &mut g, due)?;
+                }
+            }
+            Durability::Async { .. } | Durability::AsyncRelaxed { .. } => {
+                inner.work_cv.notify_one();
+            }
+        }
+        Ok(id)
+    }
+
+    /// Makes every commit appended so far durable; returns the last one.
+    pub fn sync(&self) -> Result<CommitId> {
+        let mut g = self.inner.state.lock();
+        let id = g.last_appended;
+        wait_durable_locked(&self.inner, &mut g, id)?;
+        Ok(id)
+    }
+
+    /// Waits until `id` is durable, forcing a flush if nobody else will.
+    pub fn wait_durable(&self, id: CommitId) -> Result<()> {
+        let mut g = self.inner.state.lock();
+        wait_durable_locked(&self.inner, &mut g, id)
+    }
+
+    pub fn last_commit(&self) -> CommitId {
+        self.inner.state.lock().last_appended
+    }
+
+    pub fn durable_commit(&self) -> CommitId {
+        self.inner.state.lock().durable
+    }
+
+    pub fn stats(&self) -> JournalStats {
+        let g = self.inner.state.lock();
+        JournalStats {
+            last_commit: g.last_appended,
+            written_commit: g.written,
+            durable_commit: g.durable,
+            pending_commits: g.last_appended - g.durable,
+            pending_bytes: g.pending_bytes as u64,
+            fsyncs: g.fsyncs,
+            bytes_written: g.bytes_written,
+            segments: g.segments.len(),
+            failed: g.error.clone(),
+        }
+    }
+
+    /// Total size of the segment files on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        let paths: Vec<PathBuf> = {
+            let g = self.inner.state.lock();
+            g.segments.iter().map(|(_, p)| p.clone()).collect()
+        };
+        paths
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .sum()
+    }
+
+    /// Deletes segments whose commits are all at or below `upto` (covered by a
+    /// published snapshot). The segment being appended to is never deleted.
+    /// Returns the number of files removed.
+    pub fn prune(&self, upto: CommitId) -> Result<usize> {
+        let doomed: Vec<PathBuf> = {
+            let mut g = self.inner.state.lock();
+            let n = g.segments.len();
+            let mut k = 0;
+            while k + 1 < n && g.segments[k + 1].0 <= upto + 1 {
+                k += 1;
+            }
+            g.segments.drain(..k).map(|(_, p)| p).collect()
+        };
+        for p in &doomed {
+            std::fs::remove_file(p).map_err(io_err(p))?;
+        }
+        if !doomed.is_empty() {
+            crate::dir::sync_dir(&self.inner.dir)?;
+        }
+        Ok(doomed.len())
+    }
+
+    /// Flushes and fsyncs everything, stops the background writer.
+    pub fn close(mut self) -> Result<()> {
+        self.shutdown()
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        {
+            let mut g = self.inner.state.lock();
+            g.shutdown = true;
+            self.inner.work_cv.notify_all();
+        }
+        if let Some(h) = self.bg.take() {
+            let _ = h.join();
+        }
+        let mut g = self.inner.state.lock();
+        let id = g.last_appended;
+        wait_durable_locked(&self.inner, &mut g, id)
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "journal: final flush failed");
+        }
+    }
+}
+
+fn create_segment(dir: &Path, first: u64) -> Result<Segment> {
+    let path = dir.join(format::segment_file_name(first));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    file.write_all(&format::encode_segment_header(first))
+        .map_err(io_err(&path))?;
+    // The name must be durable before any commit in the file is called durable.
+    crate::dir::sync_dir(dir)?;
+    Ok(Segment { file, path })
+}
+
+fn relaxed_due(inner: &Inner, g: &State) -> bool {
+    match inner.opts.durability.relaxed() {
+        Some((n, interval)) => {
+            let new = g.last_appended - g.written;
+            g.unsynced + new >= n as u64 || g.last_sync.elapsed() >= interval
+        }
+        None => true,
+    }
+}
+
+fn wait_durable_locked(inner: &Inner, g: &mut MutexGuard<'_, State>, id: u64) -> Result<()> {
+    loop {
+        if let Some(e) = &g.error {
+            return Err(Error::Failed(e.clone()));
+        }
+        if g.durable >= id {
+            return Ok(());
+        }
+        if !g.flushing {
+            flush(inner, g, true)?;
+            continue;
+        }
+        inner.durable_cv.wait(g);
+    }
+}
+
+/// Writes everything pending (and fsyncs when `sync`). Called with the lock
+/// held and `flushing` false; drops the lock during I/O.
+fn flush(inner: &Inner, g: &mut MutexGuard<'_, State>, sync: bool) -> Result<()> {
+    debug_assert!(!g.flushing);
+    if g.pending.is_empty() && (!sync || g.unsynced == 0) {
+        return Ok(());
+    }
+    g.flushing = true;
+    let mut chunks = std::mem::take(&mut g.pending);
+    let bytes = g.pending_bytes;
+    g.pending_bytes = 0;
+    let last = g.last_appended;
+    let mut seg = g.seg.take().expect("segment present when not flushing");
+    let mut new_segments = Vec::new();
+    let res = MutexGuard::unlocked(g, || {
+        write_out(&inner.dir, &mut seg, &mut chunks, sync, &mut new_segments)
+    });
+    g.seg = Some(seg);
+    g.flushing = false;
+    g.segments.extend(new_segments);
+    for mut c in chunks {
+        if g.spare.len() < 4 && c.buf.capacity() <= (64 << 20) {
+            c.buf.clear();
+            g.spare.push(c.buf);
+        }
+    }
+    match res {
+        Ok(()) => {
+            let newly = last - g.written;
+            g.written = last;
+            g.bytes_written += bytes as u64;
+            if sync {
+                g.durable = last;
+                g.unsynced = 0;
+                g.last_sync = Instant::now();
+                g.fsyncs += 1;
+            } else {
+                g.unsynced += newly;
+            }
+            inner.durable_cv.notify_all();
+            inner.space_cv.notify_all();
+            Ok(())
+        }
+        Err(e) => {
+            // fsync failures are not retryable (the kernel may have dropped
+            // the dirty pages): fail every later commit instead of lying.
+            let msg = e.to_string();
+            g.error = Some(msg.clone());
+            inner.durable_cv.notify_all();
+            inner.space_cv.notify_all();
+            Err(Error::Failed(msg))
+        }
+    }
+}
+
+fn write_out(
+    dir: &Path,
+    seg: &mut Segment,
+    chunks: &mut VecDeque<Chunk>,
+    sync: bool,
+    new_segments: &mut Vec<(u64, PathBuf)>,
+) -> Result<()> {
+    for c in chunks.iter() {
+        if let Some(first) = c.new_segment {
+            // The old segment is made durable before the new one starts, so
+            // the durable prefix never has holes whatever the mode.
+            seg.file.sync_data().map_err(io_err(&seg.path))?;
+            *seg = create_segment(dir, first)?;
+            new_segments.push((first, seg.path.clone()));
+        }
+        seg.file.write_all(&c.buf).map_err(io_err(&seg.path))?;
+    }
+    if sync {
+        seg.file.sync_data().map_err(io_err(&seg.path))?;
+    }
+    Ok(())
+}
+
+fn background(inner: &Inner) {
+    let mode = inner.opts.durability;
+    let interval = mode
+        .relaxed()
+        .map(|(_, i)| i)
+        .unwrap_or(Duration::from_millis(100));
+    let mut g = inner.state.lock();
+    loop {
+        if g.error.is_some() {
+            break;
+        }
+        if !g.flushing && !g.pending.is_empty() && mode.is_async() {
+            let sync = match mode {
+                Durability::AsyncRelaxed { .. } => relaxed_due(inner, &g) || g.shutdown,
+                _ => true,
+            };
+            if flush(inner, &mut g, sync).is_err() {
+                break;
+            }
+            continue;
+        }
+        if g.shutdown {
+            break;
+        }
+        let stale = g.unsynced > 0 || (!g.pending.is_empty() && !mode.is_async());
+        if stale && !g.flushing && g.last_sync.elapsed() >= interval {
+            if flush(inner, &mut g, true).is_err() {
+                break;
+            }
+            continue;
+        }
+        let wait = if stale {
+            interval
+                .saturating_sub(g.last_sync.elapsed())
+                .max(Duration::from_millis(1))
+        } else {
+            interval
+        };
+        inner.work_cv.wait_for(&mut g, wait);
+    }
+}

@@ -1,0 +1,257 @@
+//! Journal behaviour on real files: modes, rotation, recovery, damage.
+
+use memfs_journal::recovery::{repair, verify};
+use memfs_journal::{DataDir, Durability, Error, Journal, JournalOptions};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::path::Path;
+
+fn payload(i: u64) -> Vec<u8> {
+    let len = (i * 37 % 300) as usize;
+    (0..len).map(|j| (i as usize * 7 + j) as u8).collect()
+}
+
+fn opts(d: Durability, seg: u64) -> JournalOptions {
+    JournalOptions {
+        durability: d,
+        segment_size: seg,
+    }
+}
+
+fn replay_all(dir: &Path, after: u64) -> memfs_journal::Result<Vec<(u64, Vec<u8>)>> {
+    let dd = DataDir::open(dir, false)?;
+    let mut got = Vec::new();
+    let (j, rep) = Journal::open(&dd, opts(Durability::Sync, 4096), after, &mut |id, p| {
+        got.push((id, p.to_vec()));
+        Ok(())
+    })?;
+    assert_eq!(rep.commits_replayed as usize, got.len());
+    j.close()?;
+    Ok(got)
+}
+
+#[test]
+fn every_mode_round_trips_across_segments() {
+    let modes = ["none", "sync", "relaxed=3", "async=4", "async-relaxed=4"];
+    for m in modes {
+        let t = tempfile::tempdir().unwrap();
+        let dd = DataDir::open(t.path(), true).unwrap();
+        let d: Durability = m.parse().unwrap();
+        let (j, rep) = Journal::open(&dd, opts(d, 2048), 0, &mut |_, _| Ok(())).unwrap();
+        assert_eq!(rep.last_commit, 0);
+        for i in 1..=200u64 {
+            assert_eq!(j.commit(&payload(i)).unwrap(), i);
+        }
+        assert_eq!(j.sync().unwrap(), 200);
+        assert_eq!(j.durable_commit(), 200);
+        assert!(j.stats().segments > 5, "mode {m}: rotation expected");
+        j.close().unwrap();
+        drop(dd);
+        let got = replay_all(t.path(), 0).unwrap();
+        assert_eq!(got.len(), 200, "mode {m}");
+        for (i, (id, p)) in got.iter().enumerate() {
+            assert_eq!(*id, i as u64 + 1);
+            assert_eq!(*p, payload(*id), "mode {m} commit {id}");
+        }
+        // Replay after a point yields only the later commits.
+        let tail = replay_all(t.path(), 150).unwrap();
+        assert_eq!(tail.first().map(|c| c.0), Some(151));
+        assert_eq!(tail.len(), 50);
+    }
+}
+
+#[test]
+fn concurrent_sync_committers_get_unique_consecutive_ids() {
+    let t = tempfile::tempdir().unwrap();
+    let dd = DataDir::open(t.path(), true).unwrap();
+    let (j, _) =
+        Journal::open(&dd, opts(Durability::Sync, 1 << 20), 0, &mut |_, _| Ok(())).unwrap();
+    let mut ids: Vec<u64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..50)
+                        .map(|i| {
+                            let id = j.commit(&payload(i)).unwrap();
+                            // Sync mode: durable when commit returns.
+                            assert!(j.durable_commit() >= id);
+                            id
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    ids.sort();
+    assert_eq!(ids, (1..=200).collect::<Vec<_>>());
+    assert!(j.stats().fsyncs <= 200);
+    j.close().unwrap();
+    drop(dd);
+    assert_eq!(replay_all(t.path(), 0).unwrap().len(), 200);
+}
+
+#[test]
+fn prune_removes_only_covered_segments() {
+    let t = tempfile::tempdir().unwrap();
+    let dd = DataDir::open(t.path(), true).unwrap();
+    let (j, _) = Journal::open(&dd, opts(Durability::None, 1024), 0, &mut |_, _| Ok(())).unwrap();
+    for i in 1..=100 {
+        j.commit(&payload(i)).unwrap();
+    }
+    j.sync().unwrap();
+    let before = j.stats().segments;
+    let removed = j.prune(60).unwrap();
+    assert!(removed > 0 && removed < before);
+    j.close().unwrap();
+    drop(dd);
+    let got = replay_all(t.path(), 60).unwrap();
+    assert_eq!(got.first().unwrap().0, 61);
+    assert_eq!(got.last().unwrap().0, 100);
+    // Replaying from before the pruned range is a clear error, not a silent gap.
+    let dd = DataDir::open(t.path(), false).unwrap();
+    let err = Journal::open(&dd, JournalOptions::default(), 0, &mut |_, _| Ok(())).unwrap_err();
+    assert!(
+        err.to_string().contains("earlier segments are missing"),
+        "{err}"
+    );
+}
+
+fn write_journal(dir: &Path, n: u64, seg: u64) {
+    let dd = DataDir::open(dir, true).unwrap();
+    let (j, _) = Journal::open(&dd, opts(Durability::None, seg), 0, &mut |_, _| Ok(())).unwrap();
+    for i in 1..=n {
+        j.commit(&payload(i)).unwrap();
+    }
+    j.close().unwrap();
+}
+
+fn last_segment(dir: &Path) -> std::path::PathBuf {
+    memfs_journal::recovery::list_segments(dir)
+        .unwrap()
+        .pop()
+        .unwrap()
+        .1
+}
+
+#[test]
+fn torn_tail_is_truncated_and_writing_continues() {
+    let t = tempfile::tempdir().unwrap();
+    write_journal(t.path(), 20, 1 << 20);
+    let seg = last_segment(t.path());
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len - 5).unwrap();
+    drop(f);
+    let v = verify(t.path()).unwrap();
+    assert!(v.is_clean());
+    assert!(v.torn_tail.is_some());
+    assert_eq!(v.last_commit, 19);
+    let dd = DataDir::open(t.path(), false).unwrap();
+    let (j, rep) = Journal::open(&dd, JournalOptions::default(), 0, &mut |_, _| Ok(())).unwrap();
+    assert_eq!(rep.last_commit, 19);
+    assert!(rep.truncated_tail.is_some());
+    assert_eq!(j.commit(b"after").unwrap(), 20);
+    j.close().unwrap();
+    drop(dd);
+    let got = replay_all(t.path(), 0).unwrap();
+    assert_eq!(got.len(), 20);
+    assert_eq!(got[19].1, b"after");
+}
+
+#[test]
+fn corruption_before_the_tail_is_an_error_naming_file_and_offset() {
+    let t = tempfile::tempdir().unwrap();
+    write_journal(t.path(), 20, 1 << 20);
+    let seg = last_segment(t.path());
+    let mut bytes = std::fs::read(&seg).unwrap();
+    bytes[32 + 25] ^= 0xff; // inside commit 1's payload
+    std::fs::write(&seg, &bytes).unwrap();
+    let dd = DataDir::open(t.path(), false).unwrap();
+    let err = Journal::open(&dd, JournalOptions::default(), 0, &mut |_, _| Ok(())).unwrap_err();
+    match &err {
+        Error::Corrupt { file, offset, .. } => {
+            assert_eq!(file, &seg);
+            assert_eq!(*offset, 32);
+        }
+        e => panic!("unexpected {e}"),
+    }
+    assert!(err.to_string().contains("offset 32"));
+    drop(dd);
+    let v = verify(t.path()).unwrap();
+    assert!(!v.is_clean());
+    assert_eq!(v.last_commit, 0);
+    let r = repair(t.path()).unwrap();
+    assert!(r.bytes_dropped > 0);
+    assert_eq!(replay_all(t.path(), 0).unwrap().len(), 0);
+}
+
+#[test]
+fn hundreds_of_random_damages_never_panic_and_yield_a_prefix_or_an_error() {
+    let t = tempfile::tempdir().unwrap();
+    let base = t.path().join("base");
+    write_journal(&base, 60, 3000);
+    let files: Vec<_> = memfs_journal::recovery::list_segments(&base).unwrap();
+    let originals: Vec<Vec<u8>> = files
+        .iter()
+        .map(|(_, p)| std::fs::read(p).unwrap())
+        .collect();
+    let mut rng = StdRng::seed_from_u64(7);
+    let (mut ok, mut errs) = (0, 0);
+    for case in 0..300 {
+        let dir = t.path().join(format!("c{case}"));
+        std::fs::create_dir(&dir).unwrap();
+        for ((_, p), data) in files.iter().zip(&originals) {
+            std::fs::write(dir.join(p.file_name().unwrap()), data).unwrap();
+        }
+        let k = rng.random_range(0..files.len());
+        let target = dir.join(files[k].1.file_name().unwrap());
+        let mut data = originals[k].clone();
+        if rng.random_bool(0.5) {
+            let cut = rng.random_range(0..data.len());
+            data.truncate(cut);
+        } else {
+            for _ in 0..rng.random_range(1..4) {
+                let at = rng.random_range(0..data.len());
+                data[at] ^= rng.random_range(1..=255u8);
+            }
+        }
+        std::fs::write(&target, &data).unwrap();
+        match replay_all(&dir, 0) {
+            Ok(got) => {
+                ok += 1;
+                for (i, (id, p)) in got.iter().enumerate() {
+                    assert_eq!(*id, i as u64 + 1, "case {case}");
+                    assert_eq!(*p, payload(*id), "case {case}: altered payload accepted");
+                }
+            }
+            Err(e) => {
+                errs += 1;
+                assert!(matches!(e, Error::Corrupt { .. }), "case {case}: {e}");
+                // repair always makes it recoverable again.
+                repair(&dir).unwrap();
+                let got = replay_all(&dir, 0).unwrap();
+                for (id, p) in &got {
+                    assert_eq!(*p, payload(*id));
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    assert!(ok > 0 && errs > 0, "ok {ok} errs {errs}");
+}
+
+#[test]
+fn replay_callback_error_aborts_open() {
+    let t = tempfile::tempdir().unwrap();
+    write_journal(t.path(), 5, 1 << 20);
+    let dd = DataDir::open(t.path(), false).unwrap();
+    let err = Journal::open(&dd, JournalOptions::default(), 0, &mut |id, _| {
+        if id == 3 {
+            Err("bad op".into())
+        } else {
+            Ok(())
+        }
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::Apply { commit: 3, .. }), "{err}");
+}
