@@ -26,7 +26,7 @@ pub struct MountArgs {
     /// Largest number of inodes (default: one per 4 KiB page of the size).
     #[arg(long)]
     pub inodes: Option<String>,
-    /// FUSE worker threads (default: 1 on up to 2 CPUs, else one per 2 CPUs).
+    /// FUSE worker threads (default: one per CPU, at least 2).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Let the kernel cache writes and flush them in the background.
