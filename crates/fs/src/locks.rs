@@ -89,6 +89,12 @@ impl LockTable {
         req: RangeLock,
         set: bool,
     ) -> Vec<(LockCallback, Result<()>)> {
+        self.set_range(family, req, set);
+        self.grant_waiters()
+    }
+
+    /// The lock-list edit of [`LockTable::apply`], without granting waiters.
+    fn set_range(&mut self, family: Family, req: RangeLock, set: bool) {
         let list = self.list_mut(family);
         let mut out = Vec::with_capacity(list.len() + 2);
         for l in list.drain(..) {
@@ -126,7 +132,6 @@ impl LockTable {
             out.push(new);
         }
         *self.list_mut(family) = out;
-        self.grant_waiters()
     }
 
     /// Drops every lock and waiter of `owner` in `family`.
@@ -181,9 +186,10 @@ impl LockTable {
                 return granted;
             };
             let w = self.waiters.remove(i);
-            // Granting cannot release anything, so no recursion is needed.
-            let more = self.apply(w.family, w.req, true);
-            debug_assert!(more.is_empty());
+            // Not `apply`: that would grant further waiters itself and their
+            // callbacks would be lost (found as EIO replies when several shared
+            // waiters were released at once). This loop grants them in turn.
+            self.set_range(w.family, w.req, true);
             granted.push((w.done.into_inner(), Ok(())));
         }
     }
@@ -223,6 +229,34 @@ mod tests {
         assert!(t.conflict(Family::Posix, &l(5, 5, true, 2)).is_some());
         // Families are independent.
         assert!(t.conflict(Family::Flock, &l(5, 5, true, 2)).is_none());
+    }
+
+    #[test]
+    fn all_shared_waiters_are_granted_and_answered() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let mut t = LockTable::default();
+        t.apply(Family::Posix, l(0, 9, true, 1), true);
+        let answered = Arc::new(AtomicUsize::new(0));
+        for owner in 2..6 {
+            let a = answered.clone();
+            t.park(
+                Family::Posix,
+                l(0, 9, false, owner),
+                owner,
+                Box::new(move |r| {
+                    assert_eq!(r, Ok(()));
+                    a.fetch_add(1, Ordering::SeqCst);
+                }),
+            );
+        }
+        let done = t.release_owner(Family::Posix, 1);
+        assert_eq!(done.len(), 4, "every shared waiter is granted");
+        for (cb, r) in done {
+            cb(r);
+        }
+        assert_eq!(answered.load(Ordering::SeqCst), 4);
+        assert!(t.waiters.is_empty());
     }
 
     #[test]
