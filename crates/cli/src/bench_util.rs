@@ -671,6 +671,32 @@ impl Drop for ChildGuard {
     }
 }
 
+/// Registers a TrueType font for plot text: plotters is built with `ab_glyph`
+/// (pure Rust, no fontconfig), which draws nothing until a font is registered.
+/// Idempotent; an error names the package to install.
+pub fn register_plot_font() -> anyhow::Result<()> {
+    static FONT: OnceLock<Option<&'static [u8]>> = OnceLock::new();
+    const CANDIDATES: &[&str] = &[
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        "/usr/share/fonts/liberation/LiberationSans-Regular.ttf",
+        "/usr/share/fonts/noto/NotoSans-Regular.ttf",
+    ];
+    let font = FONT.get_or_init(|| {
+        CANDIDATES
+            .iter()
+            .find_map(|p| std::fs::read(p).ok())
+            .map(|b| &*Box::leak(b.into_boxed_slice()))
+    });
+    let Some(font) = font else {
+        bail!("no TrueType font found for plots (install fonts-dejavu-core)");
+    };
+    plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("the plot font could not be loaded"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -596,30 +596,9 @@ fn print_table(results: &[PhaseResult]) {
     }
 }
 
-/// A TrueType font for the plot's text (the PNG backend needs one; the SVG
-/// backend measures text with it). None if the machine has none of these.
-fn find_font() -> Option<&'static [u8]> {
-    const CANDIDATES: &[&str] = &[
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        "/usr/share/fonts/liberation/LiberationSans-Regular.ttf",
-        "/usr/share/fonts/noto/NotoSans-Regular.ttf",
-    ];
-    CANDIDATES
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        .map(|b| &*Box::leak(b.into_boxed_slice()))
-}
-
 fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Vec<PathBuf>> {
     use plotters::prelude::*;
-    let Some(font) = find_font() else {
-        bail!("no TrueType font found (install fonts-dejavu-core) for the plot");
-    };
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
-        .map_err(|_| anyhow::anyhow!("the font could not be loaded"))?;
+    crate::bench_util::register_plot_font()?;
     let rows: Vec<&PhaseResult> = results.iter().filter(|r| r.ops == ops).collect();
     let mut targets: Vec<&str> = Vec::new();
     for r in &rows {
