@@ -1034,12 +1034,7 @@ impl Fs {
     pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
-        let State { meta, body, .. } = &mut *st;
-        let file = match body {
-            Body::File(d) => d,
-            Body::Dir(_) => return Err(Errno::EISDIR),
-            _ => return Err(Errno::EINVAL),
-        };
+        let (meta, file) = st.file_mut(Errno::EINVAL)?;
         let off = if append { meta.size } else { off };
         if data.is_empty() {
             return Ok(0);
@@ -1100,12 +1095,7 @@ impl Fs {
         }
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
-        let State { meta, body, .. } = &mut *st;
-        let file = match body {
-            Body::File(d) => d,
-            Body::Dir(_) => return Err(Errno::EISDIR),
-            _ => return Err(Errno::ENODEV),
-        };
+        let (meta, file) = st.file_mut(Errno::ENODEV)?;
         let now = Timespec::now();
         if mode.punch_hole {
             let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));

@@ -111,6 +111,16 @@ impl State {
         }
     }
 
+    /// A regular file's metadata and data, for changing both; `EISDIR` for a
+    /// directory and `other` for any other type (Linux's answer differs by call).
+    pub fn file_mut(&mut self, other: crate::Errno) -> crate::Result<(&mut Meta, &mut FileData)> {
+        match &mut self.body {
+            Body::File(d) => Ok((&mut self.meta, d)),
+            Body::Dir(_) => Err(crate::Errno::EISDIR),
+            _ => Err(other),
+        }
+    }
+
     /// Whether `name` may be added to this (locked) directory.
     pub fn check_new_entry(&self, name: &[u8]) -> crate::Result<()> {
         let d = self.dir().ok_or(crate::Errno::ENOTDIR)?;

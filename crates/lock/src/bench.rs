@@ -218,11 +218,7 @@ pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
     let ents: Vec<Entity> = (0..spec.entities as u64)
         .map(|i| Entity::new(base + i, true))
         .collect();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "ready")?;
-    out.flush()?;
-    let mut go = String::new();
-    std::io::stdin().read_line(&mut go)?;
+    start_signal()?;
     let limit = Duration::from_secs_f64(spec.seconds);
     let c0 = cpu_time();
     let t0 = Instant::now();
@@ -237,7 +233,7 @@ pub fn worker_main(spec_json: &str) -> Result<(), BenchError> {
             break;
         }
     }
-    report(&mut out, n, t0, c0)
+    report(&mut std::io::stdout().lock(), n, t0, c0)
 }
 
 fn report(out: &mut impl Write, n: u64, t0: Instant, c0: f64) -> Result<(), BenchError> {
@@ -255,6 +251,17 @@ fn parse_alg(name: &str) -> Result<Option<Algorithm>, BenchError> {
 }
 
 /// CPU seconds used by this process so far.
+/// Tells the parent this worker is set up, then waits for its go, so that
+/// every worker starts measuring at the same moment.
+fn start_signal() -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready")?;
+    out.flush()?;
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go)?;
+    Ok(())
+}
+
 fn cpu_time() -> f64 {
     // SAFETY: zeroed rusage is a valid out buffer.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -274,11 +281,7 @@ fn flock_worker(spec: &WorkerSpec) -> Result<(), BenchError> {
         .truncate(false)
         .open(&spec.path)?;
     let fd = f.as_raw_fd();
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "ready")?;
-    out.flush()?;
-    let mut go = String::new();
-    std::io::stdin().read_line(&mut go)?;
+    start_signal()?;
     let limit = Duration::from_secs_f64(spec.seconds);
     let c0 = cpu_time();
     let t0 = Instant::now();
@@ -297,7 +300,7 @@ fn flock_worker(spec: &WorkerSpec) -> Result<(), BenchError> {
             break;
         }
     }
-    report(&mut out, n, t0, c0)
+    report(&mut std::io::stdout().lock(), n, t0, c0)
 }
 
 /// Sweeps entities and waiters over 1..=max for each algorithm and dir,

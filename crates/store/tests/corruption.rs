@@ -2,6 +2,8 @@
 //! never panics and either recovers to a state the model produced at the block
 //! it reports, or fails with a clear error.
 
+mod common;
+
 use memfs_store::{Store, StoreOptions};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::BTreeMap;
@@ -36,17 +38,7 @@ fn block_ops(b: u64) -> Vec<([u8; 8], Vec<u8>)> {
 }
 
 fn model(upto: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let mut m = BTreeMap::new();
-    for b in 1..=upto {
-        for (k, v) in block_ops(b) {
-            if v.is_empty() {
-                m.remove(k.as_slice());
-            } else {
-                m.insert(k.to_vec(), v);
-            }
-        }
-    }
-    m
+    common::replay(upto, block_ops)
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -2,6 +2,8 @@
 //! writes blocks and acknowledges each one on stdout; the parent SIGKILLs it at
 //! a random moment, reopens the store and compares it with the model.
 
+mod common;
+
 use memfs_store::{Store, StoreOptions};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use std::collections::BTreeMap;
@@ -48,17 +50,7 @@ fn block_ops(b: u64) -> Vec<([u8; 8], Vec<u8>)> {
 }
 
 fn model(upto: u64) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    let mut m = BTreeMap::new();
-    for b in 1..=upto {
-        for (k, v) in block_ops(b) {
-            if v.is_empty() {
-                m.remove(k.as_slice());
-            } else {
-                m.insert(k.to_vec(), v);
-            }
-        }
-    }
-    m
+    common::replay(upto, block_ops)
 }
 
 /// Child entry point; ignored in normal runs, executed via `--ignored`.
