@@ -137,6 +137,37 @@ pub fn find_valid_frame_after(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// Sector size of the crash model: unsynced writes reach the disk sector by
+/// sector, in any order.
+pub const SECTOR: usize = 512;
+
+/// Whether the bad frame at `pos` looks cut short by a crash rather than
+/// damaged after it was written. Segments are only ever appended to, so a
+/// sector of an unsynced write that never reached the disk reads back as
+/// zeros, even when later writes did land (a crash may persist unsynced writes
+/// in any order). The frame is taken as torn when its share of some 512-byte
+/// sector is all zeros. Its extent comes from its own header; a header that
+/// is not whole stops at the header (a partly landed length field can only
+/// shrink, so the extent never reaches into another write).
+pub fn torn_by_crash(buf: &[u8], pos: usize) -> bool {
+    let header_end = (pos + FRAME_HEADER_LEN).min(buf.len());
+    let end = if header_end == pos + FRAME_HEADER_LEN && buf[pos..pos + 4] == FRAME_MAGIC {
+        let len = u32::from_le_bytes(buf[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        header_end.saturating_add(len).min(buf.len())
+    } else {
+        header_end
+    };
+    let mut at = pos;
+    while at < end {
+        let sector_end = ((at / SECTOR + 1) * SECTOR).min(end);
+        if buf[at..sector_end].iter().all(|&b| b == 0) {
+            return true;
+        }
+        at = sector_end;
+    }
+    false
+}
+
 fn memchr_magic(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == FRAME_MAGIC)
 }

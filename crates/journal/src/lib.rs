@@ -12,6 +12,9 @@
 //! - [`recovery`]: replay, verify (fsck) and repair of the segment files.
 //! - [`manifest`] and [`snapshot`]: checksummed snapshot files published through
 //!   two alternating manifest slots.
+//! - [`storage`]: the file operations all of the above go through; a
+//!   [`SimStorage`] registered for a path prefix simulates crashes at any write
+//!   or sync (for tests).
 //!
 //! The on-disk format is described in `docs/journal.md`.
 
@@ -20,14 +23,18 @@ pub mod durability;
 pub mod format;
 pub mod manifest;
 pub mod recovery;
+pub mod sim;
 pub mod snapshot;
+pub mod storage;
 pub mod writer;
 
 pub use dir::DataDir;
 pub use durability::Durability;
 pub use manifest::{Manifest, SnapshotRef};
 pub use recovery::{Damage, RecoveryReport, RepairReport, VerifyReport};
+pub use sim::{RecoverMode, SimStorage, SplitMix64};
 pub use snapshot::{SnapshotReader, SnapshotWriter};
+pub use storage::{OpenMode, RealStorage, Storage, StorageFile};
 pub use writer::{Journal, JournalOptions, JournalStats};
 
 use std::path::PathBuf;

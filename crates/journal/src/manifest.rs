@@ -5,9 +5,9 @@
 //! the other still holds the previous valid manifest, so readers always find a
 //! consistent one (the newest slot whose checksum verifies).
 
+use crate::storage::{self, OpenMode};
 use crate::{Error, Result, io_err};
-use std::fs::OpenOptions;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::Path;
 
 pub const MANIFEST_FILE: &str = "MANIFEST";
@@ -108,14 +108,11 @@ impl Manifest {
     /// ignores a damaged manifest).
     pub fn load(dir: &Path) -> Result<Option<Manifest>> {
         let path = dir.join(MANIFEST_FILE);
-        let mut buf = Vec::new();
-        match std::fs::File::open(&path) {
-            Ok(mut f) => {
-                f.read_to_end(&mut buf).map_err(io_err(&path))?;
-            }
+        let buf = match storage::for_path(&path).read(&path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(io_err(&path)(e)),
-        }
+        };
         let mut best: Option<Manifest> = None;
         let mut reasons = Vec::new();
         for slot in 0..2 {
@@ -156,25 +153,26 @@ impl Manifest {
         self.seq = current + 1;
         let bytes = self.encode()?;
         let path = dir.join(MANIFEST_FILE);
-        let existed = path.exists();
-        let mut f = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(&path))?;
-        if f.metadata().map_err(io_err(&path))?.len() < (2 * SLOT_LEN) as u64 {
+        let st = storage::for_path(&path);
+        let slot = self.seq % 2;
+        if !st.exists(&path).map_err(io_err(&path))? {
+            // The first publication creates the whole file atomically (temp
+            // file, fsync, rename, directory fsync): a crash leaves either no
+            // MANIFEST or a valid one, never an empty or short file that
+            // `load` would have to call corrupt.
+            let mut file = vec![0u8; 2 * SLOT_LEN];
+            file[slot as usize * SLOT_LEN..][..SLOT_LEN].copy_from_slice(&bytes);
+            crate::dir::write_file_atomic(dir, MANIFEST_FILE, &file)?;
+            return Ok(self.seq);
+        }
+        let mut f = st.open(&path, OpenMode::Write).map_err(io_err(&path))?;
+        if f.len().map_err(io_err(&path))? < (2 * SLOT_LEN) as u64 {
             f.set_len((2 * SLOT_LEN) as u64).map_err(io_err(&path))?;
         }
-        let slot = self.seq % 2;
         f.seek(SeekFrom::Start(slot * SLOT_LEN as u64))
             .map_err(io_err(&path))?;
         f.write_all(&bytes).map_err(io_err(&path))?;
         f.sync_data().map_err(io_err(&path))?;
-        if !existed {
-            crate::dir::sync_dir(dir)?;
-        }
         Ok(self.seq)
     }
 }

@@ -5,11 +5,14 @@
 //!   previous one ended (a missing segment is corruption);
 //! - inside a segment, frames must carry consecutive commit ids;
 //! - in the *last* segment, a bad or incomplete frame after which no valid frame
-//!   follows is a torn tail: it is reported and truncated by the writer;
+//!   follows, or whose share of some 512-byte sector is all zeros (an unsynced
+//!   write that never landed while later ones did), is a torn tail: it is
+//!   reported and truncated by the writer;
 //! - any other bad frame is corruption: an error naming file and offset.
 //!   Nothing is dropped silently; `repair` truncates only on request.
 
 use crate::format::{self, Frame, SEGMENT_HEADER_LEN};
+use crate::storage::{self, OpenMode, Storage};
 use crate::{Error, Result, io_err};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -74,15 +77,14 @@ pub struct RepairReport {
 }
 
 pub fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    list_segments_with(&*storage::for_path(dir), dir)
+}
+
+pub(crate) fn list_segments_with(st: &dyn Storage, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io_err(dir))? {
-        let e = e.map_err(io_err(dir))?;
-        if let Some(first) = e
-            .file_name()
-            .to_str()
-            .and_then(format::parse_segment_file_name)
-        {
-            v.push((first, e.path()));
+    for name in st.read_dir(dir).map_err(io_err(dir))? {
+        if let Some(first) = name.to_str().and_then(format::parse_segment_file_name) {
+            v.push((first, dir.join(&name)));
         }
     }
     v.sort();
@@ -121,13 +123,14 @@ fn corrupt(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
 /// Scans every segment; calls `cb` for each commit after `after`. With
 /// `skip_covered`, segments wholly at or below `after` are not read.
 pub(crate) fn scan(
+    st: &dyn Storage,
     dir: &Path,
     after: u64,
     skip_covered: bool,
     cb: &mut crate::ReplayFn<'_>,
 ) -> Result<Scan> {
     let t0 = Instant::now();
-    let segments = list_segments(dir)?;
+    let segments = list_segments_with(st, dir)?;
     let mut report = RecoveryReport {
         start_after: after,
         segments: segments.len(),
@@ -164,7 +167,7 @@ pub(crate) fn scan(
             expected = Some(segments[i + 1].0);
             continue;
         }
-        let data = std::fs::read(path).map_err(io_err(path))?;
+        let data = st.read(path).map_err(io_err(path))?;
         let header = data.get(..SEGMENT_HEADER_LEN);
         match header.map(format::decode_segment_header) {
             Some(Ok(h)) if h == *first => {}
@@ -224,7 +227,14 @@ pub(crate) fn scan(
                         Frame::Bad(r) => r,
                         _ => "frame extends past the end of the file".into(),
                     };
-                    if is_last && format::find_valid_frame_after(&data, pos + 1).is_none() {
+                    // In the last segment, damage is a torn tail when nothing
+                    // valid follows, or when the frame is a write the crash
+                    // cut short (zero sectors) and what follows are later
+                    // unsynced writes that happened to land first.
+                    if is_last
+                        && (format::find_valid_frame_after(&data, pos + 1).is_none()
+                            || format::torn_by_crash(&data, pos))
+                    {
                         report.truncated_tail =
                             Some((path.clone(), pos as u64, (data.len() - pos) as u64));
                         break;
@@ -275,19 +285,23 @@ pub fn replay_readonly(
     after: u64,
     cb: &mut crate::ReplayFn<'_>,
 ) -> Result<RecoveryReport> {
-    scan(dir, after, true, cb).map(|s| s.report)
+    scan(&*storage::for_path(dir), dir, after, true, cb).map(|s| s.report)
 }
 
 /// Checks every segment without changing anything.
 pub fn verify(dir: &Path) -> Result<VerifyReport> {
-    let segments = list_segments(dir)?;
+    let st = &*storage::for_path(dir);
+    let segments = list_segments_with(st, dir)?;
     let mut v = VerifyReport {
         segments: segments.len(),
         ..Default::default()
     };
     let mut count = 0u64;
     let mut first_commit = None;
-    let res = scan(dir, 0, false, &mut |id, p| {
+    // A journal pruned behind a snapshot starts later than commit 1: that is
+    // not damage (whether the snapshot covers the gap is the client's check).
+    let start = segments.first().map_or(0, |s| s.0.saturating_sub(1));
+    let res = scan(st, dir, start, false, &mut |id, p| {
         count += 1;
         first_commit.get_or_insert(id);
         let _ = p;
@@ -321,10 +335,10 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
             let mut after = 0u64;
             let mut later = 0usize;
             if let Some(idx) = idx {
-                let len = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
+                let len = st.len(&file).unwrap_or(0);
                 after += len.saturating_sub(offset);
                 for (_, p) in &segments[idx + 1..] {
-                    after += std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+                    after += st.len(p).unwrap_or(0);
                     later += 1;
                 }
             }
@@ -339,7 +353,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         Err(e) => return Err(e),
     }
     for (_, p) in &segments {
-        v.bytes += std::fs::metadata(p).map_err(io_err(p))?.len();
+        v.bytes += st.len(p).map_err(io_err(p))?;
     }
     Ok(v)
 }
@@ -353,30 +367,80 @@ pub fn repair(dir: &Path) -> Result<RepairReport> {
         ..Default::default()
     };
     if let Some(d) = &before.corruption {
-        let segments = list_segments(dir)?;
+        let st = &*storage::for_path(dir);
+        let segments = list_segments_with(st, dir)?;
         let idx = segments
             .iter()
             .position(|(_, p)| *p == d.file)
             .ok_or_else(|| Error::Invalid(format!("{} vanished", d.file.display())))?;
         if d.offset < SEGMENT_HEADER_LEN as u64 {
-            std::fs::remove_file(&d.file).map_err(io_err(&d.file))?;
+            st.remove_file(&d.file).map_err(io_err(&d.file))?;
             r.files_removed.push(d.file.clone());
         } else {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .open(&d.file)
-                .map_err(io_err(&d.file))?;
+            let mut f = st.open(&d.file, OpenMode::Write).map_err(io_err(&d.file))?;
             f.set_len(d.offset).map_err(io_err(&d.file))?;
             f.sync_all().map_err(io_err(&d.file))?;
             r.truncated = Some((d.file.clone(), d.offset));
         }
         for (_, p) in &segments[idx + 1..] {
-            std::fs::remove_file(p).map_err(io_err(p))?;
+            st.remove_file(p).map_err(io_err(p))?;
             r.files_removed.push(p.clone());
         }
-        crate::dir::sync_dir(dir)?;
+        crate::dir::sync_dir_with(st, dir)?;
         r.bytes_dropped = before.bytes_after_damage;
     }
     r.before = before;
     Ok(r)
+}
+
+/// Discards every commit after `keep` (a rollback): segments that hold only
+/// later commits are deleted, last first, and the segment holding commit
+/// `keep + 1` is cut there. Each step is made durable before the next, so a
+/// crash in the middle leaves a journal that is still a prefix of the old one
+/// (callers record their intent first and finish the cut at the next open).
+/// Returns the number of commits dropped. Refuses a damaged journal: repair
+/// it first.
+pub fn truncate_after(dir: &Path, keep: u64) -> Result<u64> {
+    let st = &*storage::for_path(dir);
+    let segments = list_segments_with(st, dir)?;
+    let mut dropped = 0u64;
+    for (first, path) in segments.iter().rev() {
+        let data = st.read(path).map_err(io_err(path))?;
+        if data.len() < SEGMENT_HEADER_LEN {
+            if *first > keep {
+                // A torn header right after rotation: nothing in it was ever acknowledged.
+                st.remove_file(path).map_err(io_err(path))?;
+                crate::dir::sync_dir_with(st, dir)?;
+                continue;
+            }
+            return Err(corrupt(path, 0, "segment header truncated"));
+        }
+        // Find the byte offset of commit keep+1 (or the end) and count what follows.
+        let mut pos = SEGMENT_HEADER_LEN;
+        let mut cut = None;
+        while pos < data.len() {
+            match format::decode_frame(&data[pos..]) {
+                Frame::Ok { id, len, .. } => {
+                    if id > keep {
+                        cut.get_or_insert(pos);
+                        dropped += 1;
+                    }
+                    pos += len;
+                }
+                _ => break, // a torn tail: it goes with the cut or is cut at the next open
+            }
+        }
+        if *first > keep {
+            st.remove_file(path).map_err(io_err(path))?;
+            crate::dir::sync_dir_with(st, dir)?;
+            continue;
+        }
+        if let Some(cut) = cut.or((pos < data.len()).then_some(pos)) {
+            let mut f = st.open(path, OpenMode::Write).map_err(io_err(path))?;
+            f.set_len(cut as u64).map_err(io_err(path))?;
+            f.sync_all().map_err(io_err(path))?;
+        }
+        break;
+    }
+    Ok(dropped)
 }

@@ -7,10 +7,11 @@
 //! [`SnapshotReader`] (an `io::Read`) which verifies every chunk before handing
 //! out a byte of it.
 
+use crate::storage::{self, OpenMode, Storage, StorageFile};
 use crate::{Error, Result, io_err};
-use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub const SNAPSHOT_MAGIC: [u8; 8] = *b"MEMFSSNP";
 pub const SNAPSHOT_VERSION: u32 = 1;
@@ -32,7 +33,8 @@ pub fn parse_snapshot_file_name(name: &str) -> Option<u64> {
 /// Streams a snapshot into a temporary file; [`SnapshotWriter::finish`]
 /// makes it durable under its final name.
 pub struct SnapshotWriter {
-    file: File,
+    storage: Arc<dyn Storage>,
+    file: Box<dyn StorageFile>,
     tmp: PathBuf,
     dst: PathBuf,
     dir: PathBuf,
@@ -45,7 +47,10 @@ impl SnapshotWriter {
         let name = snapshot_file_name(commit);
         let tmp = dir.join(format!("{name}.tmp"));
         let dst = dir.join(name);
-        let mut file = File::create(&tmp).map_err(io_err(&tmp))?;
+        let storage = storage::for_path(&tmp);
+        let mut file = storage
+            .open(&tmp, OpenMode::CreateTruncate)
+            .map_err(io_err(&tmp))?;
         let mut h = [0u8; HEADER_LEN];
         h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
         h[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
@@ -54,6 +59,7 @@ impl SnapshotWriter {
         h[28..32].copy_from_slice(&crc.to_le_bytes());
         file.write_all(&h).map_err(io_err(&tmp))?;
         Ok(SnapshotWriter {
+            storage,
             file,
             tmp,
             dst,
@@ -85,14 +91,16 @@ impl SnapshotWriter {
         end[4..8].copy_from_slice(&crc32c::crc32c(&self.total.to_le_bytes()).to_le_bytes());
         self.file.write_all(&end).map_err(io_err(&self.tmp))?;
         self.file.sync_all().map_err(io_err(&self.tmp))?;
-        std::fs::rename(&self.tmp, &self.dst).map_err(io_err(&self.dst))?;
-        crate::dir::sync_dir(&self.dir)?;
+        self.storage
+            .rename(&self.tmp, &self.dst)
+            .map_err(io_err(&self.dst))?;
+        crate::dir::sync_dir_with(&*self.storage, &self.dir)?;
         Ok(self.dst.clone())
     }
 
     /// Drops the temporary file (after a failed snapshot).
     pub fn abandon(self) {
-        let _ = std::fs::remove_file(&self.tmp);
+        let _ = self.storage.remove_file(&self.tmp);
     }
 }
 
@@ -115,7 +123,7 @@ impl Write for SnapshotWriter {
 /// Reads a snapshot back, verifying each chunk. Errors carry the file and
 /// offset of the damage (as `io::ErrorKind::InvalidData`).
 pub struct SnapshotReader {
-    inner: BufReader<File>,
+    inner: BufReader<Box<dyn StorageFile>>,
     path: PathBuf,
     commit: u64,
     offset: u64,
@@ -127,7 +135,9 @@ pub struct SnapshotReader {
 
 impl SnapshotReader {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(io_err(path))?;
+        let file = storage::for_path(path)
+            .open(path, OpenMode::Read)
+            .map_err(io_err(path))?;
         let mut inner = BufReader::with_capacity(CHUNK, file);
         let mut h = [0u8; HEADER_LEN];
         let corrupt = |reason: &str| Error::Corrupt {
@@ -249,10 +259,9 @@ impl Read for SnapshotReader {
 /// Lists snapshot files in `dir` as (commit, path), oldest first.
 pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(io_err(dir))? {
-        let e = e.map_err(io_err(dir))?;
-        if let Some(c) = e.file_name().to_str().and_then(parse_snapshot_file_name) {
-            v.push((c, e.path()));
+    for name in storage::for_path(dir).read_dir(dir).map_err(io_err(dir))? {
+        if let Some(c) = name.to_str().and_then(parse_snapshot_file_name) {
+            v.push((c, dir.join(&name)));
         }
     }
     v.sort();

@@ -1,9 +1,19 @@
 //! Journal behaviour on real files: modes, rotation, recovery, damage.
 
 use memfs_journal::recovery::{repair, verify};
-use memfs_journal::{DataDir, Durability, Error, Journal, JournalOptions};
+use memfs_journal::{DataDir, Durability, Error, Journal, JournalOptions, SimStorage, storage};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 fn payload(i: u64) -> Vec<u8> {
     let len = (i * 37 % 300) as usize;
@@ -254,4 +264,122 @@ fn replay_callback_error_aborts_open() {
     })
     .unwrap_err();
     assert!(matches!(err, Error::Apply { commit: 3, .. }), "{err}");
+}
+
+#[test]
+fn truncate_after_keeps_exactly_a_prefix_and_the_journal_continues() {
+    for keep in [0u64, 1, 37, 99, 100, 150] {
+        let t = tempfile::tempdir().unwrap();
+        {
+            let dd = DataDir::open(t.path(), true).unwrap();
+            let (j, _) =
+                Journal::open(&dd, opts(Durability::Sync, 1024), 0, &mut |_, _| Ok(())).unwrap();
+            for i in 1..=150u64 {
+                j.commit(&payload(i)).unwrap();
+            }
+            j.close().unwrap();
+        }
+        let dropped = memfs_journal::recovery::truncate_after(t.path(), keep).unwrap();
+        assert_eq!(dropped, 150 - keep.min(150), "keep {keep}");
+        let got = replay_all(t.path(), 0).unwrap();
+        assert_eq!(got.len() as u64, keep.min(150), "keep {keep}");
+        assert!(got.iter().all(|(id, p)| *p == payload(*id)));
+        // The next commit takes the id right after the kept prefix.
+        let dd = DataDir::open(t.path(), false).unwrap();
+        let (j, rep) =
+            Journal::open(&dd, opts(Durability::Sync, 1024), 0, &mut |_, _| Ok(())).unwrap();
+        assert_eq!(rep.last_commit, keep.min(150));
+        assert_eq!(j.commit(b"again").unwrap(), keep.min(150) + 1);
+        j.close().unwrap();
+        assert!(verify(t.path()).unwrap().is_clean());
+    }
+}
+
+#[test]
+fn unsynced_writes_landing_out_of_order_are_a_torn_tail_but_flips_are_corruption() {
+    // 20 commits in one segment; then a frame in the middle loses its share
+    // of a sector (zeros: a write that never landed while later ones did).
+    let t = tempfile::tempdir().unwrap();
+    write_journal(t.path(), 20, 1 << 20);
+    let seg = last_segment(t.path());
+    let orig = std::fs::read(&seg).unwrap();
+    // Offsets of the frames.
+    let mut offs = Vec::new();
+    let mut pos = 32;
+    while pos < orig.len() {
+        offs.push(pos);
+        let len = u32::from_le_bytes(orig[pos + 4..pos + 8].try_into().unwrap()) as usize;
+        pos += 20 + len;
+    }
+    // Frame k (commit k+1) loses its share of one 512-byte sector.
+    let k = 10;
+    let (o, end) = (offs[k], offs[k + 1]);
+    let s = (o + end) / 2 / 512 * 512;
+    let (from, to) = (o.max(s), end.min(s + 512));
+    assert!(orig[from..to].iter().any(|&b| b != 0));
+    let mut holed = orig.clone();
+    holed[from..to].fill(0);
+    std::fs::write(&seg, &holed).unwrap();
+    let v = verify(t.path()).unwrap();
+    assert!(v.is_clean(), "{:?}", v.corruption);
+    assert_eq!(v.last_commit, k as u64);
+    let got = replay_all(t.path(), 0).unwrap();
+    assert_eq!(got.len(), k, "commits after the hole are dropped with it");
+    assert!(got.iter().all(|(id, p)| *p == payload(*id)));
+    // The same frame with one flipped byte instead: corruption, not a tail.
+    let mut flipped = orig.clone();
+    flipped[(from + to) / 2] ^= 0x01;
+    std::fs::write(&seg, &flipped).unwrap();
+    let dd = DataDir::open(t.path(), false).unwrap();
+    let err = Journal::open(&dd, JournalOptions::default(), 0, &mut |_, _| Ok(())).unwrap_err();
+    assert!(
+        matches!(err, Error::Corrupt { offset, .. } if offset == offs[k] as u64),
+        "{err}"
+    );
+}
+
+/// Writers that outpace the disk wait for it in every mode: in `none` and
+/// `relaxed`, a flush stuck in a slow fsync must not let the queue grow
+/// without bound (it once grew to gigabytes and got the process killed).
+#[test]
+fn a_slow_flush_bounds_the_queue_in_none_and_relaxed_modes() {
+    const MIB: usize = 1 << 20;
+    for mode in ["none", "relaxed=1000000"] {
+        let sim = SimStorage::new();
+        let prefix = PathBuf::from(format!("/memfs-slow-disk/{mode}"));
+        let _reg = storage::register_scoped(&prefix, Arc::new(sim.clone()));
+        let dd = DataDir::open(prefix.join("d"), true).unwrap();
+        let o = opts(mode.parse().unwrap(), 1 << 40);
+        let j = Arc::new(Journal::open(&dd, o, 0, &mut |_, _| Ok(())).unwrap().0);
+        j.commit(b"first").unwrap();
+        // A sync gets stuck in its fsync, holding the flusher's role.
+        sim.hold_file_syncs(true);
+        let syncer = std::thread::spawn({
+            let j = j.clone();
+            move || j.sync()
+        });
+        poll_until("the sync to reach the disk", || sim.syncs_waiting() == 1);
+        let writer = std::thread::spawn({
+            let j = j.clone();
+            move || {
+                let (payload, mut most) = (vec![7u8; MIB], 0);
+                for _ in 0..200 {
+                    j.commit(&payload).unwrap();
+                    most = most.max(j.stats().pending_bytes);
+                }
+                most
+            }
+        });
+        poll_until("the writer to finish or be throttled", || {
+            writer.is_finished() || j.stats().throttled == 1
+        });
+        sim.hold_file_syncs(false);
+        let most = writer.join().unwrap();
+        assert!(
+            most <= 17 * MIB as u64,
+            "{mode}: {most} bytes queued behind a stuck flush"
+        );
+        syncer.join().unwrap().unwrap();
+        assert_eq!(j.sync().unwrap(), 201, "{mode}");
+    }
 }

@@ -299,8 +299,7 @@ impl Store {
         opts.validate()?;
         let dir = dir.as_ref();
         let dd = DataDir::open(dir, true)?;
-        let meta_path = dir.join(meta::META_FILE);
-        if meta_path.exists() {
+        if memfs_journal::dir::exists(dir, meta::META_FILE)? {
             return Err(StoreError::Layout(format!(
                 "{} already holds a store",
                 dir.display()
@@ -330,8 +329,7 @@ impl Store {
         opts.validate()?;
         let dir = dir.as_ref();
         let dd = DataDir::open(dir, true)?;
-        let meta_path = dir.join(meta::META_FILE);
-        let created = !meta_path.exists();
+        let created = !memfs_journal::dir::exists(dir, meta::META_FILE)?;
         if !created {
             let rec = read_meta(dir)?;
             if rec.key_width != opts.key_width {
@@ -372,12 +370,12 @@ impl Store {
             ..Default::default()
         };
         // A crash during a snapshot leaves its temporary file behind.
-        if let Ok(rd) = std::fs::read_dir(&dir) {
-            for e in rd.flatten() {
-                let name = e.file_name();
-                let name = name.to_string_lossy();
+        // (Through the journal's storage layer, like every file access of the
+        // store, so a simulated disk registered for `dir` sees all of them.)
+        if let Ok(names) = memfs_journal::dir::list_names(&dir) {
+            for name in names {
                 if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
-                    let _ = std::fs::remove_file(e.path());
+                    let _ = memfs_journal::dir::remove_file(&dir, &name);
                 }
             }
         }
@@ -753,8 +751,7 @@ impl Store {
         let snapshot_bytes = list_snapshots(&self.shared.dir)
             .unwrap_or_default()
             .iter()
-            .filter_map(|(_, p)| std::fs::metadata(p).ok())
-            .map(|m| m.len())
+            .filter_map(|(_, p)| memfs_journal::dir::file_len(p).ok())
             .sum();
         MetricsSnapshot {
             block: self.current_block(),
@@ -813,17 +810,15 @@ impl Drop for Store {
 
 fn read_meta(dir: &Path) -> Result<StoreOptions> {
     let p = dir.join(meta::META_FILE);
-    let text = match std::fs::read_to_string(&p) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(StoreError::Layout(format!(
-                "{} is not a memfs store (no {} file)",
-                dir.display(),
-                meta::META_FILE
-            )));
-        }
-        Err(e) => return Err(io_err(&p)(e)),
+    let Some(bytes) = memfs_journal::dir::read_file(dir, meta::META_FILE)? else {
+        return Err(StoreError::Layout(format!(
+            "{} is not a memfs store (no {} file)",
+            dir.display(),
+            meta::META_FILE
+        )));
     };
+    let text = String::from_utf8(bytes)
+        .map_err(|e| io_err(&p)(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))?;
     meta::decode(&text, &p)
 }
 
@@ -1138,12 +1133,12 @@ impl SnapshotJob {
         };
         m.publish(&dir)?;
         let pruned = self.journal.prune(self.commit)?;
-        for (c, p) in list_snapshots(&dir)? {
+        for (c, _) in list_snapshots(&dir)? {
             if c < self.commit {
-                std::fs::remove_file(&p).map_err(io_err(&p))?;
+                memfs_journal::dir::remove_file(&dir, &snapshot_file_name(c))?;
             }
         }
-        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
         let mt = &self.shared.metrics;
         mt.snapshots.fetch_add(1, Ordering::Relaxed);
         mt.last_snapshot_block.store(block, Ordering::Relaxed);
