@@ -210,6 +210,18 @@ impl FileData {
         doomed.len() as u64
     }
 
+    /// Calls `f` for up to `max` allocated pages from index `start` on, in
+    /// order; returns the index to continue from, or `None` at the end. Lets
+    /// a checkpoint copy a big file in slices, dropping the lock in between.
+    pub fn pages_from(&self, start: u64, max: usize, mut f: impl FnMut(u64, &Page)) -> Option<u64> {
+        let mut it = self.map().range(start..);
+        for _ in 0..max {
+            let (&k, p) = it.next()?;
+            f(k, p);
+        }
+        it.next().map(|(&k, _)| k)
+    }
+
     /// The first offset at or after `off` that is in data (`SEEK_DATA`), given the file size.
     pub fn seek_data(&self, off: u64, size: u64) -> Option<u64> {
         if off >= size {

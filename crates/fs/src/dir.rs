@@ -141,6 +141,16 @@ impl Dir {
         }
     }
 
+    /// Sets `name` to `ino` whether or not it exists (replay of a journal
+    /// onto a fuzzy checkpoint, where an entry may already be there).
+    pub fn upsert(&mut self, name: &[u8], ino: u64, kind: FileType) {
+        if self.find(name).is_some() {
+            self.replace(name, ino, kind);
+        } else {
+            self.insert(name, ino, kind);
+        }
+    }
+
     /// Entries from readdir offset `offset` (>= FIRST_SLOT_OFFSET) on, each with
     /// the offset that resumes after it; stops when `f` returns false.
     pub fn list_from(&self, offset: u64, mut f: impl FnMut(&Slot, u64) -> bool) {

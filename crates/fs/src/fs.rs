@@ -45,15 +45,15 @@ pub struct DirEntry<'a> {
 
 /// An in-memory POSIX file system.
 pub struct Fs {
-    inodes: DashMap<u64, Arc<Inode>>,
-    next_ino: AtomicU64,
+    pub(crate) inodes: DashMap<u64, Arc<Inode>>,
+    pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
-    used_pages: AtomicU64,
-    used_inodes: AtomicU64,
+    pub(crate) used_pages: AtomicU64,
+    pub(crate) used_inodes: AtomicU64,
     rename_lock: Mutex<()>,
-    commit: AtomicU64,
-    recorder: Option<Arc<dyn Recorder>>,
+    pub(crate) commit: AtomicU64,
+    pub(crate) recorder: Option<Arc<dyn Recorder>>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -149,14 +149,40 @@ impl Fs {
         self.commit.load(Ordering::Acquire)
     }
 
-    fn log(&self, m: Mutation<'_>) {
-        let id = self.commit.fetch_add(1, Ordering::AcqRel) + 1;
-        if let Some(r) = &self.recorder {
-            r.record(id, &m);
+    /// Records a change as the next commit. The mutation is built only when
+    /// a recorder wants it: a pure in-memory file system pays one atomic add.
+    fn log<'m>(&self, m: impl FnOnce() -> Mutation<'m>) -> Result<()> {
+        match &self.recorder {
+            None => {
+                self.commit.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            Some(r) => {
+                let id = r.record(&m())?;
+                self.commit.fetch_max(id, Ordering::AcqRel);
+                Ok(())
+            }
         }
     }
 
-    fn get(&self, ino: u64) -> Result<Arc<Inode>> {
+    /// Waits until what this thread changed is as durable as the recorder's
+    /// mode promises. Call once the operation has returned (no lock held).
+    pub fn settle(&self) -> Result<()> {
+        match &self.recorder {
+            Some(r) => r.settle(),
+            None => Ok(()),
+        }
+    }
+
+    /// Makes every change so far durable (`fsync`, `syncfs`).
+    pub fn sync_all(&self) -> Result<()> {
+        match &self.recorder {
+            Some(r) => r.sync(),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn get(&self, ino: u64) -> Result<Arc<Inode>> {
         self.inodes
             .get(&ino)
             .map(|r| r.value().clone())
@@ -216,7 +242,9 @@ impl Fs {
         self.inodes.remove(&inode.ino);
         self.release_pages(pages);
         self.used_inodes.fetch_sub(1, Ordering::AcqRel);
-        self.log(Mutation::Free { ino: inode.ino });
+        // No commit: the node left the tree when its last name went (that
+        // was recorded), nobody can reach it since, and recovery drops every
+        // node without a name. Half the commits of an unlink-heavy load.
     }
 
     // ---- lookup and attributes -------------------------------------------------
@@ -381,12 +409,9 @@ impl Fs {
         if let Some(t) = set.ctime {
             st.meta.ctime = t;
         }
-        self.log(Mutation::SetAttr {
-            ino,
-            set: *set,
-            time: now,
-        });
-        Ok(st.attr(ino, inode.kind))
+        let attr = st.attr(ino, inode.kind);
+        self.log(|| Mutation::SetAttr { attr })?;
+        Ok(attr)
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -492,12 +517,12 @@ impl Fs {
             st.meta.nlink += 1;
         }
         st.touch_mc(now);
-        self.log(Mutation::Create {
-            parent,
+        self.log(|| Mutation::Create {
+            parent: st.attr(parent, FileType::Directory),
             name,
             attr,
             symlink_target: symlink,
-        });
+        })?;
         Ok(attr)
     }
 
@@ -606,13 +631,13 @@ impl Fs {
             .insert(newname, ino, inode.kind);
         dst.touch_mc(now);
         inode.nlookup.fetch_add(1, Ordering::AcqRel);
-        self.log(Mutation::Link {
-            ino,
-            parent: newparent,
+        let attr = st.attr(ino, inode.kind);
+        self.log(|| Mutation::Link {
+            parent: dst.attr(newparent, FileType::Directory),
             name: newname,
-            time: now,
-        });
-        Ok(st.attr(ino, inode.kind))
+            attr,
+        })?;
+        Ok(attr)
     }
 
     // ---- removing nodes ------------------------------------------------------------
@@ -664,19 +689,11 @@ impl Fs {
             cst.meta.ctime = now;
             pst.dir_mut().expect("checked").remove(name);
             pst.touch_mc(now);
-            self.log(if want_dir {
-                Mutation::Rmdir {
-                    parent,
-                    name,
-                    time: now,
-                }
-            } else {
-                Mutation::Unlink {
-                    parent,
-                    name,
-                    time: now,
-                }
-            });
+            self.log(|| Mutation::Remove {
+                parent: pst.attr(parent, FileType::Directory),
+                name,
+                attr: cst.attr(ino, kind),
+            })?;
         }
         drop(pst);
         self.maybe_free(&child);
@@ -935,14 +952,15 @@ impl Fs {
         ms.meta.ctime = now;
         pair.src().touch_mc(now);
         pair.dst().touch_mc(now);
-        self.log(Mutation::Rename {
-            parent,
+        self.log(|| Mutation::Rename {
+            parent: pair.src().attr(parent, FileType::Directory),
             name,
-            new_parent: newparent,
+            new_parent: pair.dst().attr(newparent, FileType::Directory),
             new_name: newname,
-            flags,
-            time: now,
-        });
+            moved: ms.attr(sino, skind),
+            other: target.and_then(|(dino, dkind)| os.as_ref().map(|o| o.attr(dino, dkind))),
+            exchange: flags.exchange,
+        })?;
         drop(ms);
         drop(os);
         Ok(if flags.exchange { None } else { other })
@@ -1054,18 +1072,20 @@ impl Fs {
         if ctx.uid != 0 {
             meta.perm = kill_priv(meta.perm);
         }
-        self.log(Mutation::Write {
-            ino,
+        self.log(|| Mutation::Write {
+            attr: st.attr(ino, inode.kind),
             offset: off,
             data,
-            time: now,
-        });
+        })?;
         Ok(data.len())
     }
 
-    /// `fsync`: every change is already in memory; durable modes hook in here.
+    /// `fsync`: every change is already in memory; with a recorder, waits
+    /// until every commit so far is durable (one journal orders all changes,
+    /// so making this file durable makes everything before it durable too).
     pub fn fsync(&self, ino: u64) -> Result<()> {
-        self.get(ino).map(|_| ())
+        self.get(ino)?;
+        self.sync_all()
     }
 
     /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (other whences are the caller's).
@@ -1116,13 +1136,12 @@ impl Fs {
         }
         meta.mtime = now;
         meta.ctime = now;
-        self.log(Mutation::Fallocate {
-            ino,
+        self.log(|| Mutation::Fallocate {
+            attr: st.attr(ino, inode.kind),
             offset: off,
             len,
             mode,
-            time: now,
-        });
+        })?;
         Ok(())
     }
 
@@ -1316,12 +1335,11 @@ impl Fs {
         r?;
         let now = Timespec::now();
         st.meta.ctime = now;
-        self.log(Mutation::SetXattr {
-            ino,
+        self.log(|| Mutation::SetXattr {
+            attr: st.attr(ino, inode.kind),
             name,
             value,
-            time: now,
-        });
+        })?;
         Ok(())
     }
 
@@ -1360,11 +1378,10 @@ impl Fs {
         }
         let now = Timespec::now();
         st.meta.ctime = now;
-        self.log(Mutation::RemoveXattr {
-            ino,
+        self.log(|| Mutation::RemoveXattr {
+            attr: st.attr(ino, inode.kind),
             name,
-            time: now,
-        });
+        })?;
         Ok(())
     }
 

@@ -1,81 +1,134 @@
 //! The one place every change passes through.
 //!
-//! Each mutating operation describes itself as a [`Mutation`] and hands it to
-//! [`crate::Fs`]'s recorder while it still holds the locks of the nodes it
+//! Each mutating operation describes its effect as a [`Mutation`] and hands it
+//! to [`crate::Fs`]'s recorder while it still holds the locks of the nodes it
 //! changed, so the commit order equals the order in which conflicting changes
-//! were applied. Records carry everything needed to redo the change
-//! deterministically (allocated inode numbers, the timestamps used), which is
-//! what a journal needs to replay them.
+//! were applied.
+//!
+//! A mutation is *physical*: it names every node it touched by inode number
+//! and carries each one's attributes as they are after the change, and the
+//! directory entries it set or removed. Replaying one never depends on the
+//! state it is replayed onto beyond the cells it overwrites (an attribute
+//! set, a directory entry, a byte range, an xattr), which is what lets
+//! recovery replay the journal onto a *fuzzy* checkpoint, copied while
+//! writers ran (see `docs/durability.md`).
 
-use crate::types::{Attr, FallocateMode, RenameFlags, SetAttr, Timespec};
+use crate::types::{Attr, FallocateMode};
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub enum Mutation<'a> {
-    /// A node created in `parent` (create, mknod, mkdir, symlink).
+    /// A node created in a directory (create, mknod, mkdir, symlink).
     Create {
-        parent: u64,
+        parent: Attr,
         name: &'a [u8],
         attr: Attr,
         symlink_target: Option<&'a [u8]>,
     },
+    /// A new name for an existing node.
     Link {
-        ino: u64,
-        parent: u64,
+        parent: Attr,
         name: &'a [u8],
-        time: Timespec,
+        attr: Attr,
     },
-    Unlink {
-        parent: u64,
+    /// A name removed (unlink, rmdir); `attr` is the node after (nlink
+    /// lowered; 0 for a directory).
+    Remove {
+        parent: Attr,
         name: &'a [u8],
-        time: Timespec,
+        attr: Attr,
     },
-    Rmdir {
-        parent: u64,
-        name: &'a [u8],
-        time: Timespec,
-    },
+    /// `parent/name` moved to `new_parent/new_name`. `moved` is the node that
+    /// had `name`; `other` the node that had `new_name`, if any (replaced, or
+    /// with `exchange` now at `parent/name`). Within one directory
+    /// `new_parent` equals `parent`.
     Rename {
-        parent: u64,
+        parent: Attr,
         name: &'a [u8],
-        new_parent: u64,
+        new_parent: Attr,
         new_name: &'a [u8],
-        flags: RenameFlags,
-        time: Timespec,
+        moved: Attr,
+        other: Option<Attr>,
+        exchange: bool,
     },
+    /// Attributes changed (chmod, chown, utimens, truncate: a smaller size
+    /// drops the data beyond it).
     SetAttr {
-        ino: u64,
-        set: SetAttr,
-        time: Timespec,
+        attr: Attr,
     },
     Write {
-        ino: u64,
+        attr: Attr,
         offset: u64,
         data: &'a [u8],
-        time: Timespec,
     },
     Fallocate {
-        ino: u64,
+        attr: Attr,
         offset: u64,
         len: u64,
         mode: FallocateMode,
-        time: Timespec,
     },
     SetXattr {
-        ino: u64,
+        attr: Attr,
         name: &'a [u8],
         value: &'a [u8],
-        time: Timespec,
     },
     RemoveXattr {
-        ino: u64,
+        attr: Attr,
         name: &'a [u8],
-        time: Timespec,
     },
     /// The last reference to an unlinked node is gone.
-    Free { ino: u64 },
+    Free {
+        ino: u64,
+    },
 }
 
-/// Receives every mutation with its commit id (strictly increasing).
+impl Mutation<'_> {
+    /// A short name for logs and `memfs log`.
+    pub fn op_name(&self) -> &'static str {
+        match self {
+            Mutation::Create { attr, .. } => match attr.kind {
+                crate::FileType::Directory => "mkdir",
+                crate::FileType::Symlink => "symlink",
+                crate::FileType::RegularFile => "create",
+                _ => "mknod",
+            },
+            Mutation::Link { .. } => "link",
+            Mutation::Remove { attr, .. } => {
+                if attr.kind == crate::FileType::Directory {
+                    "rmdir"
+                } else {
+                    "unlink"
+                }
+            }
+            Mutation::Rename { exchange: true, .. } => "exchange",
+            Mutation::Rename { .. } => "rename",
+            Mutation::SetAttr { .. } => "setattr",
+            Mutation::Write { .. } => "write",
+            Mutation::Fallocate { .. } => "fallocate",
+            Mutation::SetXattr { .. } => "setxattr",
+            Mutation::RemoveXattr { .. } => "removexattr",
+            Mutation::Free { .. } => "free",
+        }
+    }
+}
+
+/// Receives every mutation while the nodes it touched are still locked.
 pub trait Recorder: Send + Sync {
-    fn record(&self, commit: u64, mutation: &Mutation<'_>);
+    /// Records `mutation` as the next commit and returns its id (strictly
+    /// increasing). Must not wait for I/O: waiting for durability belongs in
+    /// [`Recorder::settle`], after the locks are dropped, so that concurrent
+    /// operations can share one fsync. An error makes the operation fail with
+    /// `EIO`.
+    fn record(&self, mutation: &Mutation<'_>) -> Result<u64, crate::Errno>;
+
+    /// Called by the operation's caller once its locks are dropped: waits
+    /// until what this thread recorded is as durable as the mode promises.
+    fn settle(&self) -> Result<(), crate::Errno> {
+        Ok(())
+    }
+
+    /// `fsync`/`syncfs`: waits until every commit so far is durable (a no-op
+    /// in a mode that promises nothing).
+    fn sync(&self) -> Result<(), crate::Errno> {
+        Ok(())
+    }
 }

@@ -69,6 +69,10 @@ impl Xattrs {
         self.entries.iter().map(|(n, _)| n.len() + 1).sum()
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> {
+        self.entries.iter().map(|(n, v)| (&**n, &**v))
+    }
+
     /// Names, each followed by a NUL byte, as `listxattr` returns them.
     pub fn list(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.list_len());

@@ -1,0 +1,1256 @@
+//! A file system backed by a data directory: every mutation is a journal
+//! commit, checkpoints are written in the background, and opening the
+//! directory recovers the newest state. Also: named snapshots, history and
+//! rollback. The protocol and formats are in `docs/durability.md`.
+//!
+//! Data directory contents, beyond the journal's own files (`LOCK`,
+//! `journal-*.log`, `MANIFEST`, `snapshot-*.snap`, see `docs/journal.md`):
+//! - `HISTORY`: the checkpoints kept (commit, required end, time) and the
+//!   named snapshots (name, commit, time); rewritten atomically.
+//!
+//! The manifest's user data holds a pending rollback ("rollback=C"), so a
+//! crash in the middle of one is finished at the next open.
+
+use std::cell::Cell;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use memfs_journal::recovery::{self, RecoveryReport};
+use memfs_journal::snapshot::{list_snapshots, snapshot_file_name};
+use memfs_journal::{
+    DataDir, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef, SnapshotWriter,
+};
+use parking_lot::{Condvar, Mutex};
+
+/// The journal underneath (verify, repair, the data directory lock).
+pub use memfs_journal as journal;
+pub use memfs_journal::Durability;
+
+use crate::image::{self, ImageInfo};
+use crate::mutation::{Mutation, Recorder};
+use crate::types::Config;
+use crate::{Errno, Fs};
+
+const HISTORY_FILE: &str = "HISTORY";
+const HISTORY_HEADER: &str = "memfs-history 1";
+const ROLLBACK_PREFIX: &str = "rollback=";
+
+/// Errors of a durable file system; each names what it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Journal(#[from] memfs_journal::Error),
+    #[error("checkpoint {file} is damaged: {reason}")]
+    Image { file: PathBuf, reason: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How far back history reaches; the journal and checkpoints behind it are
+/// deleted. Any limit that is set is honoured (the window is the largest
+/// that all allow). Named snapshots are always kept reachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub commits: Option<u64>,
+    pub age: Option<Duration>,
+    pub bytes: Option<u64>,
+}
+
+impl Default for Retention {
+    /// An hour of history.
+    fn default() -> Self {
+        Retention {
+            commits: None,
+            age: Some(Duration::from_secs(3600)),
+            bytes: None,
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}: expected e.g. 90s, 10m, 1h, 7d"))?;
+    let mult = match unit {
+        "" | "s" => 1,
+        "ms" => return Ok(Duration::from_millis(n)),
+        "m" | "min" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("bad duration unit in {s:?}: use ms, s, m, h or d")),
+    };
+    Ok(Duration::from_secs(n.saturating_mul(mult)))
+}
+
+/// Parses `90s`, `10m`, `1h`, `7d`, `250ms`.
+pub fn parse_duration_arg(s: &str) -> std::result::Result<Duration, String> {
+    parse_duration(s)
+}
+
+fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad size {s:?}: expected e.g. 512M, 4G"))?;
+    let shift = match unit
+        .to_ascii_uppercase()
+        .trim_end_matches("IB")
+        .trim_end_matches('B')
+    {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("bad size unit in {s:?}: use K, M, G or T")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+impl std::str::FromStr for Retention {
+    type Err = String;
+
+    /// `commits=N`, `age=DURATION`, `bytes=SIZE`, comma-separated; `all`
+    /// keeps everything.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let mut r = Retention {
+            commits: None,
+            age: None,
+            bytes: None,
+        };
+        if s == "all" {
+            return Ok(r);
+        }
+        for part in s.split(',') {
+            let (k, v) = part.split_once('=').ok_or_else(|| {
+                format!("bad retention {part:?}: use commits=N, age=DURATION or bytes=SIZE")
+            })?;
+            match k.trim() {
+                "commits" => {
+                    r.commits = Some(
+                        v.trim()
+                            .parse()
+                            .map_err(|_| format!("bad commit count {v:?}"))?,
+                    )
+                }
+                "age" => r.age = Some(parse_duration(v)?),
+                "bytes" => r.bytes = Some(parse_bytes(v)?),
+                _ => {
+                    return Err(format!(
+                        "unknown retention limit {k:?}: use commits, age or bytes"
+                    ));
+                }
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Parses a durability mode. Plain `async` queues up to 4096 commits (a
+/// file system commits once per operation, far more often than a block
+/// store); the journal's own syntax is accepted too.
+pub fn parse_durability(s: &str) -> std::result::Result<Durability, String> {
+    match s {
+        "async" => Ok(Durability::Async {
+            max_pending: 4096,
+            max_pending_bytes: memfs_journal::durability::DEFAULT_MAX_PENDING_BYTES,
+        }),
+        "relaxed" => Err("relaxed needs a commit count: relaxed=N".into()),
+        _ => s.parse(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub durability: Durability,
+    /// Write a checkpoint this often when anything changed (`None`: only
+    /// by journal volume and at close).
+    pub checkpoint_interval: Option<Duration>,
+    /// ... or once the journal has grown this much since the last one.
+    pub checkpoint_bytes: u64,
+    pub retention: Retention,
+    pub segment_size: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::Sync,
+            checkpoint_interval: Some(Duration::from_secs(300)),
+            checkpoint_bytes: 256 << 20,
+            retention: Retention::default(),
+            segment_size: 64 << 20,
+        }
+    }
+}
+
+/// What opening a data directory did.
+#[derive(Debug, Clone, Default)]
+pub struct OpenReport {
+    pub created: bool,
+    /// The checkpoint loaded, if any.
+    pub checkpoint: Option<ImageInfo>,
+    pub load_time: Duration,
+    pub journal: RecoveryReport,
+    pub last_commit: u64,
+    /// A rollback interrupted by a crash and finished now.
+    pub finished_rollback: Option<u64>,
+}
+
+impl std::fmt::Display for OpenReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.created {
+            return write!(f, "new data directory");
+        }
+        match &self.checkpoint {
+            Some(c) => write!(
+                f,
+                "checkpoint at commit {} ({} nodes, {} pages) loaded in {:.3}s; ",
+                c.commit,
+                c.nodes,
+                c.pages,
+                self.load_time.as_secs_f64()
+            )?,
+            None => write!(f, "no checkpoint; ")?,
+        }
+        let secs = self.journal.elapsed.as_secs_f64();
+        write!(
+            f,
+            "replayed {} commits ({:.1} MB, {:.0} MB/s) in {:.3}s; at commit {}",
+            self.journal.commits_replayed,
+            self.journal.bytes_replayed as f64 / 1e6,
+            if secs > 0.0 {
+                self.journal.bytes_replayed as f64 / 1e6 / secs
+            } else {
+                0.0
+            },
+            secs,
+            self.last_commit
+        )?;
+        if let Some((file, off, n)) = &self.journal.truncated_tail {
+            write!(
+                f,
+                "; cut a torn last commit ({n} bytes at {}:{off})",
+                file.display()
+            )?;
+        }
+        if let Some(c) = self.finished_rollback {
+            write!(f, "; finished an interrupted rollback to commit {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A checkpoint kept for recovery and rollback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    pub commit: u64,
+    pub required_end: u64,
+    pub time_ns: u64,
+}
+
+/// A named snapshot: a pinned commit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotEntry {
+    pub name: String,
+    pub commit: u64,
+    pub time_ns: u64,
+}
+
+/// The `HISTORY` file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct History {
+    pub checkpoints: Vec<CheckpointEntry>,
+    pub snapshots: Vec<SnapshotEntry>,
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Snapshot names: what is safe in a line-based file and on a command line.
+pub fn check_snapshot_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-@:+".contains(&b))
+        && !name.bytes().all(|b| b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "bad snapshot name {name:?}: 1-64 characters of letters, digits and . _ - @ : +, not all digits, not starting with -"
+        )))
+    }
+}
+
+impl History {
+    pub fn load(dir: &Path) -> Result<History> {
+        let Some(bytes) = memfs_journal::dir::read_file(dir, HISTORY_FILE)? else {
+            return Ok(History::default());
+        };
+        let path = dir.join(HISTORY_FILE);
+        let bad = |line: usize, why: &str| {
+            Error::Invalid(format!(
+                "{} is damaged at line {line}: {why}",
+                path.display()
+            ))
+        };
+        let text = std::str::from_utf8(&bytes).map_err(|_| bad(1, "not text"))?;
+        let mut lines = text.lines();
+        if lines.next() != Some(HISTORY_HEADER) {
+            return Err(bad(1, "unknown header"));
+        }
+        let mut h = History::default();
+        for (i, line) in lines.enumerate() {
+            let f: Vec<&str> = line.split(' ').collect();
+            let num = |s: &str| s.parse::<u64>().map_err(|_| bad(i + 2, "bad number"));
+            match f.as_slice() {
+                ["checkpoint", c, r, t] => h.checkpoints.push(CheckpointEntry {
+                    commit: num(c)?,
+                    required_end: num(r)?,
+                    time_ns: num(t)?,
+                }),
+                ["snapshot", n, c, t] => {
+                    check_snapshot_name(n).map_err(|_| bad(i + 2, "bad snapshot name"))?;
+                    h.snapshots.push(SnapshotEntry {
+                        name: n.to_string(),
+                        commit: num(c)?,
+                        time_ns: num(t)?,
+                    })
+                }
+                _ => return Err(bad(i + 2, "unknown line")),
+            }
+        }
+        h.checkpoints.sort_by_key(|c| c.commit);
+        Ok(h)
+    }
+
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let mut s = String::from(HISTORY_HEADER);
+        s.push('\n');
+        for c in &self.checkpoints {
+            s.push_str(&format!(
+                "checkpoint {} {} {}\n",
+                c.commit, c.required_end, c.time_ns
+            ));
+        }
+        for n in &self.snapshots {
+            s.push_str(&format!("snapshot {} {} {}\n", n.name, n.commit, n.time_ns));
+        }
+        memfs_journal::dir::write_file_atomic(dir, HISTORY_FILE, s.as_bytes())?;
+        Ok(())
+    }
+
+    /// The newest checkpoint that can rebuild the state at `commit`.
+    pub fn base_for(&self, commit: u64) -> Option<CheckpointEntry> {
+        self.checkpoints
+            .iter()
+            .rev()
+            .find(|c| c.required_end <= commit)
+            .copied()
+    }
+}
+
+thread_local! {
+    /// The last commit this thread recorded and has not waited for yet.
+    static PENDING: Cell<u64> = const { Cell::new(0) };
+}
+
+struct Shared {
+    path: PathBuf,
+    /// The directory's lock; dropped at close, so the directory can be
+    /// reopened (or rolled back) while the old `Fs` is still referenced.
+    dir: Mutex<Option<DataDir>>,
+    /// Set at close: the old file system may no longer journal anything.
+    closed: AtomicBool,
+    journal: Journal,
+    opts: Options,
+    /// Serialises checkpoints, snapshot edits and pruning.
+    admin: Mutex<()>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+    failed: AtomicBool,
+}
+
+/// The recorder the engine calls: a journal append per mutation.
+struct JournalRecorder {
+    shared: Arc<Shared>,
+}
+
+impl JournalRecorder {
+    fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
+        if !self.shared.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!("journal {what} failed, every further change fails with EIO: {e}");
+        }
+        Errno::EIO
+    }
+}
+
+impl Recorder for JournalRecorder {
+    fn record(&self, m: &Mutation<'_>) -> std::result::Result<u64, Errno> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Errno(libc::EROFS));
+        }
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let r = BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            buf.clear();
+            match crate::codec::encode(m, &mut buf) {
+                Some(data) => self.shared.journal.append_vectored(&[&buf, data]),
+                None => self.shared.journal.append_vectored(&[&buf]),
+            }
+        });
+        let id = r.map_err(|e| self.fail("append", e))?;
+        PENDING.with(|p| p.set(id));
+        Ok(id)
+    }
+
+    fn settle(&self) -> std::result::Result<(), Errno> {
+        let id = PENDING.with(|p| p.replace(0));
+        if id == 0 {
+            return Ok(());
+        }
+        self.shared
+            .journal
+            .complete(id)
+            .map_err(|e| self.fail("write", e))
+    }
+
+    fn sync(&self) -> std::result::Result<(), Errno> {
+        PENDING.with(|p| p.set(0));
+        if self.shared.opts.durability == Durability::None {
+            return Ok(());
+        }
+        self.shared
+            .journal
+            .sync()
+            .map(|_| ())
+            .map_err(|e| self.fail("sync", e))
+    }
+}
+
+/// A file system with a data directory.
+pub struct DurableFs {
+    fs: Arc<Fs>,
+    shared: Arc<Shared>,
+    checkpointer: Option<JoinHandle<()>>,
+}
+
+/// What a checkpoint did.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckpointReport {
+    pub info: ImageInfo,
+    pub bytes: u64,
+    pub elapsed: Duration,
+    pub segments_pruned: usize,
+    pub checkpoints_deleted: usize,
+}
+
+fn image_err(file: &Path, reason: impl Into<String>) -> Error {
+    Error::Image {
+        file: file.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Loads checkpoint `c` of `dir` into `fs`.
+fn load_checkpoint(dir: &Path, c: &SnapshotRef, fs: &Fs) -> Result<ImageInfo> {
+    let path = dir.join(snapshot_file_name(c.commit));
+    let mut r = SnapshotReader::open(&path).map_err(|e| {
+        image_err(
+            &path,
+            format!("the manifest names this checkpoint but it cannot be opened: {e}"),
+        )
+    })?;
+    let info = image::read_image(fs, &mut r).map_err(|e| image_err(&path, e))?;
+    if info.commit != c.commit || info.required_end != c.required_end {
+        return Err(image_err(
+            &path,
+            format!(
+                "image covers commits {}..{} but the manifest says {}..{}",
+                info.commit, info.required_end, c.commit, c.required_end
+            ),
+        ));
+    }
+    Ok(info)
+}
+
+/// Rebuilds the state at `upto` (or the newest) from `base` and the journal,
+/// without opening the journal for writing. For `log`-like readers, fsck and
+/// rollback previews.
+pub fn rebuild(
+    dir: &Path,
+    base: Option<SnapshotRef>,
+    upto: Option<u64>,
+    config: Config,
+) -> Result<(Fs, u64)> {
+    let fs = Fs::new(config);
+    let after = match &base {
+        Some(b) => {
+            load_checkpoint(dir, b, &fs)?;
+            b.commit
+        }
+        None => 0,
+    };
+    let mut last = after;
+    let mut decode_err = None;
+    recovery::replay_readonly(dir, after, &mut |id, p| {
+        if upto.is_some_and(|u| id > u) {
+            return Ok(());
+        }
+        match crate::codec::decode(p) {
+            Ok(m) => {
+                fs.apply(&m);
+                last = id;
+                Ok(())
+            }
+            Err(e) => {
+                decode_err = Some(id);
+                Err(e)
+            }
+        }
+    })?;
+    fs.finish_rebuild(last);
+    Ok((fs, last))
+}
+
+impl DurableFs {
+    /// Opens (or creates) the data directory at `path` and recovers its
+    /// newest state. A second opener of the same directory gets
+    /// [`memfs_journal::Error::Locked`].
+    pub fn open(path: &Path, config: Config, opts: Options) -> Result<(DurableFs, OpenReport)> {
+        let created = !memfs_journal::dir::exists(path, memfs_journal::manifest::MANIFEST_FILE)
+            .unwrap_or(false)
+            && recovery::list_segments(path).map_or(true, |s| s.is_empty());
+        let dir = DataDir::open(path, true)?;
+        let mut report = OpenReport {
+            created,
+            ..Default::default()
+        };
+        report.finished_rollback = finish_rollback(path)?;
+        let manifest = Manifest::load(path)?;
+        let fs = Fs::new(config);
+        let t0 = Instant::now();
+        let base = manifest.as_ref().and_then(|m| m.snapshot);
+        if let Some(b) = &base {
+            report.checkpoint = Some(load_checkpoint(path, b, &fs)?);
+        }
+        report.load_time = t0.elapsed();
+        let jopts = JournalOptions {
+            durability: opts.durability,
+            segment_size: opts.segment_size,
+        };
+        let after = base.map_or(0, |b| b.commit);
+        let (journal, jrep) = Journal::open(&dir, jopts, after, &mut |_, p| {
+            let m = crate::codec::decode(p)?;
+            fs.apply(&m);
+            Ok(())
+        })?;
+        if let Some(b) = &base
+            && jrep.last_commit < b.required_end
+        {
+            return Err(Error::Invalid(format!(
+                "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
+                path.display(),
+                jrep.last_commit,
+                b.commit,
+                b.required_end
+            )));
+        }
+        fs.finish_rebuild(jrep.last_commit);
+        report.last_commit = jrep.last_commit;
+        report.journal = jrep;
+        remove_stray_checkpoints(path, &History::load(path)?, base)?;
+        let shared = Arc::new(Shared {
+            path: path.to_path_buf(),
+            dir: Mutex::new(Some(dir)),
+            closed: AtomicBool::new(false),
+            journal,
+            opts,
+            admin: Mutex::new(()),
+            stop: Mutex::new(false),
+            wake: Condvar::new(),
+            failed: AtomicBool::new(false),
+        });
+        let mut fs = fs;
+        fs.recorder = Some(Arc::new(JournalRecorder {
+            shared: shared.clone(),
+        }));
+        let fs = Arc::new(fs);
+        if created {
+            // The root's attributes (times, owner) exist from the start but
+            // no commit records them: an empty checkpoint at commit 0 does.
+            checkpoint(&fs, &shared)?;
+        }
+        let checkpointer = {
+            let fs = fs.clone();
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("memfs-checkpoint".into())
+                .spawn(move || checkpoint_loop(&fs, &shared))
+                .map_err(|e| Error::Invalid(format!("cannot start the checkpoint thread: {e}")))?
+        };
+        tracing::info!("opened {}: {report}", path.display());
+        Ok((
+            DurableFs {
+                fs,
+                shared,
+                checkpointer: Some(checkpointer),
+            },
+            report,
+        ))
+    }
+
+    pub fn fs(&self) -> &Arc<Fs> {
+        &self.fs
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    pub fn durability(&self) -> Durability {
+        self.shared.opts.durability
+    }
+
+    pub fn last_commit(&self) -> u64 {
+        self.shared.journal.last_commit()
+    }
+
+    pub fn durable_commit(&self) -> u64 {
+        self.shared.journal.durable_commit()
+    }
+
+    pub fn journal_stats(&self) -> memfs_journal::JournalStats {
+        self.shared.journal.stats()
+    }
+
+    /// Makes everything so far durable (in every mode, `none` included).
+    pub fn sync(&self) -> Result<u64> {
+        Ok(self.shared.journal.sync()?)
+    }
+
+    /// Writes a checkpoint now (see [`checkpoint`]).
+    pub fn checkpoint(&self) -> Result<Option<CheckpointReport>> {
+        checkpoint(&self.fs, &self.shared)
+    }
+
+    /// Names the current state: pins the last commit (made durable first).
+    pub fn snapshot_create(&self, name: &str) -> Result<SnapshotEntry> {
+        check_snapshot_name(name)?;
+        let commit = self.shared.journal.sync()?;
+        let _g = self.shared.admin.lock();
+        snapshot_add(self.path(), name, commit)
+    }
+
+    pub fn snapshot_delete(&self, name: &str) -> Result<SnapshotEntry> {
+        let _g = self.shared.admin.lock();
+        snapshot_delete(self.path(), name)
+    }
+
+    pub fn history(&self) -> Result<History> {
+        let _g = self.shared.admin.lock();
+        History::load(self.path())
+    }
+
+    /// Stops the checkpointer, makes everything durable and writes a final
+    /// checkpoint (so the next open replays nothing).
+    pub fn close(mut self) -> Result<()> {
+        self.stop_checkpointer();
+        self.shared.journal.sync()?;
+        // After a failed append the journal lacks changes the tree has: a
+        // checkpoint of the tree would make them durable behind the user's back.
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        checkpoint(&self.fs, &self.shared)?;
+        self.release();
+        Ok(())
+    }
+
+    /// Ends journaling for good and lets go of the directory's lock.
+    fn release(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.shared.dir.lock().take();
+    }
+
+    fn stop_checkpointer(&mut self) {
+        *self.shared.stop.lock() = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.checkpointer.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for DurableFs {
+    fn drop(&mut self) {
+        self.stop_checkpointer();
+        if let Err(e) = self.shared.journal.sync() {
+            tracing::error!("final journal sync failed: {e}");
+        }
+        self.release();
+    }
+}
+
+fn checkpoint_loop(fs: &Fs, shared: &Shared) {
+    let mut last_bytes = shared.journal.stats().bytes_written;
+    let mut last_time = Instant::now();
+    let mut last_commit = shared.journal.last_commit();
+    loop {
+        {
+            let mut stop = shared.stop.lock();
+            if *stop {
+                return;
+            }
+            // A timer, not a wait for a condition: checkpoints are periodic.
+            shared.wake.wait_for(&mut stop, Duration::from_millis(500));
+            if *stop {
+                return;
+            }
+        }
+        if shared.failed.load(Ordering::Acquire) {
+            continue;
+        }
+        let st = shared.journal.stats();
+        let grown = st.bytes_written.saturating_sub(last_bytes) >= shared.opts.checkpoint_bytes;
+        let due = shared
+            .opts
+            .checkpoint_interval
+            .is_some_and(|i| last_time.elapsed() >= i && st.last_commit != last_commit);
+        if grown || due {
+            match checkpoint(fs, shared) {
+                Ok(Some(r)) => tracing::info!(
+                    "checkpoint at commit {} ({} nodes, {} pages) in {:.3}s",
+                    r.info.commit,
+                    r.info.nodes,
+                    r.info.pages,
+                    r.elapsed.as_secs_f64()
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::error!("checkpoint failed (will retry): {e}"),
+            }
+            last_bytes = shared.journal.stats().bytes_written;
+            last_time = Instant::now();
+            last_commit = shared.journal.last_commit();
+        }
+    }
+}
+
+/// Writes a checkpoint without stopping writers: note commit C, copy the
+/// tree (fuzzy), note R = the last commit the copy may contain, make the
+/// journal durable through R, then publish. Returns `None` when nothing
+/// changed since the newest checkpoint.
+fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
+    let _g = shared.admin.lock();
+    let _nice = BackgroundPriority::enter();
+    let t0 = Instant::now();
+    let dir = shared.path.as_path();
+    let commit = shared.journal.last_commit();
+    let mut history = History::load(dir)?;
+    if history
+        .checkpoints
+        .last()
+        .is_some_and(|c| c.commit == commit)
+    {
+        return Ok(None);
+    }
+    let mut w = SnapshotWriter::create(dir, commit)?;
+    let written = image::write_nodes(fs, commit, &mut w);
+    let (nodes, pages) = match written {
+        Ok(n) => n,
+        Err(e) => {
+            w.abandon();
+            return Err(image_err(
+                &dir.join(snapshot_file_name(commit)),
+                e.to_string(),
+            ));
+        }
+    };
+    let info = ImageInfo {
+        commit,
+        required_end: shared.journal.last_commit(),
+        nodes,
+        pages,
+    };
+    if let Err(e) = image::write_trailer(&mut w, &info) {
+        w.abandon();
+        return Err(image_err(
+            &dir.join(snapshot_file_name(commit)),
+            e.to_string(),
+        ));
+    }
+    shared.journal.wait_durable(info.required_end)?;
+    let path = w.finish()?;
+    let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
+    history.checkpoints.push(CheckpointEntry {
+        commit,
+        required_end: info.required_end,
+        time_ns: now_ns(),
+    });
+    // HISTORY first: a checkpoint the manifest names is always listed there.
+    history.save(dir)?;
+    let mut m = Manifest::load(dir)?.unwrap_or_default();
+    m.snapshot = Some(SnapshotRef {
+        commit,
+        required_end: info.required_end,
+    });
+    m.publish(dir)?;
+    let (segments_pruned, checkpoints_deleted) = prune(shared, &mut history)?;
+    Ok(Some(CheckpointReport {
+        info,
+        bytes,
+        elapsed: t0.elapsed(),
+        segments_pruned,
+        checkpoints_deleted,
+    }))
+}
+
+/// Lowers the calling thread's CPU priority while a checkpoint copies the
+/// tree: on a machine with few cores the copy must not take CPU time from
+/// the threads answering requests (their latency is what users see).
+struct BackgroundPriority {
+    old: Option<i32>,
+}
+
+impl BackgroundPriority {
+    fn enter() -> Self {
+        // SAFETY: gettid, getpriority and setpriority only read or set this
+        // thread's scheduling priority; no memory is passed.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            *libc::__errno_location() = 0;
+            let old = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if *libc::__errno_location() != 0 {
+                return BackgroundPriority { old: None };
+            }
+            let ok = libc::setpriority(libc::PRIO_PROCESS, tid, 19) == 0;
+            BackgroundPriority {
+                old: ok.then_some(old),
+            }
+        }
+    }
+}
+
+impl Drop for BackgroundPriority {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            // SAFETY: as above. Raising the priority back may be refused
+            // to an unprivileged process; the thread then stays niced.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, old);
+            }
+        }
+    }
+}
+
+/// Deletes checkpoints and journal segments that retention and the named
+/// snapshots no longer need. The oldest kept checkpoint (the *base*) must
+/// be able to rebuild every commit still reachable.
+fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> {
+    let dir = shared.path.as_path();
+    let last = shared.journal.last_commit();
+    let r = shared.opts.retention;
+    // The oldest commit that must stay reachable: the largest window any
+    // set limit allows (no limit: everything stays).
+    if r.commits.is_none() && r.age.is_none() && r.bytes.is_none() {
+        return Ok((0, 0));
+    }
+    let mut horizon = last;
+    if let Some(n) = r.commits {
+        horizon = horizon.min(last.saturating_sub(n));
+    }
+    if let Some(age) = r.age {
+        let cutoff = now_ns().saturating_sub(age.as_nanos() as u64);
+        // Everything since the newest checkpoint older than the cutoff.
+        let c = h
+            .checkpoints
+            .iter()
+            .rev()
+            .find(|c| c.time_ns <= cutoff)
+            .map_or(0, |c| c.required_end);
+        horizon = horizon.min(c);
+    }
+    if let Some(limit) = r.bytes {
+        // Keep the newest segments up to `limit` bytes: the horizon is the
+        // first commit of the oldest segment that fits.
+        let segs = recovery::list_segments(dir)?;
+        let mut total = 0u64;
+        let mut keep_from = last;
+        for (first, p) in segs.iter().rev() {
+            total += memfs_journal::dir::file_len(p).unwrap_or(0);
+            if total > limit {
+                break;
+            }
+            keep_from = first.saturating_sub(1);
+        }
+        horizon = horizon.min(keep_from);
+    }
+    if let Some(min_pin) = h.snapshots.iter().map(|s| s.commit).min() {
+        horizon = horizon.min(min_pin);
+    }
+    // With no checkpoint at or before the horizon, nothing can go: the
+    // journal from commit 1 is what rebuilds it.
+    let Some(base) = h.base_for(horizon) else {
+        return Ok((0, 0));
+    };
+    let doomed: Vec<CheckpointEntry> = h
+        .checkpoints
+        .iter()
+        .filter(|c| c.commit < base.commit)
+        .copied()
+        .collect();
+    if doomed.is_empty() && !segments_before(dir, base.commit)? {
+        return Ok((0, 0));
+    }
+    h.checkpoints.retain(|c| c.commit >= base.commit);
+    h.save(dir)?;
+    for c in &doomed {
+        memfs_journal::dir::remove_file(dir, &snapshot_file_name(c.commit))?;
+    }
+    let pruned = shared.journal.prune(base.commit)?;
+    Ok((pruned, doomed.len()))
+}
+
+fn segments_before(dir: &Path, commit: u64) -> Result<bool> {
+    let segs = recovery::list_segments(dir)?;
+    Ok(segs.len() > 1 && segs[1].0 <= commit + 1)
+}
+
+/// Deletes checkpoint files neither HISTORY nor the manifest names (a crash
+/// between writing one and recording it) and unfinished temporaries.
+fn remove_stray_checkpoints(dir: &Path, h: &History, current: Option<SnapshotRef>) -> Result<()> {
+    for (c, _) in list_snapshots(dir)? {
+        let known =
+            h.checkpoints.iter().any(|k| k.commit == c) || current.is_some_and(|s| s.commit == c);
+        if !known {
+            tracing::warn!("removing unrecorded checkpoint {}", snapshot_file_name(c));
+            memfs_journal::dir::remove_file(dir, &snapshot_file_name(c))?;
+        }
+    }
+    Ok(())
+}
+
+/// Records a named snapshot of `commit` in HISTORY (the caller holds the
+/// directory or the admin lock).
+fn snapshot_add(dir: &Path, name: &str, commit: u64) -> Result<SnapshotEntry> {
+    let mut h = History::load(dir)?;
+    if h.snapshots.iter().any(|s| s.name == name) {
+        return Err(Error::Invalid(format!("snapshot {name:?} already exists")));
+    }
+    let e = SnapshotEntry {
+        name: name.into(),
+        commit,
+        time_ns: now_ns(),
+    };
+    h.snapshots.push(e.clone());
+    h.save(dir)?;
+    Ok(e)
+}
+
+fn snapshot_delete(dir: &Path, name: &str) -> Result<SnapshotEntry> {
+    let mut h = History::load(dir)?;
+    let i = h
+        .snapshots
+        .iter()
+        .position(|s| s.name == name)
+        .ok_or_else(|| Error::Invalid(format!("no snapshot named {name:?}")))?;
+    let e = h.snapshots.remove(i);
+    h.save(dir)?;
+    Ok(e)
+}
+
+// ---- offline operations (the data directory is not in use) ----------------
+
+/// Where history can reach in a data directory that is not in use.
+#[derive(Debug, Clone)]
+pub struct Reach {
+    /// The oldest commit a rollback can reach.
+    pub oldest: u64,
+    /// The last intact commit.
+    pub last: u64,
+}
+
+fn journal_first_commit(dir: &Path) -> Result<Option<u64>> {
+    Ok(recovery::list_segments(dir)?.first().map(|s| s.0))
+}
+
+pub fn reach(dir: &Path) -> Result<Reach> {
+    let v = recovery::verify(dir)?;
+    if let Some(d) = &v.corruption {
+        return Err(Error::Invalid(format!(
+            "the journal is damaged ({} at offset {}: {}); run memfs fsck --data-dir {} first",
+            d.file.display(),
+            d.offset,
+            d.reason,
+            dir.display()
+        )));
+    }
+    let h = History::load(dir)?;
+    let manifest = Manifest::load(dir)?;
+    let base_commit = manifest.and_then(|m| m.snapshot).map(|s| s.commit);
+    let from_journal = match journal_first_commit(dir)? {
+        Some(1) => Some(0),
+        _ => None,
+    };
+    let oldest = from_journal
+        .or(h.checkpoints.first().map(|c| c.required_end))
+        .or(base_commit)
+        .unwrap_or(0);
+    let last = v.last_commit.max(base_commit.unwrap_or(0));
+    Ok(Reach { oldest, last })
+}
+
+/// Creates a named snapshot of the newest state of a directory not in use.
+pub fn snapshot_create_offline(dir: &Path, name: &str) -> Result<SnapshotEntry> {
+    check_snapshot_name(name)?;
+    let _lock = DataDir::open(dir, false)?;
+    let r = reach(dir)?;
+    snapshot_add(dir, name, r.last)
+}
+
+pub fn snapshot_delete_offline(dir: &Path, name: &str) -> Result<SnapshotEntry> {
+    let _lock = DataDir::open(dir, false)?;
+    snapshot_delete(dir, name)
+}
+
+/// One commit as `memfs log` shows it.
+#[derive(Debug, Clone)]
+pub struct LogEntry {
+    pub commit: u64,
+    /// The change time the operation set (seconds, nanoseconds), if it has one.
+    pub time: Option<(i64, u32)>,
+    pub op: &'static str,
+    pub ino: u64,
+    pub name: Option<String>,
+    /// Payload bytes of the commit.
+    pub bytes: usize,
+    /// Data bytes the operation wrote (writes), 0 otherwise.
+    pub data: usize,
+}
+
+/// The last `limit` commits of a data directory (in use or not: the
+/// journal is only read; a commit being written is not shown).
+pub fn log(dir: &Path, limit: usize) -> Result<Vec<LogEntry>> {
+    let first = journal_first_commit(dir)?.unwrap_or(1);
+    let mut ring = std::collections::VecDeque::with_capacity(limit.min(1 << 16));
+    recovery::replay_readonly(dir, first - 1, &mut |id, p| {
+        let m = crate::codec::decode(p)?;
+        let (ino, time, name, data) = match m {
+            Mutation::Create { attr, name, .. }
+            | Mutation::Link { attr, name, .. }
+            | Mutation::Remove { attr, name, .. } => (attr.ino, Some(attr.ctime), Some(name), 0),
+            Mutation::Rename {
+                moved, new_name, ..
+            } => (moved.ino, Some(moved.ctime), Some(new_name), 0),
+            Mutation::SetAttr { attr } => (attr.ino, Some(attr.ctime), None, 0),
+            Mutation::Write { attr, data, .. } => (attr.ino, Some(attr.mtime), None, data.len()),
+            Mutation::Fallocate { attr, .. } => (attr.ino, Some(attr.mtime), None, 0),
+            Mutation::SetXattr { attr, name, .. } | Mutation::RemoveXattr { attr, name } => {
+                (attr.ino, Some(attr.ctime), Some(name), 0)
+            }
+            Mutation::Free { ino } => (ino, None, None, 0),
+        };
+        if ring.len() == limit {
+            ring.pop_front();
+        }
+        if limit > 0 {
+            ring.push_back(LogEntry {
+                commit: id,
+                time: time.map(|t| (t.sec, t.nsec)),
+                op: m.op_name(),
+                ino,
+                name: name.map(|n| String::from_utf8_lossy(n).into_owned()),
+                bytes: p.len(),
+                data,
+            });
+        }
+        Ok(())
+    })?;
+    Ok(ring.into_iter().collect())
+}
+
+/// What a rollback would discard.
+#[derive(Debug, Clone)]
+pub struct RollbackPlan {
+    pub target: u64,
+    pub last: u64,
+    pub base: Option<CheckpointEntry>,
+    /// Named snapshots after the target (deleted by the rollback).
+    pub lost_snapshots: Vec<SnapshotEntry>,
+}
+
+impl RollbackPlan {
+    pub fn commits_lost(&self) -> u64 {
+        self.last - self.target
+    }
+}
+
+/// Resolves a commit id or a snapshot name.
+pub fn resolve_target(dir: &Path, target: &str) -> Result<u64> {
+    if let Ok(c) = target.parse::<u64>() {
+        return Ok(c);
+    }
+    let h = History::load(dir)?;
+    h.snapshots
+        .iter()
+        .find(|s| s.name == target)
+        .map(|s| s.commit)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{target:?} is neither a commit id nor a snapshot name (memfs snapshot list shows them)"
+            ))
+        })
+}
+
+/// Checks that `target` is reachable; says what a rollback would discard.
+pub fn plan_rollback(dir: &Path, target: u64) -> Result<RollbackPlan> {
+    let r = reach(dir)?;
+    if target > r.last {
+        return Err(Error::Invalid(format!(
+            "commit {target} does not exist: the newest is {}",
+            r.last
+        )));
+    }
+    if target < r.oldest {
+        return Err(Error::Invalid(format!(
+            "commit {target} is older than the retained history, which reaches back to commit {}",
+            r.oldest
+        )));
+    }
+    let h = History::load(dir)?;
+    Ok(RollbackPlan {
+        target,
+        last: r.last,
+        base: h.base_for(target),
+        lost_snapshots: h
+            .snapshots
+            .iter()
+            .filter(|s| s.commit > target)
+            .cloned()
+            .collect(),
+    })
+}
+
+/// Rolls a data directory that is not in use back to `plan.target`. The
+/// intent is published in the manifest first, so a crash part-way is
+/// finished at the next open; commits after the target are gone after this.
+pub fn rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
+    let _lock = DataDir::open(dir, false)?;
+    let fresh = plan_rollback(dir, plan.target)?;
+    if fresh.last != plan.last {
+        return Err(Error::Invalid(
+            "the data directory changed since the rollback was planned".into(),
+        ));
+    }
+    let mut m = Manifest::load(dir)?.unwrap_or_default();
+    m.snapshot = plan.base.map(|b| SnapshotRef {
+        commit: b.commit,
+        required_end: b.required_end,
+    });
+    m.user = format!("{ROLLBACK_PREFIX}{}", plan.target).into_bytes();
+    m.publish(dir)?;
+    finish_rollback(dir)?;
+    Ok(())
+}
+
+/// Completes a rollback recorded in the manifest: cuts the journal, drops
+/// later checkpoints and snapshots, then clears the intent. Idempotent.
+fn finish_rollback(dir: &Path) -> Result<Option<u64>> {
+    let Some(mut m) = Manifest::load(dir)? else {
+        return Ok(None);
+    };
+    let Some(target) = std::str::from_utf8(&m.user)
+        .ok()
+        .and_then(|u| u.strip_prefix(ROLLBACK_PREFIX))
+        .and_then(|t| t.parse::<u64>().ok())
+    else {
+        return Ok(None);
+    };
+    recovery::truncate_after(dir, target)?;
+    let mut h = History::load(dir)?;
+    let keep = m.snapshot.map(|s| s.commit);
+    let doomed: Vec<u64> = h
+        .checkpoints
+        .iter()
+        .filter(|c| c.required_end > target && Some(c.commit) != keep)
+        .map(|c| c.commit)
+        .collect();
+    h.checkpoints
+        .retain(|c| c.required_end <= target || Some(c.commit) == keep);
+    h.snapshots.retain(|s| s.commit <= target);
+    h.save(dir)?;
+    for c in doomed {
+        memfs_journal::dir::remove_file(dir, &snapshot_file_name(c))?;
+    }
+    m.user.clear();
+    m.publish(dir)?;
+    Ok(Some(target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn my_priority() -> i32 {
+        // SAFETY: reads this thread's priority.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    #[test]
+    fn a_checkpoint_runs_at_low_priority_and_restores_it() {
+        let before = my_priority();
+        {
+            let _g = BackgroundPriority::enter();
+            assert_eq!(my_priority(), 19);
+        }
+        assert_eq!(my_priority(), before);
+    }
+
+    #[test]
+    fn retention_and_durations_parse_or_say_why_not() {
+        let r: Retention = "commits=10,age=2h,bytes=1G".parse().unwrap();
+        assert_eq!(r.commits, Some(10));
+        assert_eq!(r.age, Some(Duration::from_secs(7200)));
+        assert_eq!(r.bytes, Some(1 << 30));
+        assert_eq!("all".parse::<Retention>().unwrap().age, None);
+        assert!(
+            "age=soon"
+                .parse::<Retention>()
+                .unwrap_err()
+                .contains("bad duration")
+        );
+        assert!(
+            "forever"
+                .parse::<Retention>()
+                .unwrap_err()
+                .contains("commits=N")
+        );
+        assert!(
+            parse_durability("relaxed")
+                .unwrap_err()
+                .contains("relaxed=N")
+        );
+        assert!(check_snapshot_name("123").is_err());
+        assert!(check_snapshot_name("before upgrade").is_err());
+        check_snapshot_name("before-upgrade.2").unwrap();
+    }
+}

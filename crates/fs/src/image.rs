@@ -1,0 +1,301 @@
+//! Checkpoint images: the whole tree written as a stream of records, copied
+//! while writers keep running.
+//!
+//! The copy takes one node's read lock at a time and only for a bounded
+//! slice of it (64 pages or 1024 directory entries), so no operation waits
+//! behind a checkpoint for more than a few tens of microseconds, however big
+//! the file system. The result is *fuzzy*: each slice is consistent, the
+//! whole is not; recovery replays the journal from the commit the copy began
+//! at over it, which makes it exact (see `replay.rs`). Format in
+//! `docs/durability.md`.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+
+use crate::codec::{ATTR_LEN, Cursor, kind_code, kind_from, put_attr, put_bytes16, put_bytes32};
+use crate::fs::Fs;
+use crate::inode::{Body, Inode};
+use crate::types::{FileType, PAGE_SIZE};
+
+pub const IMAGE_MAGIC: &[u8; 8] = b"MFSIMG01";
+
+const R_NODE: u8 = 1;
+const R_ENTRIES: u8 = 2;
+const R_PAGES: u8 = 3;
+const R_END: u8 = 0xFF;
+
+/// Pages copied per lock hold (256 KiB: tens of microseconds of memcpy).
+const PAGES_PER_SLICE: usize = 64;
+/// Directory entries copied per lock hold.
+const ENTRIES_PER_SLICE: usize = 1024;
+
+/// What an image holds, from its header and trailer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// Every commit up to this one is in the image.
+    pub commit: u64,
+    /// Effects of commits up to this one may be in it too: recovery must
+    /// replay the journal at least this far.
+    pub required_end: u64,
+    pub nodes: u64,
+    pub pages: u64,
+}
+
+/// Writes the image header and every node; returns nodes and pages written.
+/// The caller appends the trailer with [`write_trailer`] once it knows how
+/// far the journal got while this ran.
+pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result<(u64, u64)> {
+    w.write_all(IMAGE_MAGIC)?;
+    w.write_all(&commit.to_le_bytes())?;
+    w.write_all(
+        &fs.next_ino
+            .load(std::sync::atomic::Ordering::Acquire)
+            .to_le_bytes(),
+    )?;
+    // Collected first so that no table shard stays locked while we copy.
+    let nodes: Vec<Arc<Inode>> = fs.inodes.iter().map(|e| e.value().clone()).collect();
+    let mut buf = Vec::with_capacity(PAGES_PER_SLICE * (PAGE_SIZE + 32));
+    let (mut count, mut pages) = (0u64, 0u64);
+    for inode in nodes {
+        if write_node(&inode, &mut buf)? {
+            count += 1;
+        }
+        w.write_all(&buf)?;
+        buf.clear();
+        match inode.kind {
+            FileType::Directory => {
+                let mut offset = crate::dir::FIRST_SLOT_OFFSET;
+                loop {
+                    let next = {
+                        let st = inode.state.read();
+                        let Some(d) = st.dir() else { break };
+                        buf.push(R_ENTRIES);
+                        buf.extend_from_slice(&inode.ino.to_le_bytes());
+                        let count_at = buf.len();
+                        buf.extend_from_slice(&0u32.to_le_bytes());
+                        let mut n = 0u32;
+                        let mut next = None;
+                        d.list_from(offset, |slot, off| {
+                            if n as usize == ENTRIES_PER_SLICE {
+                                next = Some(off - 1);
+                                return false;
+                            }
+                            put_bytes16(&mut buf, &slot.name);
+                            buf.extend_from_slice(&slot.ino.to_le_bytes());
+                            buf.push(kind_code(slot.kind));
+                            n += 1;
+                            true
+                        });
+                        buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+                        next
+                    };
+                    w.write_all(&buf)?;
+                    buf.clear();
+                    match next {
+                        Some(o) => offset = o,
+                        None => break,
+                    }
+                }
+            }
+            FileType::RegularFile => {
+                let mut start = Some(0u64);
+                while let Some(s) = start {
+                    start = {
+                        let st = inode.state.read();
+                        let Body::File(d) = &st.body else { break };
+                        if st.meta.nlink == 0 {
+                            break;
+                        }
+                        d.pages_from(s, PAGES_PER_SLICE, |idx, page| {
+                            buf.push(R_PAGES);
+                            buf.extend_from_slice(&inode.ino.to_le_bytes());
+                            buf.extend_from_slice(&idx.to_le_bytes());
+                            buf.extend_from_slice(page);
+                            pages += 1;
+                        })
+                    };
+                    w.write_all(&buf)?;
+                    buf.clear();
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok((count, pages))
+}
+
+/// One node's attributes, symlink target, `..` and xattrs. Nodes no
+/// directory names (unlinked but still open) are left out: nobody can hold
+/// them after a restart.
+fn write_node(inode: &Inode, buf: &mut Vec<u8>) -> io::Result<bool> {
+    let st = inode.state.read();
+    if st.meta.nlink == 0 && inode.ino != crate::types::ROOT_INO {
+        return Ok(false);
+    }
+    buf.push(R_NODE);
+    put_attr(buf, &st.attr(inode.ino, inode.kind));
+    let parent = st.dir().map_or(0, |d| d.parent);
+    buf.extend_from_slice(&parent.to_le_bytes());
+    match &st.body {
+        Body::Symlink(t) => put_bytes16(buf, t),
+        _ => put_bytes16(buf, b""),
+    }
+    let xs: Vec<(&[u8], &[u8])> = st.meta.xattrs.iter().flat_map(|x| x.iter()).collect();
+    buf.extend_from_slice(&(xs.len() as u16).to_le_bytes());
+    for (n, v) in xs {
+        put_bytes16(buf, n);
+        put_bytes32(buf, v);
+    }
+    Ok(true)
+}
+
+pub(crate) fn write_trailer(w: &mut dyn Write, info: &ImageInfo) -> io::Result<()> {
+    w.write_all(&[R_END])?;
+    w.write_all(&info.required_end.to_le_bytes())?;
+    w.write_all(&info.nodes.to_le_bytes())?;
+    w.write_all(&info.pages.to_le_bytes())
+}
+
+fn read_n(r: &mut dyn Read, buf: &mut Vec<u8>, n: usize) -> Result<(), String> {
+    buf.resize(n, 0);
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => "image ends before its trailer (truncated)".to_string(),
+        _ => e.to_string(),
+    })
+}
+
+fn read_u64(r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<u64, String> {
+    read_n(r, buf, 8)?;
+    Ok(u64::from_le_bytes(buf[..8].try_into().expect("8")))
+}
+
+/// A variable-length tail: a 16- or 32-bit length, then that many bytes,
+/// appended to `buf`.
+fn read_var(r: &mut dyn Read, buf: &mut Vec<u8>, wide: bool) -> Result<(), String> {
+    let mut len = [0u8; 4];
+    let w = if wide { 4 } else { 2 };
+    r.read_exact(&mut len[..w])
+        .map_err(|e| format!("image truncated in a record: {e}"))?;
+    buf.extend_from_slice(&len[..w]);
+    let n = u32::from_le_bytes(len) as usize;
+    if n > (64 << 20) {
+        return Err(format!("field of {n} bytes is implausibly large"));
+    }
+    let at = buf.len();
+    buf.resize(at + n, 0);
+    r.read_exact(&mut buf[at..])
+        .map_err(|e| format!("image truncated in a record: {e}"))
+}
+
+/// Reads an image into `fs` (a fresh file system). Errors say what is wrong;
+/// the caller adds the file and offset.
+pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String> {
+    let mut buf = Vec::new();
+    read_n(r, &mut buf, 24)?;
+    if &buf[..8] != IMAGE_MAGIC {
+        return Err("not a memfs image (bad magic)".into());
+    }
+    let mut info = ImageInfo {
+        commit: u64::from_le_bytes(buf[8..16].try_into().expect("8")),
+        ..Default::default()
+    };
+    let next_ino = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
+    fs.next_ino
+        .fetch_max(next_ino, std::sync::atomic::Ordering::AcqRel);
+    let mut pages = 0u64;
+    let mut nodes = 0u64;
+    loop {
+        read_n(r, &mut buf, 1)?;
+        match buf[0] {
+            R_NODE => {
+                read_n(r, &mut buf, ATTR_LEN + 8)?;
+                read_var(r, &mut buf, false)?;
+                let mut rest = [0u8; 2];
+                r.read_exact(&mut rest)
+                    .map_err(|e| format!("image truncated in a node: {e}"))?;
+                let nx = u16::from_le_bytes(rest);
+                buf.extend_from_slice(&rest);
+                for _ in 0..nx {
+                    read_var(r, &mut buf, false)?;
+                    read_var(r, &mut buf, true)?;
+                }
+                let mut c = Cursor::new(&buf);
+                let attr = c.attr()?;
+                let parent = c.u64()?;
+                let target = c.bytes16()?;
+                let body = match attr.kind {
+                    FileType::RegularFile => Body::File(Default::default()),
+                    FileType::Directory => Body::Dir(Box::new(crate::dir::Dir::new(parent.max(1)))),
+                    FileType::Symlink => Body::Symlink(Box::new(target.into())),
+                    _ => Body::Special,
+                };
+                fs.install(&attr, body);
+                let nx = c.u16()?;
+                let mut xs = Vec::with_capacity(nx as usize);
+                for _ in 0..nx {
+                    xs.push((c.bytes16()?, c.bytes32()?));
+                }
+                fs.apply_xattrs(attr.ino, xs.into_iter());
+                nodes += 1;
+            }
+            R_ENTRIES => {
+                read_n(r, &mut buf, 12)?;
+                let dir = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+                let n = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
+                if n as usize > ENTRIES_PER_SLICE {
+                    return Err(format!("{n} entries in one slice"));
+                }
+                buf.clear();
+                for _ in 0..n {
+                    read_var(r, &mut buf, false)?;
+                    let at = buf.len();
+                    buf.resize(at + 9, 0);
+                    r.read_exact(&mut buf[at..])
+                        .map_err(|e| format!("image truncated in entries: {e}"))?;
+                }
+                let mut c = Cursor::new(&buf);
+                let mut entries = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let name = c.bytes16()?;
+                    if name.is_empty() || name.len() > crate::types::NAME_MAX {
+                        return Err(format!("directory {dir}: invalid entry name"));
+                    }
+                    let ino = c.u64()?;
+                    let kind = kind_from(c.u8()?)?;
+                    entries.push((name, ino, kind));
+                }
+                fs.apply_entries(dir, entries.into_iter());
+            }
+            R_PAGES => {
+                read_n(r, &mut buf, 16 + PAGE_SIZE)?;
+                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+                let idx = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
+                if idx >= crate::types::MAX_FILE_SIZE / PAGE_SIZE as u64 {
+                    return Err(format!("page index {idx} beyond the largest file"));
+                }
+                fs.apply_pages(ino, idx, &buf[16..]);
+                pages += 1;
+            }
+            R_END => {
+                info.required_end = read_u64(r, &mut buf)?;
+                info.nodes = read_u64(r, &mut buf)?;
+                info.pages = read_u64(r, &mut buf)?;
+                if info.nodes != nodes || info.pages != pages {
+                    return Err(format!(
+                        "trailer counts {} nodes and {} pages, the image holds {nodes} and {pages}",
+                        info.nodes, info.pages
+                    ));
+                }
+                if info.required_end < info.commit {
+                    return Err("trailer's required end precedes the image's commit".into());
+                }
+                let mut extra = [0u8; 1];
+                if r.read(&mut extra).map_err(|e| e.to_string())? != 0 {
+                    return Err("bytes after the image trailer".into());
+                }
+                return Ok(info);
+            }
+            t => return Err(format!("unknown image record type {t}")),
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The durable file system: every change survives a reopen, checkpoints
+//! copied while writers run recover exactly, snapshots and rollback return
+//! to earlier states, and damaged files give errors, never panics.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use memfs_fs::durable::{self, DurableFs, Options};
+use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+mod common;
+use common::{config, random_op};
+
+fn opts(mode: &str) -> Options {
+    Options {
+        durability: durable::parse_durability(mode).unwrap(),
+        checkpoint_interval: None,
+        checkpoint_bytes: u64::MAX,
+        retention: "all".parse().unwrap(),
+        segment_size: 1 << 20,
+    }
+}
+
+fn open(dir: &Path, mode: &str) -> DurableFs {
+    DurableFs::open(dir, config(), opts(mode)).unwrap().0
+}
+
+/// Builds a tree with every node type, xattrs, sparse data, hard links,
+/// renames and an unlinked-but-open file.
+fn populate(fs: &Fs, tag: u8) {
+    let c = Ctx::ROOT;
+    let d = fs
+        .mkdir_all(c, ROOT_INO, &format!("/d{tag}/sub"), 0o755)
+        .unwrap();
+    fs.write_file(c, d, "f", &vec![tag; 10_000]).unwrap();
+    let f = fs
+        .resolve(ROOT_INO, &format!("/d{tag}/sub/f"), true)
+        .unwrap();
+    // Sparse: a byte far out, a punched hole, a keep-size allocation.
+    fs.write(c, f, 1 << 30, b"end", false).unwrap();
+    fs.fallocate(
+        f,
+        4096,
+        4096,
+        FallocateMode {
+            keep_size: true,
+            punch_hole: true,
+            zero_range: false,
+        },
+    )
+    .unwrap();
+    fs.setxattr(f, b"user.tag", &[tag, 1, 2], XattrMode::Any)
+        .unwrap();
+    fs.setxattr(f, b"user.gone", b"x", XattrMode::Any).unwrap();
+    fs.removexattr(f, b"user.gone").unwrap();
+    fs.link_path(
+        ROOT_INO,
+        &format!("/d{tag}/sub/f"),
+        &format!("/d{tag}/hard"),
+    )
+    .unwrap();
+    fs.symlink_path(c, ROOT_INO, "sub/f", &format!("/d{tag}/sym"))
+        .unwrap();
+    let top = fs.resolve(ROOT_INO, &format!("/d{tag}"), true).unwrap();
+    fs.mknod(c, top, b"fifo", libc::S_IFIFO | 0o640, 0).unwrap();
+    fs.mknod(c, top, b"chr", libc::S_IFCHR | 0o600, 0x0103)
+        .unwrap();
+    fs.mknod(c, top, b"sock", libc::S_IFSOCK | 0o600, 0)
+        .unwrap();
+    fs.setattr(
+        c,
+        top,
+        &SetAttr {
+            mode: Some(0o2750),
+            uid: Some(7),
+            gid: Some(8),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    fs.write_file(c, top, "a", b"aaa").unwrap();
+    fs.write_file(c, top, "b", b"bbb").unwrap();
+    fs.rename(top, b"a", top, b"b", RenameFlags::default())
+        .unwrap();
+    fs.mkdir(c, top, b"x", 0o700).unwrap();
+    fs.rename(top, b"x", d, b"moved", RenameFlags::default())
+        .unwrap();
+    fs.write_file(c, top, "t", b"truncate me").unwrap();
+    let t = fs.resolve(ROOT_INO, &format!("/d{tag}/t"), true).unwrap();
+    fs.setattr(
+        c,
+        t,
+        &SetAttr {
+            size: Some(4),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Unlinked while open: gone after a restart.
+    let (o, _) = fs.create(c, top, b"open", 0o644, true).unwrap();
+    fs.write(c, o.ino, 0, b"still here", false).unwrap();
+    fs.unlink(top, b"open").unwrap();
+    fs.release(o.ino);
+    fs.forget(o.ino, 1);
+    fs.settle().unwrap();
+}
+
+#[test]
+fn every_mode_recovers_every_change_from_the_journal() {
+    for mode in ["sync", "none", "relaxed=3", "async"] {
+        let t = tempfile::tempdir().unwrap();
+        let d = open(t.path(), mode);
+        populate(d.fs(), 1);
+        let before = d.fs().canonical_dump();
+        d.sync().unwrap();
+        drop(d); // no checkpoint: everything comes from the journal
+        let (d2, rep) = DurableFs::open(t.path(), config(), opts(mode)).unwrap();
+        // Only the empty checkpoint a new directory starts with: the rest is journal.
+        assert_eq!(rep.checkpoint.map(|c| c.commit), Some(0), "{mode}: {rep}");
+        assert!(rep.journal.commits_replayed > 20, "{mode}: {rep}");
+        assert_eq!(d2.fs().canonical_dump(), before, "mode {mode}");
+        assert_eq!(d2.fs().check_consistency(), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn checkpoint_then_journal_then_reopen() {
+    let t = tempfile::tempdir().unwrap();
+    let d = open(t.path(), "sync");
+    populate(d.fs(), 1);
+    let r = d.checkpoint().unwrap().expect("a checkpoint");
+    assert!(r.info.nodes > 10);
+    populate(d.fs(), 2);
+    let before = d.fs().canonical_dump();
+    drop(d);
+    let (d2, rep) = DurableFs::open(t.path(), config(), opts("sync")).unwrap();
+    assert!(rep.checkpoint.is_some(), "{rep}");
+    assert_eq!(d2.fs().canonical_dump(), before);
+    // A clean close writes a final checkpoint: nothing to replay next time.
+    d2.close().unwrap();
+    let (d3, rep) = DurableFs::open(t.path(), config(), opts("sync")).unwrap();
+    assert_eq!(rep.journal.commits_replayed, 0, "{rep}");
+    assert_eq!(d3.fs().canonical_dump(), before);
+}
+
+#[test]
+fn checkpoints_copied_while_writers_run_recover_exactly() {
+    let t = tempfile::tempdir().unwrap();
+    let d = open(t.path(), "none");
+    let fs = d.fs().clone();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/p/r", 0o755).unwrap();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/q", 0o755).unwrap();
+    // Writers keep going until at least two checkpoints were copied while
+    // they ran, however the scheduler orders the threads (the op cap only
+    // bounds the run if the checkpointing thread is starved).
+    let done = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..2)
+        .map(|i| {
+            let fs = fs.clone();
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut rng = StdRng::seed_from_u64(i);
+                let mut n = 0;
+                while n < 10_000 || (done.load(Ordering::Acquire) < 2 && n < 500_000) {
+                    random_op(&fs, &mut rng).unwrap();
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    while writers.iter().any(|w| !w.is_finished()) {
+        if d.checkpoint().unwrap().is_some() {
+            done.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    let before = fs.canonical_dump();
+    assert_eq!(fs.check_consistency(), Vec::<String>::new());
+    d.sync().unwrap();
+    drop(fs);
+    drop(d);
+    let d2 = open(t.path(), "none");
+    assert_same_lines(&before, &d2.fs().canonical_dump());
+    assert_eq!(d2.fs().check_consistency(), Vec::<String>::new());
+}
+
+fn assert_same_lines(a: &[String], b: &[String]) {
+    if a != b {
+        let only_a: Vec<_> = a.iter().filter(|l| !b.contains(l)).collect();
+        let only_b: Vec<_> = b.iter().filter(|l| !a.contains(l)).collect();
+        panic!("trees differ\nonly before: {only_a:#?}\nonly after: {only_b:#?}");
+    }
+}
+
+#[test]
+fn rollback_returns_to_every_earlier_commit_and_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let d = open(t.path(), "sync");
+    let fs = d.fs().clone();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/p/r", 0o755).unwrap();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/q", 0o755).unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut states = Vec::new();
+    for i in 0..60 {
+        random_op(&fs, &mut rng).unwrap();
+        if i % 10 == 5 {
+            d.checkpoint().unwrap();
+        }
+        states.push((d.last_commit(), fs.canonical_dump()));
+    }
+    populate(&fs, 3);
+    let snap = d.snapshot_create("before-rm").unwrap();
+    let at_snap = fs.canonical_dump();
+    fs.unlink_path(ROOT_INO, "/d3/hard").unwrap();
+    fs.rmdir_path(ROOT_INO, "/d3/sub/moved").unwrap();
+    d.sync().unwrap();
+    drop(fs);
+    d.close().unwrap();
+
+    // To the named snapshot.
+    let c = durable::resolve_target(t.path(), "before-rm").unwrap();
+    assert_eq!(c, snap.commit);
+    let plan = durable::plan_rollback(t.path(), c).unwrap();
+    assert!(plan.commits_lost() >= 2);
+    durable::rollback(t.path(), &plan).unwrap();
+    let d = open(t.path(), "sync");
+    assert_same_lines(&at_snap, &d.fs().canonical_dump());
+    drop(d);
+    // Then to several earlier commits, newest first.
+    for (commit, dump) in states.iter().rev().step_by(13) {
+        let plan = durable::plan_rollback(t.path(), *commit).unwrap();
+        durable::rollback(t.path(), &plan).unwrap();
+        let (d, _) = DurableFs::open(t.path(), config(), opts("sync")).unwrap();
+        assert_same_lines(dump, &d.fs().canonical_dump());
+        assert_eq!(d.last_commit(), *commit);
+        // The history goes on from there.
+        d.fs()
+            .mkdir(Ctx::ROOT, ROOT_INO, b"after-rollback", 0o755)
+            .unwrap();
+        d.fs().settle().unwrap();
+        assert_eq!(d.last_commit(), commit + 1);
+        d.fs().rmdir(ROOT_INO, b"after-rollback").unwrap();
+        d.fs().settle().unwrap();
+        drop(d);
+        let plan = durable::plan_rollback(t.path(), *commit).unwrap();
+        durable::rollback(t.path(), &plan).unwrap();
+    }
+    // Beyond the end and unknown names are refused with a clear message.
+    let err = durable::plan_rollback(t.path(), 1 << 40)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("does not exist"), "{err}");
+    let err = durable::resolve_target(t.path(), "nope")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("neither a commit id nor a snapshot"), "{err}");
+}
+
+#[test]
+fn a_second_opener_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let _d = open(t.path(), "sync");
+    let err = DurableFs::open(t.path(), config(), opts("sync"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("in use by another process"), "{err}");
+}
+
+#[test]
+fn damaged_files_give_errors_or_an_earlier_state_never_a_panic() {
+    let t = tempfile::tempdir().unwrap();
+    {
+        let d = open(t.path(), "sync");
+        populate(d.fs(), 1);
+        d.checkpoint().unwrap();
+        populate(d.fs(), 2);
+        d.sync().unwrap();
+    }
+    let pristine: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap() != "LOCK")
+        .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+        .collect();
+    let mut rng = StdRng::seed_from_u64(1);
+    let (mut ok, mut errors) = (0, 0);
+    for case in 0..300 {
+        let (path, bytes) = &pristine[case % pristine.len()];
+        let mut damaged = bytes.clone();
+        if damaged.is_empty() {
+            continue;
+        }
+        if rng.random_bool(0.3) {
+            damaged.truncate(rng.random_range(0..damaged.len()));
+        } else {
+            for _ in 0..rng.random_range(1..4) {
+                let i = rng.random_range(0..damaged.len());
+                damaged[i] ^= 1 << rng.random_range(0..8);
+            }
+        }
+        std::fs::write(path, &damaged).unwrap();
+        match DurableFs::open(t.path(), config(), opts("sync")) {
+            Ok((d, _)) => {
+                assert_eq!(
+                    d.fs().check_consistency(),
+                    Vec::<String>::new(),
+                    "case {case} {}",
+                    path.display()
+                );
+                ok += 1;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(!msg.is_empty());
+                errors += 1;
+            }
+        }
+        for (p, b) in &pristine {
+            std::fs::write(p, b).unwrap();
+        }
+        // Files recovery created or cut are put back too.
+        for e in std::fs::read_dir(t.path()).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().unwrap() != "LOCK" && !pristine.iter().any(|(q, _)| *q == p) {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    assert!(ok > 0 && errors > 0, "ok {ok} errors {errors}");
+}
