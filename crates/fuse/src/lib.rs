@@ -31,6 +31,9 @@ use memfs_fs::{
 /// Largest request the kernel sends us: 1 MiB (256 pages).
 pub const MAX_WRITE: u32 = 1 << 20;
 
+/// Default entry and attribute cache timeout.
+pub const CACHE_TIMEOUT: Duration = Duration::from_secs(86_400);
+
 /// How the file system is presented to the kernel.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -43,6 +46,8 @@ pub struct MountOptions {
     /// How long the kernel may cache names and attributes.
     pub entry_timeout: Duration,
     pub attr_timeout: Duration,
+    /// Who keeps POSIX record locks (fcntl, lockf, OFD).
+    pub locks: LockMode,
     /// Name shown as the source in /proc/mounts.
     pub fsname: String,
     /// Further mount options passed to the kernel as they are.
@@ -55,10 +60,40 @@ impl Default for MountOptions {
             threads: default_threads(),
             writeback_cache: false,
             allow_other: false,
-            entry_timeout: Duration::from_secs(1),
-            attr_timeout: Duration::from_secs(1),
+            // Every change passes through the kernel that caches, and it
+            // updates or drops what a change touches: nothing can go stale, so
+            // a day (like tmpfs, whose dentries never expire). 1 s cost a
+            // LOOKUP or GETATTR per name and second (docs/fuse.md).
+            entry_timeout: CACHE_TIMEOUT,
+            attr_timeout: CACHE_TIMEOUT,
+            locks: LockMode::Kernel,
             fsname: "memfs".into(),
             extra: Vec::new(),
+        }
+    }
+}
+
+/// Where POSIX record locks live. Both give the same semantics on one
+/// machine; they differ in cost (docs/fuse.md, "Record locks").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockMode {
+    /// The kernel keeps them, as it does for tmpfs. FUSE then needs no
+    /// message at open or close: OPEN and FLUSH exist only so a server can
+    /// tie locks to handles and drop them at close, so both are declined
+    /// (ENOSYS) and the kernel stops sending them (and RELEASE after opens).
+    Kernel,
+    /// The engine keeps them (FUSE_POSIX_LOCKS): every lock request, and
+    /// every open and close, is a round trip to memfs.
+    Engine,
+}
+
+impl std::str::FromStr for LockMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "kernel" => Ok(LockMode::Kernel),
+            "engine" => Ok(LockMode::Engine),
+            _ => Err(format!("unknown lock mode {s:?} (kernel or engine)")),
         }
     }
 }
@@ -136,6 +171,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         entry_ttl: opts.entry_timeout,
         attr_ttl: opts.attr_timeout,
         writeback: opts.writeback_cache,
+        engine_locks: opts.locks == LockMode::Engine,
         any_locks: AtomicBool::new(false),
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
@@ -178,6 +214,8 @@ pub struct MemFuse {
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback: bool,
+    /// [`LockMode::Engine`]: locks, opens and closes come to us.
+    engine_locks: bool,
     /// Whether any handle ever locked: keeps the map out of the release path until then.
     any_locks: AtomicBool,
 }
@@ -244,8 +282,17 @@ thread_local! {
 const GENERATION: Generation = Generation(0);
 
 impl MemFuse {
+    /// Waits until what this request changed is as durable as the mount's
+    /// durability mode promises (nothing to do without a data directory).
+    /// Runs after the engine has dropped its locks, so that concurrent
+    /// requests share one fsync.
+    fn settled<T>(&self, r: memfs_fs::Result<T>) -> memfs_fs::Result<T> {
+        let s = self.fs.settle();
+        r.and_then(|v| s.map(|()| v))
+    }
+
     fn entry(&self, reply: ReplyEntry, r: memfs_fs::Result<Attr>) {
-        match r {
+        match self.settled(r) {
             Ok(a) => {
                 reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &fuse_attr(&a), GENERATION)
             }
@@ -290,11 +337,11 @@ impl Filesystem for MemFuse {
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
-            InitFlags::FUSE_POSIX_LOCKS,
             InitFlags::FUSE_EXPORT_SUPPORT,
             InitFlags::FUSE_CACHE_SYMLINKS,
         ];
-        for f in wanted {
+        let engine = self.engine_locks.then_some(InitFlags::FUSE_POSIX_LOCKS);
+        for f in wanted.into_iter().chain(engine) {
             if let Err(missing) = config.add_capabilities(f) {
                 tracing::debug!("kernel lacks capability {missing:?}");
             }
@@ -352,7 +399,7 @@ impl Filesystem for MemFuse {
             mtime: set_time(mtime),
             ctime: ctime.map(Timespec::from_system_time),
         };
-        match self.fs.setattr(ctx(req), ino.0, &set) {
+        match self.settled(self.fs.setattr(ctx(req), ino.0, &set)) {
             Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
@@ -398,11 +445,17 @@ impl Filesystem for MemFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(reply, self.fs.unlink(parent.0, name.as_bytes()));
+        Self::empty(
+            reply,
+            self.settled(self.fs.unlink(parent.0, name.as_bytes())),
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(reply, self.fs.rmdir(parent.0, name.as_bytes()));
+        Self::empty(
+            reply,
+            self.settled(self.fs.rmdir(parent.0, name.as_bytes())),
+        );
     }
 
     fn symlink(
@@ -441,7 +494,7 @@ impl Filesystem for MemFuse {
                 f,
             )
         });
-        Self::empty(reply, r);
+        Self::empty(reply, self.settled(r));
     }
 
     fn link(
@@ -456,6 +509,12 @@ impl Filesystem for MemFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if !self.engine_locks {
+            // Zero-message opens from now on: the kernel has checked access,
+            // sends O_TRUNC as a SETATTR, and holds a lookup reference while
+            // the file is open, so an unlinked open file lives until FORGET.
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         match self.fs.open(ino.0, flags.0) {
             Ok(()) => reply.opened(self.new_fh(), self.open_flags()),
             Err(e) => reply.error(err(e)),
@@ -499,7 +558,7 @@ impl Filesystem for MemFuse {
         // With writeback caching the kernel places every page itself; honouring
         // O_APPEND here too would move cached pages to the end of the file.
         let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
-        match self.fs.write(ctx(req), ino.0, offset, data, append) {
+        match self.settled(self.fs.write(ctx(req), ino.0, offset, data, append)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -513,6 +572,11 @@ impl Filesystem for MemFuse {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        if !self.engine_locks {
+            // Nothing to flush (no data is buffered here) and no locks to drop:
+            // declining makes the kernel stop sending FLUSH at every close.
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         // close(2) by a process drops all of its record locks on the file.
         // Every close sends a FLUSH: skip the engine until anyone has locked.
         if self.any_locks.load(Ordering::Acquire) {
@@ -646,7 +710,7 @@ impl Filesystem for MemFuse {
     ) {
         let r = XattrMode::from_flags(flags)
             .and_then(|m| self.fs.setxattr(ino.0, name.as_bytes(), value, m));
-        Self::empty(reply, r);
+        Self::empty(reply, self.settled(r));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -658,7 +722,10 @@ impl Filesystem for MemFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(reply, self.fs.removexattr(ino.0, name.as_bytes()));
+        Self::empty(
+            reply,
+            self.settled(self.fs.removexattr(ino.0, name.as_bytes())),
+        );
     }
 
     fn create(
@@ -672,10 +739,10 @@ impl Filesystem for MemFuse {
         reply: ReplyCreate,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        match self
-            .fs
-            .create(ctx(req), parent.0, name.as_bytes(), mode, excl)
-        {
+        match self.settled(
+            self.fs
+                .create(ctx(req), parent.0, name.as_bytes(), mode, excl),
+        ) {
             Ok((a, _)) => reply.created(
                 &self.entry_ttl,
                 &fuse_attr(&a),
@@ -781,7 +848,7 @@ impl Filesystem for MemFuse {
     ) {
         let r = FallocateMode::from_bits(mode)
             .and_then(|m| self.fs.fallocate(ino.0, offset, length, m));
-        Self::empty(reply, r);
+        Self::empty(reply, self.settled(r));
     }
 
     fn lseek(
@@ -817,10 +884,14 @@ impl Filesystem for MemFuse {
     ) {
         // The kernel caps one request; it loops for larger copies.
         let len = len.min(u32::MAX as u64 & !0xfff);
-        match self
-            .fs
-            .copy_file_range(ctx(req), ino_in.0, offset_in, ino_out.0, offset_out, len)
-        {
+        match self.settled(self.fs.copy_file_range(
+            ctx(req),
+            ino_in.0,
+            offset_in,
+            ino_out.0,
+            offset_out,
+            len,
+        )) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
