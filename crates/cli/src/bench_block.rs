@@ -16,44 +16,44 @@ const INSERTS: u64 = 10_000;
 const DELETES: u64 = 9_000;
 const OPS_PER_BLOCK: u64 = INSERTS + DELETES;
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// Number of blocks per scenario.
     #[arg(long, default_value_t = 1000)]
-    blocks: u64,
+    pub blocks: u64,
     /// Threads applying a block in memfs.
     #[arg(long, default_value_t = 2)]
-    threads: usize,
+    pub threads: usize,
     /// Shards (hash tables) in memfs.
     #[arg(long, default_value_t = 16)]
-    shards: usize,
+    pub shards: usize,
     /// memfs durability mode, or `all` (none, async-relaxed, async, relaxed, sync).
     #[arg(long, default_value = "all")]
-    durability: String,
+    pub durability: String,
     /// Also run LMDB (sync off and sync on) for the ratios.
     #[arg(long)]
-    lmdb: bool,
+    pub lmdb: bool,
     /// Snapshot every N blocks during the run (0 = never).
     #[arg(long, default_value_t = 1000)]
-    snapshot_interval: u64,
+    pub snapshot_interval: u64,
     /// Directory for the scenario data (a fresh subdirectory per scenario).
     #[arg(long)]
-    dir: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
     /// Where to write the machine-readable results.
     #[arg(long, default_value = "bench-results/block.json")]
-    json: PathBuf,
+    pub json: PathBuf,
     /// Run the whole sequence of scenarios this many times, interleaved, and
     /// report each scenario's median run: on a shared, noisy machine this keeps
     /// a load spike from landing on one scenario only.
     #[arg(long, default_value_t = 1)]
-    repeat: usize,
+    pub repeat: usize,
     /// Internal: run only scenario K in this process and write its result to
     /// --child-out (the parent runs each scenario in a fresh process so peak
     /// memory and heap state are not inherited from the previous one).
     #[arg(long, hide = true)]
-    child_scenario: Option<usize>,
+    pub child_scenario: Option<usize>,
     #[arg(long, hide = true)]
-    child_out: Option<PathBuf>,
+    pub child_out: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -317,9 +317,11 @@ fn fmt_ops(x: f64) -> String {
     format!("{:.2} M", x / 1e6)
 }
 
-pub fn run(args: Args) -> Result<()> {
+/// Runs every scenario (each in a child process); `None` in a child.
+fn measure(args: &Args) -> Result<Option<Measured>> {
     anyhow::ensure!(args.blocks > 0, "--blocks must be at least 1");
     anyhow::ensure!(args.threads > 0, "--threads must be at least 1");
+    anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
     let modes: Vec<(String, Durability, usize)> = if args.durability == "all" {
         let mut v: Vec<(String, Durability, usize)> =
             ["none", "async-relaxed", "async", "relaxed", "sync"]
@@ -360,19 +362,30 @@ pub fn run(args: Args) -> Result<()> {
         }
         (None, _) => tempfile_in(&std::env::temp_dir())?,
     };
+    // The run's own directory goes on every path, a failed scenario too (a
+    // scenario child leaves it to its parent).
+    struct RemoveOnDrop(Option<PathBuf>);
+    impl Drop for RemoveOnDrop {
+        fn drop(&mut self) {
+            if let Some(p) = &self.0 {
+                let _ = std::fs::remove_dir_all(p);
+            }
+        }
+    }
+    let _cleanup = RemoveOnDrop(args.child_scenario.is_none().then(|| base.clone()));
     // Scenario k < modes.len() is a memfs mode; then LMDB sync off, on.
     let count = modes.len() + if args.lmdb { 2 } else { 0 };
     let run_one = |k: usize| -> Result<Scenario> {
         if k < modes.len() {
             let (name, d, threads) = &modes[k];
             let dir = base.join(format!("memfs-{k}"));
-            let r = run_memfs(&dir, name, *d, *threads, &args);
+            let r = run_memfs(&dir, name, *d, *threads, args);
             std::fs::remove_dir_all(&dir).ok();
             r
         } else {
             let sync = k > modes.len();
             let dir = base.join(format!("lmdb-{sync}"));
-            let r = run_lmdb(&dir, sync, &args);
+            let r = run_lmdb(&dir, sync, args);
             std::fs::remove_dir_all(&dir).ok();
             r
         }
@@ -382,25 +395,27 @@ pub fn run(args: Args) -> Result<()> {
         let r = run_one(k)?;
         let out = args.child_out.as_ref().context("--child-out is required")?;
         std::fs::write(out, serde_json::to_vec(&r)?)?;
-        return Ok(());
+        return Ok(None);
     }
     let exe = std::env::current_exe().context("locating the memfs binary")?;
-    // The child gets our arguments minus --dir (it is given the run's base).
-    let mut child_args = Vec::new();
-    let mut skip_next = false;
-    for a in std::env::args_os().skip(1) {
-        if skip_next {
-            skip_next = false;
-            continue;
-        }
-        if a == "--dir" {
-            skip_next = true;
-            continue;
-        }
-        if a.to_string_lossy().starts_with("--dir=") {
-            continue;
-        }
-        child_args.push(a);
+    // The child gets the settings that shape a scenario (not our own command
+    // line: `memfs bench all` runs this too) and the run's base directory.
+    let mut child_args: Vec<String> = vec![
+        "bench".into(),
+        "block".into(),
+        "--blocks".into(),
+        args.blocks.to_string(),
+        "--threads".into(),
+        args.threads.to_string(),
+        "--shards".into(),
+        args.shards.to_string(),
+        "--durability".into(),
+        args.durability.clone(),
+        "--snapshot-interval".into(),
+        args.snapshot_interval.to_string(),
+    ];
+    if args.lmdb {
+        child_args.push("--lmdb".into());
     }
     let mut results = Vec::new();
     anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
@@ -443,6 +458,19 @@ pub fn run(args: Args) -> Result<()> {
         results.push(v.swap_remove(v.len() / 2));
     }
     std::fs::remove_dir_all(&base).ok();
+    Ok(Some(Measured { results, all_runs }))
+}
+
+/// Every scenario's median run, and all runs (`runs[scenario][round]`).
+struct Measured {
+    results: Vec<Scenario>,
+    all_runs: Vec<Vec<Scenario>>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let Some(Measured { results, all_runs }) = measure(&args)? else {
+        return Ok(()); // a scenario child: it wrote its result
+    };
     let lmdb_off = results
         .iter()
         .find(|r| r.name == "LMDB sync off")
@@ -527,6 +555,89 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("writing {}", args.json.display()))?;
     eprintln!("wrote {}", args.json.display());
     Ok(())
+}
+
+/// Figure-name slug of a scenario: `memfs async, 2 threads` -> `memfs_async_t2`,
+/// `LMDB sync off` -> `lmdb_sync_off`.
+fn slug(name: &str) -> String {
+    let mut out = String::new();
+    for word in name.split([' ', ',']).filter(|w| !w.is_empty()) {
+        let w = word.to_ascii_lowercase().replace('-', "_");
+        if w == "threads" || w == "thread" {
+            // `2 threads` -> `t2`
+            if let Some(pos) = out.rfind('_') {
+                let n = out[pos + 1..].to_string();
+                out.truncate(pos);
+                out.push_str(&format!("_t{n}"));
+            }
+            continue;
+        }
+        if w.starts_with('(') || w.ends_with(')') {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push('_');
+        }
+        out.push_str(&w);
+    }
+    out
+}
+
+/// Measures as `memfs bench block` does and returns the figures in the common
+/// report format (nothing printed but progress, nothing written): `memfs bench
+/// all` calls this. `block.<scenario>.ops_per_sec` for every scenario; memfs's
+/// `sync` mode is compared with LMDB sync on, every other mode with LMDB sync
+/// off (the published baseline); the standard deviation is over `--repeat`.
+pub fn report(args: &Args) -> Result<crate::bench_util::Report> {
+    use crate::bench_util::{Figure, Report, mean_sd};
+    anyhow::ensure!(
+        args.child_scenario.is_none(),
+        "a scenario child has no report"
+    );
+    let started = Instant::now();
+    let mut report = Report::new(
+        "block",
+        serde_json::json!({
+            "blocks": args.blocks,
+            "threads": args.threads,
+            "shards": args.shards,
+            "durability": args.durability,
+            "lmdb": args.lmdb,
+            "snapshot_interval": args.snapshot_interval,
+            "repeat": args.repeat,
+            "inserts_per_block": INSERTS,
+            "deletes_per_block": DELETES,
+        }),
+    );
+    let m = measure(args)?.context("no results")?;
+    let find = |name: &str| {
+        m.results
+            .iter()
+            .zip(&m.all_runs)
+            .find(|(r, _)| r.name == name)
+    };
+    let sd = |runs: &[Scenario]| mean_sd(&runs.iter().map(|r| r.ops_per_sec).collect::<Vec<_>>()).1;
+    for (r, runs) in m.results.iter().zip(&m.all_runs) {
+        let mut f = Figure::new(
+            format!("block.{}.ops_per_sec", slug(&r.name)),
+            "ops/s",
+            r.ops_per_sec,
+        )
+        .stddev(sd(runs));
+        if r.engine == "memfs" {
+            let base = if r.durability == "sync" {
+                "LMDB sync on"
+            } else {
+                "LMDB sync off"
+            };
+            if let Some((b, bruns)) = find(base) {
+                f = f.baseline(base, b.ops_per_sec, sd(bruns));
+            }
+        }
+        report.figures.push(f);
+    }
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 fn tempfile_in(dir: &Path) -> Result<PathBuf> {

@@ -12,7 +12,7 @@ use anyhow::{Context, bail};
 
 use crate::bench_metadata::Target;
 use crate::bench_util::{
-    ChildGuard, Figure, MIB, MemfsMount, Report, TmpfsDir, check_interrupted,
+    ChildGuard, DiskDir, Figure, MIB, MemfsMount, Report, TmpfsDir, check_interrupted,
     install_interrupt_handler, progress, split_args,
 };
 
@@ -54,6 +54,11 @@ pub struct Args {
     /// The fio binary.
     #[arg(long, default_value = "fio")]
     pub fio: PathBuf,
+    /// Mount memfs with a fresh data directory on the disk in this mode (none, sync,
+    /// async[=N], relaxed=N); the baseline becomes the disk file system, and with
+    /// `sync` both run fio with -fsync=1.
+    #[arg(long, value_name = "MODE")]
+    pub durability: Option<String>,
 }
 
 /// One fio job.
@@ -66,6 +71,10 @@ pub struct FioJob {
     pub runtime_secs: u64,
     pub direct: bool,
     pub verify: bool,
+    /// fio -fsync=1 (an fsync after every write).
+    pub fsync: bool,
+    /// Extra figure-name part, e.g. `durable-sync`.
+    pub tag: Option<String>,
 }
 
 impl FioJob {
@@ -94,6 +103,8 @@ impl FioJob {
             runtime_secs,
             direct,
             verify,
+            fsync: false,
+            tag: None,
         })
     }
 
@@ -122,6 +133,9 @@ impl FioJob {
                 "--verify_fatal=1".into(),
             ]);
         }
+        if self.fsync {
+            a.push("-fsync=1".into());
+        }
         a
     }
 
@@ -134,6 +148,10 @@ impl FioJob {
         );
         if self.verify {
             p.push_str(".verify");
+        }
+        if let Some(t) = &self.tag {
+            p.push('.');
+            p.push_str(t);
         }
         p
     }
@@ -334,16 +352,33 @@ pub fn fio_available(fio: &Path) -> bool {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let report = report(&args)?;
+    print!("{}", report.table());
+    report.write_json(&args.json)?;
+    eprintln!("fio: results written to {}", args.json.display());
+    Ok(())
+}
+
+/// Measures as `memfs bench fio` does and returns the report (nothing
+/// printed but progress, nothing written): `memfs bench all` calls this.
+pub fn report(args: &Args) -> anyhow::Result<Report> {
     install_interrupt_handler();
     let size =
         parse_bytes(&args.size).with_context(|| format!("invalid --size {:?}", args.size))?;
     if args.bs.is_empty() {
         bail!("--bs needs at least one block size");
     }
+    // Declared before the mount: its data directory outlives it.
+    let durable = crate::bench_durability::DurableSubject::new(args.durability.as_deref())?;
     let jobs = args
         .bs
         .iter()
-        .map(|bs| FioJob::new(bs, size, args.runtime, args.direct, args.verify))
+        .map(|bs| {
+            let mut job = FioJob::new(bs, size, args.runtime, args.direct, args.verify)?;
+            job.fsync = durable.as_ref().is_some_and(|d| d.is_sync());
+            job.tag = durable.as_ref().map(|d| d.label());
+            Ok(job)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     if !fio_available(&args.fio) {
         bail!(
@@ -354,9 +389,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     // Machine and load are recorded as they were when the run began.
     let mut report = Report::new("fio", serde_json::Value::Null);
-    let memfs_args = split_args(&args.memfs_args);
+    let mut memfs_args = split_args(&args.memfs_args);
+    memfs_args.extend(durable.iter().flat_map(|d| d.mount_args()));
     let subject = Target::Memfs(MemfsMount::new(&memfs_args)?);
     let baseline = match args.baseline {
+        Baseline::Tmpfs if durable.is_some() => Some(Target::Disk(DiskDir::new()?)),
         // Room for the file plus fio's own slack.
         Baseline::Tmpfs => Some(Target::Tmpfs(TmpfsDir::new(size + size / 4 + (64 << 20))?)),
         Baseline::None => None,
@@ -376,6 +413,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "rw": "randrw",
         "baseline": baseline.as_ref().map(Target::name),
         "memfs_args": memfs_args,
+        "durability": args.durability,
         "fio_args": jobs.iter().map(|j| j.args(Path::new("MNT")).join(" ")).collect::<Vec<_>>(),
     });
     report.config = config;
@@ -392,10 +430,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .push(Figure::new("fio.server_vmhwm", "MiB", mem.hwm as f64 / MIB).lower_is_better());
     }
     report.duration_secs = started.elapsed().as_secs_f64();
-    print!("{}", report.table());
-    report.write_json(&args.json)?;
-    eprintln!("fio: results written to {}", args.json.display());
-    Ok(())
+    Ok(report)
 }
 
 #[cfg(test)]

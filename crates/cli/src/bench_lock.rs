@@ -10,39 +10,39 @@ use anyhow::Context;
 use memfs_lock::Algorithm;
 use memfs_lock::bench::{self, Config, Measurement};
 
-#[derive(clap::Args, Debug)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// lock_files, byte_ranges, atomic_append or memory_map (with --matrix:
     /// default all four).
     #[arg(long)]
-    algorithm: Option<Algorithm>,
+    pub algorithm: Option<Algorithm>,
     /// Entities locked per operation.
     #[arg(long, default_value_t = 1)]
-    entities: usize,
+    pub entities: usize,
     /// Worker processes.
     #[arg(long, default_value_t = 1)]
-    waiters: usize,
+    pub waiters: usize,
     /// Each worker locks its own entities instead of everyone locking 0..E.
     #[arg(long)]
-    uncontended: bool,
+    pub uncontended: bool,
     /// Directory for the lock (repeat for several file systems).
     #[arg(long = "dir", default_value = "/dev/shm")]
-    dirs: Vec<PathBuf>,
+    pub dirs: Vec<PathBuf>,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 2.0)]
-    seconds: f64,
+    pub seconds: f64,
     /// Sweep entities and waiters over 1..=--max; write a table, JSON and heat maps.
     #[arg(long)]
-    matrix: bool,
+    pub matrix: bool,
     /// Largest entities / waiters in the matrix.
     #[arg(long, default_value_t = 8)]
-    max: usize,
+    pub max: usize,
     /// Where the matrix writes its results.
     #[arg(long, default_value = "bench-results/lock")]
-    out: PathBuf,
+    pub out: PathBuf,
     /// Internal: run as a benchmark worker.
     #[arg(long, hide = true)]
-    worker: Option<String>,
+    pub worker: Option<String>,
 }
 
 fn spawner() -> anyhow::Result<impl Fn(&str) -> Command> {
@@ -119,32 +119,7 @@ fn print_row(m: &Measurement, base: &Measurement) {
 }
 
 fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
-    let algs: Vec<Algorithm> = match args.algorithm {
-        Some(a) => vec![a],
-        None => Algorithm::ALL.to_vec(),
-    };
-    let total = (args.dirs.len() * (algs.len() * args.max * args.max + args.max)) as u64;
-    let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} (eta {eta})")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
-    let results = bench::run_matrix(
-        &algs,
-        &args.dirs,
-        args.max,
-        args.uncontended,
-        args.seconds,
-        spawn,
-        &mut |m| {
-            bar.set_message(format!(
-                "{} {} E={} W={}",
-                m.algorithm, m.file_system, m.entities, m.waiters
-            ));
-            bar.inc(1);
-        },
-    )?;
-    bar.finish_and_clear();
+    let results = matrix_results(args, spawn)?;
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let mode = if args.uncontended {
@@ -174,6 +149,100 @@ fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
         args.out.display()
     );
     Ok(())
+}
+
+/// The matrix's cells (the flock baseline first in each directory), with a
+/// progress bar.
+fn matrix_results(
+    args: &Args,
+    spawn: &dyn Fn(&str) -> Command,
+) -> anyhow::Result<Vec<Measurement>> {
+    let algs: Vec<Algorithm> = match args.algorithm {
+        Some(a) => vec![a],
+        None => Algorithm::ALL.to_vec(),
+    };
+    let total = (args.dirs.len() * (algs.len() * args.max * args.max + args.max)) as u64;
+    let bar = crate::bench_util::progress(total, "{bar:40} {pos}/{len} {msg} (eta {eta})");
+    let results = bench::run_matrix(
+        &algs,
+        &args.dirs,
+        args.max,
+        args.uncontended,
+        args.seconds,
+        spawn,
+        &mut |m| {
+            bar.set_message(format!(
+                "{} {} E={} W={}",
+                m.algorithm, m.file_system, m.entities, m.waiters
+            ));
+            bar.inc(1);
+        },
+    )?;
+    bar.finish_and_clear();
+    Ok(results)
+}
+
+/// Runs the matrix as `memfs bench lock --matrix` does and returns it in the
+/// common report format (nothing printed but progress, nothing written):
+/// `memfs bench all` calls this. `labels[i]` names `args.dirs[i]` in figure
+/// names (the file system's own name otherwise). Figures
+/// `lock.<fs>.<algorithm>.e<E>.w<W>` (ops/s) have the flock(2) cell with the
+/// same waiters in the same directory as their baseline; `lock.<fs>.flock.w<W>`
+/// is the baseline itself.
+pub fn report(args: &Args, labels: &[String]) -> anyhow::Result<crate::bench_util::Report> {
+    use crate::bench_util::{Figure, Report};
+    anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
+    anyhow::ensure!(args.max >= 1, "--max must be >= 1");
+    let started = std::time::Instant::now();
+    let mut report = Report::new(
+        "lock",
+        serde_json::json!({
+            "algorithms": args.algorithm.map_or_else(
+                || Algorithm::ALL.iter().map(|a| a.name()).collect::<Vec<_>>(),
+                |a| vec![a.name()],
+            ),
+            "dirs": args.dirs,
+            "labels": labels,
+            "max": args.max,
+            "seconds": args.seconds,
+            "uncontended": args.uncontended,
+        }),
+    );
+    let spawn = spawner()?;
+    let results = matrix_results(args, &spawn)?;
+    let label = |m: &Measurement| {
+        args.dirs
+            .iter()
+            .position(|d| *d == m.dir)
+            .and_then(|i| labels.get(i))
+            .cloned()
+            .unwrap_or_else(|| m.file_system.clone())
+    };
+    for m in &results {
+        let fs = label(m);
+        if m.algorithm == bench::BASELINE {
+            report.figures.push(Figure::new(
+                format!("lock.{fs}.{}.w{}", m.algorithm, m.waiters),
+                "ops/s",
+                m.ops_per_sec,
+            ));
+            continue;
+        }
+        let mut f = Figure::new(
+            format!("lock.{fs}.{}.e{}.w{}", m.algorithm, m.entities, m.waiters),
+            "ops/s",
+            m.ops_per_sec,
+        );
+        if let Some(b) = results
+            .iter()
+            .find(|b| b.algorithm == bench::BASELINE && b.dir == m.dir && b.waiters == m.waiters)
+        {
+            f = f.baseline(format!("flock on {fs}"), b.ops_per_sec, None);
+        }
+        report.figures.push(f);
+    }
+    report.duration_secs = started.elapsed().as_secs_f64();
+    Ok(report)
 }
 
 fn machine() -> String {

@@ -202,6 +202,16 @@ pub fn data_figures(bytes: u64, memfs_args: &[String]) -> anyhow::Result<Vec<Fig
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let report = report(&args)?;
+    print!("{}", report.table());
+    report.write_json(&args.json)?;
+    eprintln!("memory: results written to {}", args.json.display());
+    Ok(())
+}
+
+/// Measures as `memfs bench memory` does and returns the report (nothing
+/// printed but progress, nothing written): `memfs bench all` calls this.
+pub fn report(args: &Args) -> anyhow::Result<Report> {
     install_interrupt_handler();
     let data = parse_size::Config::new()
         .with_binary()
@@ -227,8 +237,5 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report.figures.extend(data_figures(data, &memfs_args)?);
     }
     report.duration_secs = started.elapsed().as_secs_f64();
-    print!("{}", report.table());
-    report.write_json(&args.json)?;
-    eprintln!("memory: results written to {}", args.json.display());
-    Ok(())
+    Ok(report)
 }

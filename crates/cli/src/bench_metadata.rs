@@ -2,11 +2,12 @@
 //! shared/reference/workloads.md section 1 (create / open / stat / unlink,
 //! then directory removal), on a memfs mount against tmpfs in the same run.
 //!
-//! Each phase is timed from the release of a barrier that all threads wait on
-//! to the moment the last thread is done, so a phase's rate is the rate of the
-//! whole group. Threads make real system calls through `*at` calls on a
-//! directory descriptor with names prepared beforehand, so that the time goes
-//! to the file system and not to building paths.
+//! All threads start a phase together at a barrier; the phase is timed from
+//! the earliest thread's start to the latest thread's end (each thread reads
+//! the clock itself), so a phase's rate is the rate of the whole group.
+//! Threads make real system calls through `*at` calls on a directory
+//! descriptor with names prepared beforehand, so that the time goes to the
+//! file system and not to building paths.
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -63,6 +64,11 @@ pub struct Args {
     /// Extra `memfs mount` options for the mount under test, e.g. "--threads 2".
     #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub memfs_args: String,
+    /// Mount memfs with a fresh data directory on the disk in this mode (none, sync,
+    /// async[=N], relaxed=N); the baseline becomes the disk file system, and with
+    /// `sync` both fsync after each create.
+    #[arg(long, value_name = "MODE")]
+    pub durability: Option<String>,
 }
 
 pub const PHASES: [&str; 5] = ["create", "open", "stat", "unlink", "rmdir"];
@@ -200,6 +206,11 @@ struct Shared {
     barrier: Barrier,
     failed: AtomicBool,
     error: Mutex<Option<anyhow::Error>>,
+    /// Per phase: the earliest start and the latest end of any thread. The
+    /// workers take the times themselves: with more threads than cores the
+    /// coordinating thread can be scheduled only after the workers are done,
+    /// and a clock it started after the barrier would miss the whole phase.
+    spans: Mutex<[Option<(Instant, Instant)>; PHASES.len()]>,
 }
 
 impl Shared {
@@ -247,6 +258,7 @@ fn worker(t: usize, w: &Workload, dirs: &[PathBuf], shared: &Shared) {
             }
         }
         shared.barrier.wait();
+        let start = Instant::now();
         shared.step(|| {
             check_interrupted()?;
             match (phase, dirfd.as_ref()) {
@@ -260,6 +272,13 @@ fn worker(t: usize, w: &Workload, dirs: &[PathBuf], shared: &Shared) {
                 _ => Ok(()),
             }
         });
+        let end = Instant::now();
+        {
+            let mut spans = shared.spans.lock().unwrap_or_else(|p| p.into_inner());
+            let span = spans[phase].get_or_insert((start, end));
+            span.0 = span.0.min(start);
+            span.1 = span.1.max(end);
+        }
         shared.barrier.wait();
     }
 }
@@ -281,8 +300,8 @@ pub fn run_once(root: &Path, w: &Workload) -> anyhow::Result<PhaseRates> {
         barrier: Barrier::new(w.threads + 1),
         failed: AtomicBool::new(false),
         error: Mutex::new(None),
+        spans: Mutex::new([None; PHASES.len()]),
     };
-    let mut times = [Duration::ZERO; PHASES.len()];
     std::thread::scope(|s| {
         for t in 0..w.threads {
             let (shared, dirs) = (&shared, &dirs);
@@ -293,11 +312,9 @@ pub fn run_once(root: &Path, w: &Workload) -> anyhow::Result<PhaseRates> {
         }
         shared.barrier.wait();
         shared.barrier.wait();
-        for time in &mut times {
+        for _ in PHASES {
             shared.barrier.wait();
-            let start = Instant::now();
             shared.barrier.wait();
-            *time = start.elapsed();
         }
     });
     if let Some(e) = shared.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -307,6 +324,8 @@ pub fn run_once(root: &Path, w: &Workload) -> anyhow::Result<PhaseRates> {
         }
         return Err(e);
     }
+    let spans = shared.spans.into_inner().unwrap_or_else(|p| p.into_inner());
+    let times = spans.map(|s| s.map_or(Duration::ZERO, |(a, b)| b - a));
     let counts = [w.objects, w.objects, w.objects, w.objects, dirs.len()];
     let mut rates = [0.0; PHASES.len()];
     for ((r, n), t) in rates.iter_mut().zip(counts).zip(times) {
@@ -423,12 +442,27 @@ pub fn prefix(w: &Workload) -> String {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let report = report(&args)?;
+    print!("{}", report.table());
+    report.write_json(&args.json)?;
+    eprintln!("metadata: results written to {}", args.json.display());
+    Ok(())
+}
+
+/// Measures as `memfs bench metadata` does and returns the report (nothing
+/// printed but progress, nothing written): `memfs bench all` calls this.
+pub fn report(args: &Args) -> anyhow::Result<Report> {
     install_interrupt_handler();
+    if args.durability.is_some() && args.path.is_some() {
+        bail!("--durability needs a memfs mount: it does not go with --path");
+    }
+    // Declared before the mount: its data directory outlives it.
+    let durable = crate::bench_durability::DurableSubject::new(args.durability.as_deref())?;
     let w = Workload {
         objects: args.objects,
         threads: args.threads,
         shared: args.shared,
-        sync: args.sync,
+        sync: args.sync || durable.as_ref().is_some_and(|d| d.is_sync()),
     };
     w.validate()?;
     if args.iterations == 0 {
@@ -437,7 +471,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let started = Instant::now();
     // Machine and load are recorded as they were when the run began.
     let mut report = Report::new("metadata", serde_json::Value::Null);
-    let memfs_args = split_args(&args.memfs_args);
+    let mut memfs_args = split_args(&args.memfs_args);
+    memfs_args.extend(durable.iter().flat_map(|d| d.mount_args()));
     let subject = match &args.path {
         Some(p) => {
             let meta = std::fs::metadata(p)
@@ -451,6 +486,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let baseline = match (&args.path, args.baseline) {
         (Some(_), _) | (None, Baseline::None) => None,
+        (None, _) if durable.is_some() => Some(Target::Disk(DiskDir::new()?)),
         // Files are empty: a small tmpfs is plenty, but leave room for inodes.
         (None, Baseline::Tmpfs) => Some(Target::Tmpfs(TmpfsDir::new(1 << 30)?)),
         (None, Baseline::Disk) => Some(Target::Disk(DiskDir::new()?)),
@@ -481,21 +517,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "path": args.path,
         "baseline": baseline.as_ref().map(Target::name),
         "memfs_args": memfs_args,
+        "durability": args.durability,
     });
     report.config = config;
     report.subject = subject.name();
     let base = baseline.as_ref().map(|b| (b.name(), results[1].as_slice()));
+    let name = match &durable {
+        Some(d) => format!(
+            "{}.{}",
+            prefix(&Workload {
+                sync: args.sync,
+                ..w
+            }),
+            d.label()
+        ),
+        None => prefix(&w),
+    };
     report.figures = figures(
-        &prefix(&w),
+        &name,
         &w,
         &results[0],
         base.as_ref().map(|(n, r)| (n.as_str(), *r)),
     );
     report.duration_secs = started.elapsed().as_secs_f64();
-    print!("{}", report.table());
-    report.write_json(&args.json)?;
-    eprintln!("metadata: results written to {}", args.json.display());
-    Ok(())
+    Ok(report)
 }
 
 #[cfg(test)]

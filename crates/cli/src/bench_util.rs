@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::mount::is_mounted;
 
@@ -328,7 +328,7 @@ impl ProcMemory {
 }
 
 /// Which way is better for a figure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Better {
     Higher,
@@ -336,7 +336,7 @@ pub enum Better {
 }
 
 /// One measured figure: the unit of every benchmark report.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Figure {
     /// Stable identifier, e.g. `metadata.t1.create` (used to compare runs).
     pub figure: String,
@@ -410,7 +410,7 @@ impl Figure {
 
 /// The machine a run happened on (reports must say it: the numbers mean
 /// nothing without it).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Machine {
     pub cpu_model: String,
     pub cpus: usize,
@@ -452,7 +452,7 @@ impl Machine {
 }
 
 /// A benchmark's whole result, as written to its JSON file.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
     pub benchmark: String,
     /// The command line that produced it.
@@ -499,33 +499,44 @@ impl Report {
 
     /// The figures as an aligned text table.
     pub fn table(&self) -> String {
-        let baseline = self
+        self.table_with(fmt_num)
+    }
+
+    /// The table with numbers formatted by `num`. When the rows compare
+    /// against different baselines, each row names its own.
+    pub fn table_with(&self, num: fn(f64) -> String) -> String {
+        let mut names = self
             .figures
             .iter()
-            .find_map(|f| f.baseline_name.as_deref())
-            .unwrap_or("baseline");
-        let header = [
-            "figure",
-            "unit",
-            self.subject.as_str(),
-            "±",
-            baseline,
-            "±",
-            "ratio",
-            "target",
-            "met",
-        ];
-        let rows: Vec<[String; 9]> = self
+            .filter_map(|f| f.baseline_name.as_deref());
+        let first = names.next();
+        let per_row = names.any(|n| Some(n) != first);
+        let baseline = if per_row {
+            "baseline"
+        } else {
+            first.unwrap_or("baseline")
+        };
+        let mut header = vec!["figure", "unit", self.subject.as_str(), "±", baseline, "±"];
+        if per_row {
+            header.push("baseline is");
+        }
+        header.extend(["ratio", "target", "met"]);
+        let rows: Vec<Vec<String>> = self
             .figures
             .iter()
             .map(|f| {
-                [
+                let mut row = vec![
                     f.figure.clone(),
                     f.unit.clone(),
-                    fmt_num(f.value),
-                    f.stddev.map_or_else(String::new, fmt_num),
-                    f.baseline.map_or_else(|| "-".into(), fmt_num),
-                    f.baseline_stddev.map_or_else(String::new, fmt_num),
+                    num(f.value),
+                    f.stddev.map_or_else(String::new, num),
+                    f.baseline.map_or_else(|| "-".into(), num),
+                    f.baseline_stddev.map_or_else(String::new, num),
+                ];
+                if per_row {
+                    row.push(f.baseline_name.clone().unwrap_or_else(|| "-".into()));
+                }
+                row.extend([
                     f.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
                     f.target.map_or_else(
                         || "-".into(),
@@ -535,7 +546,7 @@ impl Report {
                             } else {
                                 "<="
                             };
-                            format!("{op} {}", fmt_num(t))
+                            format!("{op} {}", num(t))
                         },
                     ),
                     match f.met {
@@ -543,20 +554,23 @@ impl Report {
                         Some(false) => "NO".into(),
                         None => "-".into(),
                     },
-                ]
+                ]);
+                row
             })
             .collect();
-        let mut widths = header.map(|h| h.chars().count());
+        let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
         for row in &rows {
             for (w, c) in widths.iter_mut().zip(row) {
                 *w = (*w).max(c.chars().count());
             }
         }
+        // Text columns (names, units, the per-row baseline) align left.
+        let left = |i: usize| i <= 1 || (per_row && i == 6);
         let mut out = String::new();
         let line = |out: &mut String, cells: &[String]| {
-            for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
                 let sep = if i == 0 { "" } else { "  " };
-                if i <= 1 {
+                if left(i) {
                     let _ = write!(out, "{sep}{c:<w$}");
                 } else {
                     let _ = write!(out, "{sep}{c:>w$}");
@@ -564,7 +578,10 @@ impl Report {
             }
             out.push('\n');
         };
-        line(&mut out, &header.map(String::from));
+        line(
+            &mut out,
+            &header.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+        );
         let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
         line(&mut out, &rule);
         for row in &rows {
@@ -572,6 +589,23 @@ impl Report {
         }
         out
     }
+}
+
+/// UTC calendar date and time of a Unix time: (year, month, day, hour,
+/// minute, second), by Howard Hinnant's days-to-civil algorithm.
+pub fn civil_utc(t: i64) -> (i64, i64, i64, i64, i64, i64) {
+    let days = t.div_euclid(86_400);
+    let secs = t.rem_euclid(86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, secs / 3600, secs / 60 % 60, secs % 60)
 }
 
 /// Numbers as people read them: thousands separated, a decimal only when small.
@@ -611,13 +645,24 @@ pub fn mean_sd(values: &[f64]) -> (f64, Option<f64>) {
 
 pub const MIB: f64 = 1024.0 * 1024.0;
 
+static BARS: OnceLock<indicatif::MultiProgress> = OnceLock::new();
+
+/// Makes every later [`progress`] bar draw below `multi`'s bars (`memfs bench
+/// all` keeps its overall bar on screen while each benchmark shows its own).
+pub fn share_progress(multi: indicatif::MultiProgress) {
+    let _ = BARS.set(multi);
+}
+
 /// A progress bar on standard error (hidden when it is not a terminal).
 pub fn progress(len: u64, template: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(len);
     if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
         bar.set_style(style);
     }
-    bar
+    match BARS.get() {
+        Some(multi) => multi.add(bar),
+        None => bar,
+    }
 }
 
 /// A child process that is killed and reaped if it is still running when

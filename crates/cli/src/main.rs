@@ -6,13 +6,19 @@
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+mod bench_all;
 mod bench_block;
+mod bench_durability;
 mod bench_fio;
 mod bench_lock;
 mod bench_memory;
 mod bench_metadata;
+mod bench_plot;
+mod bench_report;
 mod bench_util;
 mod bench_workload;
+mod control;
+mod durable_cmd;
 mod mount;
 mod shell;
 mod store_cmd;
@@ -39,6 +45,14 @@ enum Command {
     Shell(shell::Args),
     /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
     Store(store_cmd::Args),
+    /// Named snapshots of a data directory (create, list, delete).
+    Snapshot(durable_cmd::SnapshotArgs),
+    /// Recent commits of a data directory.
+    Log(durable_cmd::LogArgs),
+    /// Bring a data directory back to an earlier commit or snapshot.
+    Rollback(durable_cmd::RollbackArgs),
+    /// Check a data directory (journal, checkpoint, tree); --repair cuts damage.
+    Fsck(durable_cmd::FsckArgs),
     /// Run a benchmark against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -56,8 +70,16 @@ enum BenchCommand {
     Metadata(bench_metadata::Args),
     /// Server memory after 1M empty files and after 1 GiB of data.
     Memory(bench_memory::Args),
+    /// Durability targets: journaled metadata and fio, checkpoint latency, recovery speed.
+    Durability(bench_durability::Args),
     /// Shell workload: create, write, read, delete phases against thread counts.
     Workload(bench_workload::Args),
+    /// Every benchmark against its baseline into one results folder, with plots.
+    All(bench_all::Args),
+    /// Write the markdown report of a `bench all` results folder.
+    Report(bench_report::ReportArgs),
+    /// Compare two results folders; exits non-zero if a figure regressed beyond the noise.
+    Compare(bench_report::CompareArgs),
 }
 
 #[global_allocator]
@@ -94,12 +116,20 @@ fn main() -> std::process::ExitCode {
         Command::Umount(args) => mount::run_umount(args),
         Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
+        Command::Snapshot(args) => durable_cmd::run_snapshot(args),
+        Command::Log(args) => durable_cmd::run_log(args),
+        Command::Rollback(args) => durable_cmd::run_rollback(args),
+        Command::Fsck(args) => durable_cmd::run_fsck(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
         Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
         Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
         Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
+        Command::Bench(BenchCommand::Durability(args)) => bench_durability::run(args),
         Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
+        Command::Bench(BenchCommand::All(args)) => bench_all::run(args),
+        Command::Bench(BenchCommand::Report(args)) => bench_report::run_report(args),
+        Command::Bench(BenchCommand::Compare(args)) => bench_report::run_compare(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -41,11 +41,32 @@ pub struct MountArgs {
     /// Seconds the kernel may cache attributes.
     #[arg(long, value_name = "SECS")]
     pub attr_timeout: Option<f64>,
+    /// Who keeps POSIX record locks: kernel (default; as on tmpfs, and opens and
+    /// closes cost no FUSE message) or engine (every lock, open and close goes
+    /// to memfs).
+    #[arg(long, value_name = "MODE")]
+    pub locks: Option<String>,
     /// Stay in the foreground (for service managers); SIGINT and SIGTERM unmount.
     #[arg(long, short = 'f')]
     pub foreground: bool,
+    /// Make the file system durable in this directory (created if missing):
+    /// every change is journaled, and mounting it again restores the contents.
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
+    /// With --data-dir: none | sync | async[=N] | relaxed=N | async-relaxed[=N] (default sync:
+    /// an operation returns once it is on stable storage).
+    #[arg(long, value_name = "MODE")]
+    pub durability: Option<String>,
+    /// With --data-dir: write a checkpoint this often when anything changed (e.g. 30s, 5m; default 5m).
+    #[arg(long, value_name = "DURATION")]
+    pub checkpoint_interval: Option<String>,
+    /// With --data-dir: how far back history reaches: commits=N, age=DURATION, bytes=SIZE
+    /// (comma-separated), or all (default age=1h).
+    #[arg(long, value_name = "LIMITS")]
+    pub retention: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
-    /// writeback_cache, allow_other, entry_timeout=, attr_timeout=, and kernel options (ro, noexec, ...).
+    /// writeback_cache, allow_other, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
+    /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
 }
@@ -63,6 +84,8 @@ pub struct UmountArgs {
 struct Settings {
     config: Config,
     fuse: MountOptions,
+    /// The data directory and its options; `None`: a pure in-memory mount.
+    durable: Option<(PathBuf, memfs_fs::durable::Options)>,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -93,6 +116,11 @@ fn parse_count(s: &str) -> anyhow::Result<u64> {
         bail!("invalid inode count {s:?}: must be at least 2");
     }
     Ok(v)
+}
+
+fn parse_locks(name: &str, s: &str) -> anyhow::Result<memfs_fuse::LockMode> {
+    s.parse()
+        .map_err(|e: String| anyhow::anyhow!("{name}: {e}"))
 }
 
 fn parse_secs(name: &str, s: &str) -> anyhow::Result<Duration> {
@@ -128,6 +156,10 @@ impl MountArgs {
         let mut size = self.size.as_deref().map(parse_size).transpose()?;
         let mut inodes = self.inodes.as_deref().map(parse_count).transpose()?;
         let mut fuse = MountOptions::default();
+        let mut data_dir = self.data_dir.clone();
+        let mut durability = self.durability.clone();
+        let mut interval = self.checkpoint_interval.clone();
+        let mut retention = self.retention.clone();
         if let Some(t) = self.threads {
             fuse.threads = t;
         }
@@ -138,6 +170,9 @@ impl MountArgs {
         }
         if let Some(t) = self.attr_timeout {
             fuse.attr_timeout = parse_secs("--attr-timeout", &t.to_string())?;
+        }
+        if let Some(l) = &self.locks {
+            fuse.locks = parse_locks("--locks", l)?;
         }
         for opt in self
             .options
@@ -167,7 +202,12 @@ impl MountArgs {
                 "allow_other" => fuse.allow_other = true,
                 "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
                 "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
+                "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
                 "fsname" => fuse.fsname = need()?.to_string(),
+                "data_dir" => data_dir = Some(PathBuf::from(need()?)),
+                "durability" => durability = Some(need()?.to_string()),
+                "checkpoint_interval" => interval = Some(need()?.to_string()),
+                "retention" => retention = Some(need()?.to_string()),
                 k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
                 "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime"
                 | "noatime" | "sync" | "async" | "dirsync" => fuse.extra.push(opt.to_string()),
@@ -185,7 +225,43 @@ impl MountArgs {
         if let Some(i) = inodes {
             config.max_inodes = i;
         }
-        Ok(Settings { config, fuse })
+        let durable = match data_dir {
+            None => {
+                if durability.is_some() || interval.is_some() || retention.is_some() {
+                    bail!(
+                        "--durability, --checkpoint-interval and --retention need --data-dir (without it memfs keeps nothing)"
+                    );
+                }
+                None
+            }
+            Some(dir) => {
+                use memfs_fs::durable;
+                let mut o = durable::Options::default();
+                if let Some(d) = durability {
+                    o.durability = durable::parse_durability(&d).map_err(|e| {
+                        anyhow::anyhow!(
+                            "invalid durability {d:?}: {e} (use none, sync, async, relaxed=N)"
+                        )
+                    })?;
+                }
+                if let Some(i) = interval {
+                    let d = durable::parse_duration_arg(&i)
+                        .map_err(|e| anyhow::anyhow!("invalid checkpoint interval: {e}"))?;
+                    o.checkpoint_interval = (!d.is_zero()).then_some(d);
+                }
+                if let Some(r) = retention {
+                    o.retention = r
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("invalid retention {r:?}: {e}"))?;
+                }
+                Some((dir, o))
+            }
+        };
+        Ok(Settings {
+            config,
+            fuse,
+            durable,
+        })
     }
 }
 
@@ -309,16 +385,23 @@ fn spawn_background(mountpoint: &Path, settings: &Settings) -> anyhow::Result<()
     let mut line = String::new();
     BufReader::new(out).read_line(&mut line).ok();
     let line = line.trim();
-    if line == "ready" {
+    if let Some(rest) = line.strip_prefix("ready") {
         let c = settings.config;
+        let what = match &settings.durable {
+            None => "in memory".to_string(),
+            Some((dir, o)) => format!("durable in {}, {} mode", dir.display(), o.durability),
+        };
         println!(
-            "memfs: mounted at {} (in memory: {} capacity, {} inodes, {} threads; server pid {})",
+            "memfs: mounted at {} ({what}: {} capacity, {} inodes, {} threads; server pid {})",
             mountpoint.display(),
             human_bytes(c.capacity),
             c.max_inodes,
             settings.fuse.threads,
             child.id()
         );
+        if let Some(report) = rest.strip_prefix('\t') {
+            println!("memfs: recovery: {report}");
+        }
         println!(
             "memfs: use it like any directory; unmount with: memfs umount {}",
             mountpoint.display()
@@ -352,8 +435,38 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         // Leave the starter's session so its terminal's signals and hangups pass us by.
         let _ = nix::unistd::setsid();
     }
-    let fs = Arc::new(Fs::new(settings.config));
-    let mut mounted = memfs_fuse::mount(fs, mountpoint, &settings.fuse)
+    let (fs, durable, report) = match &settings.durable {
+        None => (Arc::new(Fs::new(settings.config)), None, None),
+        Some((dir, opts)) => {
+            let (d, report) =
+                memfs_fs::durable::DurableFs::open(dir, settings.config, opts.clone())
+                    .with_context(|| format!("cannot open data directory {}", dir.display()))?;
+            let d = Arc::new(d);
+            (d.fs().clone(), Some(d), Some(report.to_string()))
+        }
+    };
+    let control = match &durable {
+        Some(d) => Some(crate::control::serve(d.clone())?),
+        None => None,
+    };
+    let mut fuse_opts = settings.fuse.clone();
+    if let Some((dir, _)) = &settings.durable
+        && fuse_opts.fsname == "memfs"
+        && !dir.to_string_lossy().contains([',', ' ', '\t', '\n', '\\'])
+    {
+        // Shown as the source in /proc/mounts; `memfs umount` finds the data
+        // directory there to wait for the server to let go of it.
+        fuse_opts.fsname = dir
+            .canonicalize()
+            .unwrap_or_else(|_| dir.clone())
+            .to_string_lossy()
+            .into_owned();
+    }
+    if !notify && let Some(r) = &report {
+        // Before the mount appears: whoever sees the mount can read the report.
+        eprintln!("memfs: recovery: {r}");
+    }
+    let mut mounted = memfs_fuse::mount(fs, mountpoint, &fuse_opts)
         .map_err(|e| anyhow::anyhow!("cannot mount memfs at {}: {e}", mountpoint.display()))?;
     let mut unmounter = mounted.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
@@ -374,7 +487,11 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     });
     if notify {
         let mut out = std::io::stdout();
-        writeln!(out, "ready").context("cannot report readiness")?;
+        match &report {
+            Some(r) => writeln!(out, "ready\t{r}"),
+            None => writeln!(out, "ready"),
+        }
+        .context("cannot report readiness")?;
         out.flush().ok();
         // From now on nobody reads our output.
         if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
@@ -390,7 +507,20 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     let result = mounted.run();
     handle.close();
     let _ = signal_thread.join();
-    result.with_context(|| format!("serving {}", mountpoint.display()))
+    let result = result.with_context(|| format!("serving {}", mountpoint.display()));
+    if let Some(c) = control {
+        c.stop();
+    }
+    if let Some(d) = durable {
+        // The session's workers are gone with `mounted`: this is the last reference.
+        match Arc::try_unwrap(d) {
+            Ok(d) => d.close().context("closing the data directory")?,
+            Err(d) => {
+                d.sync().context("syncing the data directory")?;
+            }
+        }
+    }
+    result
 }
 
 /// Detaches a mount now; the kernel finishes when its last user leaves.
@@ -416,13 +546,72 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
     if !is_mounted(mp) {
         bail!("{} is not mounted", mp.display());
     }
+    let data_dir = mount_source(mp).map(PathBuf::from).filter(|p| {
+        p.is_absolute() && p.join(memfs_fs::durable::journal::dir::LOCK_FILE).is_file()
+    });
+    unmount(mp, args.lazy)?;
+    if let Some(dir) = data_dir
+        && !args.lazy
+    {
+        wait_for_data_dir(&dir)?;
+    }
+    Ok(())
+}
+
+/// The source field of `mp`'s mount (a durable memfs puts its data directory there).
+fn mount_source(mp: &Path) -> Option<String> {
+    let canon = mp.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let point = PathBuf::from(unescape_mount_path(f.get(4)?));
+        if point != canon {
+            return None;
+        }
+        // Optional fields end at "-"; then type, source.
+        let dash = f.iter().position(|x| *x == "-")?;
+        f.get(dash + 2).map(|s| unescape_mount_path(s))
+    })
+}
+
+/// After an unmount the server still makes the journal durable and writes a
+/// final checkpoint: wait until it lets go of the data directory, so that a
+/// command run next (rollback, fsck, mount) finds it free.
+fn wait_for_data_dir(dir: &Path) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    let mut told = false;
+    loop {
+        match memfs_fs::durable::journal::DataDir::open(dir, false) {
+            Ok(_) => return Ok(()),
+            Err(memfs_fs::durable::journal::Error::Locked { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "unmounted, but the server still holds {} after 10 minutes",
+                dir.display()
+            );
+        }
+        if !told {
+            eprintln!(
+                "memfs: unmounted; waiting for the server to finish writing {}",
+                dir.display()
+            );
+            told = true;
+        }
+        // Polling a lock another process holds: there is nothing to wait on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
     if is_root() {
-        let flags = if args.lazy {
+        let flags = if lazy {
             nix::mount::MntFlags::MNT_DETACH
         } else {
             nix::mount::MntFlags::empty()
         };
-        return nix::mount::umount2(mp.as_path(), flags).map_err(|e| match e {
+        return nix::mount::umount2(mp, flags).map_err(|e| match e {
             nix::errno::Errno::EBUSY => anyhow::anyhow!(
                 "{} is busy (files are open or a process is inside it); close them or use --lazy",
                 mp.display()
@@ -432,7 +621,7 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
     }
     let mut cmd = Command::new("fusermount3");
     cmd.arg("-u");
-    if args.lazy {
+    if lazy {
         cmd.arg("-z");
     }
     let out = cmd

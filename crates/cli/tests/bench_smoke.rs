@@ -277,7 +277,7 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
     // memory: server resident size against the idle server.
     let v = run_bench(
         tmp.path(),
-        &["bench", "memory", "--files", "2000", "--data", "8M"],
+        &["bench", "memory", "--files", "2000", "--data", "32M"],
         &out.path().join("memory.json"),
         Duration::from_secs(60),
     );
@@ -293,10 +293,139 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
             "memory.data.per_unit"
         ]
     );
-    // 8 MiB written must be resident on top of the idle server.
+    // 32 MiB written must be resident on top of the idle server (whose own
+    // size varies by a couple of MiB between runs).
     let data_rss = figs[3]["value"].as_f64().unwrap();
     let idle = figs[3]["baseline"].as_f64().unwrap();
-    assert!(data_rss >= idle + 7.0, "{data_rss} MiB vs idle {idle} MiB");
+    assert!(data_rss >= idle + 28.0, "{data_rss} MiB vs idle {idle} MiB");
+}
+
+#[test]
+fn durability_benchmark_reports_every_figure() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping the durability bench smoke test: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let var_tmp_before = memfs_dirs_in_var_tmp();
+    let v = run_bench(
+        tmp.path(),
+        &["bench", "durability", "--quick"],
+        &out.path().join("durability.json"),
+        Duration::from_secs(120),
+    );
+    let figs = check_report(&v, "durability");
+    assert_eq!(
+        names(&figs),
+        [
+            "durability.metadata.memory.create",
+            "durability.metadata.none.create",
+            "durability.metadata.async.create",
+            "durability.metadata.async.open",
+            "durability.metadata.async.stat",
+            "durability.metadata.async.unlink",
+            "durability.metadata.async.rmdir",
+            "durability.metadata.sync.create",
+            "durability.fio.4k.direct.none.read",
+            "durability.fio.4k.direct.async.read",
+            "durability.fio.4k.direct.none.write",
+            "durability.fio.4k.direct.async.write",
+            "durability.checkpoint.seconds",
+            "durability.checkpoint.throughput",
+            "durability.checkpoint.op_latency.p50",
+            "durability.checkpoint.op_latency.p99",
+            "durability.checkpoint.op_latency.max",
+            "durability.recovery.replay_rate",
+            "durability.recovery.replayed",
+            "durability.recovery.replay_seconds",
+            "durability.recovery.mount_seconds",
+        ]
+    );
+    for f in &figs[..12] {
+        assert!(f["baseline"].as_f64().unwrap() > 0.0, "{f}");
+    }
+    for name in [
+        "durability.metadata.async.create",
+        "durability.metadata.sync.create",
+        "durability.fio.4k.direct.async.write",
+        "durability.checkpoint.op_latency.p99",
+        "durability.recovery.replay_rate",
+    ] {
+        let f = figs.iter().find(|f| f["figure"] == name).unwrap();
+        assert!(f["met"].is_boolean(), "{f}");
+    }
+    assert!(
+        v["config"]["recovery"]["commits_replayed"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    // The data directories on the disk are gone too.
+    let after = memfs_dirs_in_var_tmp();
+    let new: Vec<_> = after.difference(&var_tmp_before).collect();
+    assert!(new.is_empty(), "left in /var/tmp: {new:?}");
+
+    // --durability on the single benchmarks: memfs with a data directory
+    // against the disk, figure names saying the mode.
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "metadata",
+            "--objects",
+            "50",
+            "--iterations",
+            "1",
+            "--durability",
+            "sync",
+        ],
+        &out.path().join("metadata-sync.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "metadata");
+    assert_eq!(figs[0]["figure"], "metadata.t1.durable-sync.create");
+    assert_eq!(figs[0]["baseline_name"], "disk (/var/tmp)");
+    assert_eq!(v["config"]["sync"], true);
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "fio",
+            "--size",
+            "8M",
+            "--runtime",
+            "1",
+            "--bs",
+            "4k",
+            "--durability",
+            "async",
+        ],
+        &out.path().join("fio-async.json"),
+        Duration::from_secs(60),
+    );
+    let figs = check_report(&v, "fio");
+    assert_eq!(figs[0]["figure"], "fio.4k.direct.durable-async.read");
+    assert_eq!(figs[0]["baseline_name"], "disk (/var/tmp)");
+    let after = memfs_dirs_in_var_tmp();
+    let new: Vec<_> = after.difference(&var_tmp_before).collect();
+    assert!(new.is_empty(), "left in /var/tmp: {new:?}");
+}
+
+/// memfs benchmark directories in /var/tmp (data directories, disk baselines);
+/// other runs on the machine may add theirs, so compare names, not counts.
+fn memfs_dirs_in_var_tmp() -> std::collections::BTreeSet<PathBuf> {
+    std::fs::read_dir("/var/tmp")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("memfs-bench-"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]
@@ -314,6 +443,18 @@ fn bad_arguments_give_clear_errors() {
         (&["bench", "fio", "--bs", "100"][..], "multiple of 512"),
         (&["bench", "fio", "--size", "lots"][..], "invalid --size"),
         (&["bench", "memory", "--data", "x"][..], "invalid --data"),
+        (
+            &["bench", "metadata", "--durability", "fast"][..],
+            "invalid --durability",
+        ),
+        (
+            &["bench", "durability", "--checkpoint-size", "lots"][..],
+            "invalid --checkpoint-size",
+        ),
+        (
+            &["bench", "durability", "--window", "0"][..],
+            "--window must be",
+        ),
     ] {
         let out = Command::new(bin)
             .args(args)

@@ -58,6 +58,17 @@ fn fio_verified_randrw() {
     m.unmount();
 }
 
+/// One stressor, two instances, 3 s, verifying; true if it completed cleanly.
+fn stress_ng(stressor: &str, dir: &std::path::Path) -> (bool, String) {
+    let (ok, out) = run(Command::new("timeout")
+        .args(["-k", "10", "120", "stress-ng"])
+        .arg(format!("--{stressor}"))
+        .args(["2", "--timeout", "3s", "--verify", "--metrics-brief"])
+        .arg("--temp-path")
+        .arg(dir));
+    (ok && out.contains("successful run completed"), out)
+}
+
 /// stress-ng file system stressors, with verification where they offer it.
 #[test]
 fn stress_ng_file_system_stressors() {
@@ -83,13 +94,8 @@ fn stress_ng_file_system_stressors() {
     ];
     let mut failed = Vec::new();
     for s in stressors {
-        let (ok, out) = run(Command::new("timeout")
-            .args(["-k", "10", "120", "stress-ng"])
-            .arg(format!("--{s}"))
-            .args(["2", "--timeout", "3s", "--verify", "--metrics-brief"])
-            .arg("--temp-path")
-            .arg(m.path()));
-        if !ok || !out.contains("successful run completed") {
+        let (ok, out) = stress_ng(s, &m.path());
+        if !ok {
             failed.push(format!("{s}:\n{out}"));
         }
     }
@@ -98,5 +104,15 @@ fn stress_ng_file_system_stressors() {
         "stress-ng stressors failed:\n{}",
         failed.join("\n")
     );
+    m.unmount();
+
+    // The record-lock stressors again with the engine keeping the locks
+    // (`--locks engine`): blocking waits, interrupts and unlock-at-close
+    // through FUSE.
+    let m = Mount::with_args(&["--locks", "engine"]);
+    for s in ["lockf", "fcntl"] {
+        let (ok, out) = stress_ng(s, &m.path());
+        assert!(ok, "stress-ng {s} with engine locks failed:\n{out}");
+    }
     m.unmount();
 }

@@ -495,10 +495,20 @@ fn special_nodes() {
     m.unmount();
 }
 
+/// The default: the kernel keeps record locks, as for tmpfs.
 #[test]
-fn record_locks_across_open_file_descriptions() {
+fn record_locks_kept_by_the_kernel() {
+    record_locks_across_open_file_descriptions(Mount::new());
+}
+
+/// `--locks engine`: the same rules, kept by memfs through FUSE.
+#[test]
+fn record_locks_kept_by_the_engine() {
+    record_locks_across_open_file_descriptions(Mount::with_args(&["--locks", "engine"]));
+}
+
+fn record_locks_across_open_file_descriptions(m: Mount) {
     use nix::fcntl::{FcntlArg, fcntl};
-    let m = Mount::new();
     fs::write(m.p("lock"), b"0123456789").unwrap();
     let a = OpenOptions::new()
         .read(true)
@@ -538,9 +548,38 @@ fn record_locks_across_open_file_descriptions() {
         nix_errno(fcntl(&a, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 0, 1)))),
         libc::EAGAIN
     );
-    // Closing the description releases its locks.
+    // Closing the description releases its locks. With engine locks, FUSE
+    // delivers RELEASE (which carries the unlock) after close() has returned, so
+    // the lock frees soon, not at once; anything but EAGAIN while waiting is a
+    // real failure.
     drop(b);
-    fcntl(&a, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 10))).unwrap();
+    common::poll_until(
+        "the closed description's locks to be released",
+        || match fcntl(&a, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 10))) {
+            Ok(_) => true,
+            Err(nix::errno::Errno::EAGAIN) => false,
+            Err(e) => panic!("F_OFD_SETLK: {e}"),
+        },
+    );
+    // Classic POSIX locks belong to the process: closing any descriptor of the
+    // file drops them, synchronously (the rule OFD locks were made to escape).
+    let classic = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("lock"))
+        .unwrap();
+    fcntl(&classic, FcntlArg::F_SETLK(&lk(libc::F_WRLCK, 20, 5))).unwrap();
+    let other = File::open(m.p("lock")).unwrap();
+    assert_eq!(
+        nix_errno(fcntl(
+            &other,
+            FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 22, 1))
+        )),
+        libc::EAGAIN
+    );
+    drop(File::open(m.p("lock")).unwrap());
+    fcntl(&other, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 22, 1))).unwrap();
+    drop((classic, other));
     // flock works too (exclusive between descriptions).
     let c = File::open(m.p("lock")).unwrap();
     let d = File::open(m.p("lock")).unwrap();
@@ -549,6 +588,7 @@ fn record_locks_across_open_file_descriptions() {
         .expect_err("second exclusive flock must fail");
     assert_eq!(e, nix::errno::Errno::EWOULDBLOCK);
     drop(held);
+    // Flock::drop unlocks with LOCK_UN before closing: synchronous, no wait.
     let again = nix::fcntl::Flock::lock(d, nix::fcntl::FlockArg::LockExclusiveNonblock).unwrap();
     drop((a, again));
     m.unmount();
@@ -624,18 +664,10 @@ fn forgotten_inodes_are_freed() {
         File::create(&p).unwrap();
         fs::remove_file(&p).unwrap();
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let free = nix::sys::statvfs::statvfs(&m.path()).unwrap().files_free();
-        if free == free0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "inodes not returned: {free} free, {free0} at start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    let statvfs_free = || nix::sys::statvfs::statvfs(&m.path()).unwrap().files_free();
+    common::poll_until("every freed inode to be returned", || {
+        statvfs_free() == free0
+    });
     m.unmount();
 }
 
@@ -665,6 +697,17 @@ fn mount_errors_are_clear() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid size"));
+    for bad in [&["--locks", "sometimes"][..], &["-o", "locks=sometimes"]] {
+        let out = std::process::Command::new(bin)
+            .arg("mount")
+            .arg(dir.path())
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("kernel or engine"), "{bad:?}: {err}");
+    }
     let out = std::process::Command::new(bin)
         .arg("mount")
         .arg(dir.path())

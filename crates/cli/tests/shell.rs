@@ -403,20 +403,64 @@ fn script_files_and_pipes() {
 }
 
 #[test]
-fn data_dir_is_refused_clearly() {
+fn a_data_dir_keeps_the_tree_across_sessions_and_rolls_back() {
     let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("data");
+    let d = dir.to_str().unwrap();
     let o = shell(
-        &["--data-dir", tmp.path().to_str().unwrap(), "-c", "ls"],
+        &[
+            "--data-dir",
+            d,
+            "-c",
+            "mkdir /a; write /a/f one; snapshot create s1; write /a/f two; write /a/g three",
+        ],
         "",
     );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    // A second session sees everything.
+    let o = shell(
+        &[
+            "--data-dir",
+            d,
+            "-c",
+            "cat /a/f; cat /a/g; snapshot list; log -n 2",
+        ],
+        "",
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.starts_with("onetwo\nthree\ns1 commit "),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("write"), "{}", o.stdout);
+    // Roll back inside a session: the tree is the snapshot's.
+    let o = shell(
+        &[
+            "--data-dir",
+            d,
+            "--keep-going",
+            "-c",
+            "rollback --to s1; cat /a/f; cat /a/g",
+        ],
+        "",
+    );
+    assert_eq!(o.stdout, "one\n", "{}", o.stderr);
+    assert!(o.stderr.contains("cat: no such file: /a/g"), "{}", o.stderr);
+    // And it stays rolled back.
+    let o = shell(&["--data-dir", d, "-c", "cat /a/f"], "");
+    assert_eq!((o.code, o.stdout.as_str()), (0, "one\n"), "{}", o.stderr);
+    // Bad input: an unknown snapshot, a bad mode.
+    let o = shell(&["--data-dir", d, "-c", "rollback --to nope"], "");
     assert_ne!(o.code, 0);
     assert!(
-        o.stderr
-            .contains("durable file systems are not available yet"),
+        o.stderr.contains("neither a commit id nor a snapshot name"),
         "{}",
         o.stderr
     );
-    assert_eq!(o.stdout, "");
+    let o = shell(&["--data-dir", d, "--durability", "fast", "-c", "ls"], "");
+    assert_ne!(o.code, 0);
+    assert!(o.stderr.contains("invalid durability"), "{}", o.stderr);
 }
 
 #[test]

@@ -1694,8 +1694,13 @@ fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("rollback");
     }
     let d = needs_durable(sh)?;
-    d.rollback(to)
-        .map_err(|e| super::CmdError(format!("{e:#}")))
+    let fs = d
+        .rollback(to)
+        .map_err(|e| super::CmdError(format!("{e:#}")))?;
+    sh.fs = fs;
+    sh.cwd
+        .store(memfs_fs::ROOT_INO, std::sync::atomic::Ordering::Release);
+    Ok(())
 }
 
 // ---- session --------------------------------------------------------------------------

@@ -22,10 +22,13 @@ pub use parse::{ParseError, parse, quote};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Open the durable memfs stored in this directory (needs the persistence
-    /// layer, which is not available yet).
+    /// Open the durable memfs stored in this directory (created if missing);
+    /// it must not be mounted at the same time.
     #[arg(long, value_name = "PATH")]
     pub data_dir: Option<PathBuf>,
+    /// With --data-dir: none | sync | async[=N] | relaxed=N (default sync).
+    #[arg(long, value_name = "MODE", requires = "data_dir")]
+    pub durability: Option<String>,
     /// Run these commands (separated by `;` or newlines), then exit.
     #[arg(short = 'c', value_name = "COMMANDS", conflicts_with = "script")]
     pub command: Option<String>,
@@ -61,18 +64,113 @@ pub trait Durable: Send + Sync {
     fn snapshot_create(&self, name: &str) -> anyhow::Result<()>;
     fn snapshot_list(&self, out: &mut dyn Write) -> anyhow::Result<()>;
     fn snapshot_delete(&self, name: &str) -> anyhow::Result<()>;
-    fn rollback(&self, to: &str) -> anyhow::Result<()>;
+    /// Rolls the data directory back; returns the file system in its new state.
+    fn rollback(&self, to: &str) -> anyhow::Result<Arc<Fs>>;
+    /// Makes everything durable and writes a final checkpoint.
+    fn close(&self) -> anyhow::Result<()>;
 }
 
-/// Opens the durable memfs in `dir`. Until the persistence layer exists this
-/// refuses clearly instead of silently running in memory, which would lose
-/// the user's data at exit.
-fn open_data_dir(dir: &std::path::Path) -> anyhow::Result<(Arc<Fs>, Box<dyn Durable>)> {
-    anyhow::bail!(
-        "--data-dir {}: durable file systems are not available yet (the persistence layer has not landed); \
-         run `memfs shell` without --data-dir for an in-memory session",
-        dir.display()
-    )
+/// The shell's view of a [`DurableFs`]: it is closed and reopened around a
+/// rollback, which needs the data directory to itself.
+struct ShellDurable {
+    dir: PathBuf,
+    config: Config,
+    opts: memfs_fs::durable::Options,
+    inner: std::sync::Mutex<Option<memfs_fs::durable::DurableFs>>,
+}
+
+impl ShellDurable {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&memfs_fs::durable::DurableFs) -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match g.as_ref() {
+            Some(d) => f(d),
+            None => anyhow::bail!("the data directory is closed"),
+        }
+    }
+}
+
+impl Durable for ShellDurable {
+    fn log(&self, out: &mut dyn Write, limit: Option<usize>) -> anyhow::Result<()> {
+        self.with(|d| Ok(d.sync()?))?;
+        for e in memfs_fs::durable::log(&self.dir, limit.unwrap_or(20))? {
+            let what = match (&e.name, e.data) {
+                (Some(n), _) => format!(" {n:?}"),
+                (None, d) if d > 0 => format!(" {d} bytes"),
+                _ => String::new(),
+            };
+            writeln!(out, "{:>8} {:<11} inode {}{what}", e.commit, e.op, e.ino)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_create(&self, name: &str) -> anyhow::Result<()> {
+        self.with(|d| Ok(d.snapshot_create(name).map(|_| ())?))
+    }
+
+    fn snapshot_list(&self, out: &mut dyn Write) -> anyhow::Result<()> {
+        for s in self.with(|d| Ok(d.history()?.snapshots))? {
+            writeln!(out, "{} commit {}", s.name, s.commit)?;
+        }
+        Ok(())
+    }
+
+    fn snapshot_delete(&self, name: &str) -> anyhow::Result<()> {
+        self.with(|d| Ok(d.snapshot_delete(name).map(|_| ())?))
+    }
+
+    fn rollback(&self, to: &str) -> anyhow::Result<Arc<Fs>> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let d = g.take().context("the data directory is closed")?;
+        d.close()?;
+        let done = memfs_fs::durable::resolve_target(&self.dir, to)
+            .and_then(|c| memfs_fs::durable::plan_rollback(&self.dir, c))
+            .and_then(|plan| memfs_fs::durable::rollback(&self.dir, &plan));
+        // Reopened whether or not the rollback worked: the session goes on.
+        let (d, _) = memfs_fs::durable::DurableFs::open(&self.dir, self.config, self.opts.clone())?;
+        let fs = d.fs().clone();
+        *g = Some(d);
+        done?;
+        Ok(fs)
+    }
+
+    fn close(&self) -> anyhow::Result<()> {
+        let d = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(d) = d {
+            d.close()?;
+        }
+        Ok(())
+    }
+}
+
+/// Opens (or creates) the durable memfs in `dir`.
+fn open_data_dir(
+    dir: &std::path::Path,
+    config: Config,
+    durability: Option<&str>,
+) -> anyhow::Result<(Arc<Fs>, Box<dyn Durable>)> {
+    let mut opts = memfs_fs::durable::Options::default();
+    if let Some(m) = durability {
+        opts.durability = memfs_fs::durable::parse_durability(m)
+            .map_err(|e| anyhow::anyhow!("invalid durability {m:?}: {e}"))?;
+    }
+    let (d, report) = memfs_fs::durable::DurableFs::open(dir, config, opts.clone())
+        .with_context(|| format!("cannot open data directory {}", dir.display()))?;
+    if !report.created {
+        eprintln!("memfs shell: recovery: {report}");
+    }
+    let fs = d.fs().clone();
+    Ok((
+        fs,
+        Box::new(ShellDurable {
+            dir: dir.to_path_buf(),
+            config,
+            opts,
+            inner: std::sync::Mutex::new(Some(d)),
+        }),
+    ))
 }
 
 /// A failed command's message, without the command name.
@@ -170,7 +268,12 @@ impl Shell {
     /// Runs one parsed command; prints its error (if any) as one line on
     /// standard error and returns whether it succeeded.
     pub fn run_command(&mut self, words: &[String]) -> bool {
-        let result = commands::dispatch(self, words);
+        let result = commands::dispatch(self, words).and_then(|()| {
+            // Durable as the data directory's mode promises before the next prompt.
+            self.fs
+                .settle()
+                .map_err(|e| CmdError(format!("making the change durable failed: {e}")))
+        });
         let _ = self.out.flush();
         match result {
             Ok(()) => true,
@@ -238,22 +341,20 @@ impl Shell {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut config = Config::default();
+    if let Some(size) = args.size {
+        config.capacity = size;
+        config.max_inodes = (size / memfs_fs::PAGE_SIZE as u64).max(1024);
+    }
+    if let Some(n) = args.inodes {
+        config.max_inodes = n;
+    }
     let (fs, durable) = match &args.data_dir {
         Some(dir) => {
-            let (fs, d) = open_data_dir(dir)?;
+            let (fs, d) = open_data_dir(dir, config, args.durability.as_deref())?;
             (fs, Some(d))
         }
-        None => {
-            let mut config = Config::default();
-            if let Some(size) = args.size {
-                config.capacity = size;
-                config.max_inodes = (size / memfs_fs::PAGE_SIZE as u64).max(1024);
-            }
-            if let Some(n) = args.inodes {
-                config.max_inodes = n;
-            }
-            (Arc::new(Fs::new(config)), None)
-        }
+        None => (Arc::new(Fs::new(config)), None),
     };
     let out: Box<dyn Write> = Box::new(std::io::BufWriter::new(std::io::stdout()));
     let mut shell = Shell::new(fs, out);
@@ -272,6 +373,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         shell.run_reader(std::io::stdin().lock(), args.keep_going)?
     };
     let _ = shell.out.flush();
+    if let Some(d) = &shell.durable {
+        d.close().context("closing the data directory")?;
+    }
     let code = match shell.exit {
         Some(code) => code,
         None if ok => 0,

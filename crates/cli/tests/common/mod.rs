@@ -16,7 +16,7 @@ pub fn memfs_bin() -> &'static str {
     env!("CARGO_BIN_EXE_memfs")
 }
 
-fn is_mount_point(path: &Path) -> bool {
+pub fn is_mount_point(path: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let want = path.to_string_lossy();
     info.lines().any(|l| l.split(' ').nth(4) == Some(&*want))
@@ -33,6 +33,12 @@ impl Mount {
     }
 
     pub fn with_args(args: &[&str]) -> Mount {
+        Mount::spawn(args, Stdio::inherit())
+    }
+
+    /// Like [`Mount::with_args`], with the server's standard error sent to
+    /// `stderr` (e.g. a log file: a foreground server reports recovery there).
+    pub fn spawn(args: &[&str], stderr: Stdio) -> Mount {
         assert!(
             fuse_available(),
             "/dev/fuse is missing: these tests need FUSE"
@@ -48,20 +54,19 @@ impl Mount {
             .arg("--foreground")
             .args(args)
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("start memfs");
         let mut m = Mount {
             dir,
             child: Some(child),
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !is_mount_point(&path) {
+        poll_until("memfs to mount", || {
             if let Some(status) = m.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
                 panic!("memfs exited before mounting: {status}");
             }
-            assert!(Instant::now() < deadline, "memfs did not mount within 20 s");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+            is_mount_point(&path)
+        });
         m
     }
 
@@ -75,6 +80,35 @@ impl Mount {
 
     pub fn pid(&self) -> u32 {
         self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Crashes the server: SIGKILL, reaps it, then detaches the dead mount
+    /// (its requests fail with ENOTCONN until then). The data directory's lock
+    /// is an flock, released by the kernel when the process dies.
+    pub fn kill(&mut self) {
+        self.kill_server();
+        self.detach();
+    }
+
+    /// SIGKILLs and reaps the server but leaves the dead mount attached:
+    /// every system call under it fails (ENOTCONN) until [`Mount::detach`].
+    /// Processes still working under the mount point must stop before the
+    /// detach, or their next calls land in the directory underneath.
+    pub fn kill_server(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().expect("SIGKILL the memfs server");
+            c.wait().expect("reap the memfs server");
+        }
+    }
+
+    /// Detaches the (dead) mount.
+    pub fn detach(&mut self) {
+        let path = self.dir.path().to_path_buf();
+        if is_mount_point(&path) {
+            nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH)
+                .expect("detach the dead mount");
+        }
+        assert!(!is_mount_point(&path), "the dead mount is still attached");
     }
 
     /// Unmounts and checks that the server exits by itself, cleanly.
@@ -107,6 +141,17 @@ impl Drop for Mount {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// Polls `done` until it holds, failing with `what` after 20 s. For effects the
+/// kernel delivers asynchronously (FUSE RELEASE after close, FORGET after unlink):
+/// the test waits exactly as long as it has to and never longer.
+pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

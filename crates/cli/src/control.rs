@@ -1,0 +1,180 @@
+//! The control socket of a mounted durable memfs: `<data-dir>/control.sock`.
+//!
+//! While a data directory is mounted its lock is held, so `memfs snapshot`
+//! and friends cannot open it; they ask the running server instead. The
+//! protocol is one request line per connection and a reply of lines: first
+//! `ok` or `error MESSAGE`, then the payload. Requests:
+//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `sync`,
+//! `checkpoint`, `status`. Only the owner of the data directory can connect
+//! (the socket is created with mode 0600).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use memfs_fs::durable::DurableFs;
+
+pub const SOCKET: &str = "control.sock";
+
+pub fn socket_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(SOCKET)
+}
+
+/// A running control server; [`Control::stop`] ends it and removes the socket.
+pub struct Control {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Control {
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        // Wake the accept loop with a connection of our own.
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            self.shutdown();
+        }
+    }
+}
+
+pub fn serve(d: Arc<DurableFs>) -> anyhow::Result<Control> {
+    let path = socket_path(d.path());
+    // We hold the data directory's lock: any socket file left is stale.
+    let _ = std::fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)
+        .with_context(|| format!("cannot create the control socket {}", path.display()))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("cannot restrict {}", path.display()))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("memfs-control".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if stop.load(Ordering::Acquire) {
+                        break;
+                    }
+                    match conn {
+                        Ok(c) => {
+                            if let Err(e) = handle(&d, c) {
+                                tracing::warn!("control request failed: {e:#}");
+                            }
+                        }
+                        Err(e) => tracing::warn!("control socket: {e}"),
+                    }
+                }
+            })
+            .context("cannot start the control thread")?
+    };
+    Ok(Control {
+        path,
+        stop,
+        thread: Some(thread),
+    })
+}
+
+fn handle(d: &DurableFs, conn: UnixStream) -> anyhow::Result<()> {
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let reply = match answer(d, line.trim()) {
+        Ok(lines) => {
+            let mut s = String::from("ok\n");
+            for l in lines {
+                s.push_str(&l);
+                s.push('\n');
+            }
+            s
+        }
+        Err(e) => format!("error {}\n", format!("{e:#}").replace('\n', " ")),
+    };
+    (&conn).write_all(reply.as_bytes())?;
+    Ok(())
+}
+
+pub fn snapshot_line(s: &memfs_fs::durable::SnapshotEntry) -> String {
+    format!("{} {} {}", s.name, s.commit, s.time_ns)
+}
+
+fn answer(d: &DurableFs, req: &str) -> anyhow::Result<Vec<String>> {
+    let (cmd, arg) = match req.split_once(' ') {
+        Some((c, a)) => (c, Some(a)),
+        None => (req, None),
+    };
+    let need = || arg.with_context(|| format!("{cmd} needs an argument"));
+    Ok(match cmd {
+        "snapshot-create" => vec![snapshot_line(&d.snapshot_create(need()?)?)],
+        "snapshot-delete" => vec![snapshot_line(&d.snapshot_delete(need()?)?)],
+        "snapshot-list" => d.history()?.snapshots.iter().map(snapshot_line).collect(),
+        "sync" => vec![d.sync()?.to_string()],
+        "checkpoint" => match d.checkpoint()? {
+            Some(r) => vec![format!(
+                "{} {} {} {}",
+                r.info.commit,
+                r.info.nodes,
+                r.info.pages,
+                r.elapsed.as_secs_f64()
+            )],
+            None => vec!["unchanged".into()],
+        },
+        "status" => {
+            let st = d.journal_stats();
+            vec![format!(
+                "durability={} last_commit={} durable_commit={} segments={} fsyncs={}",
+                d.durability(),
+                st.last_commit,
+                st.durable_commit,
+                st.segments,
+                st.fsyncs
+            )]
+        }
+        _ => bail!("unknown request {cmd:?}"),
+    })
+}
+
+/// Sends one request to the memfs serving `data_dir`.
+pub fn request(data_dir: &Path, req: &str) -> anyhow::Result<Vec<String>> {
+    let path = socket_path(data_dir);
+    let conn = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "the data directory {} is in use, but its control socket {} does not answer",
+            data_dir.display(),
+            path.display()
+        )
+    })?;
+    conn.set_read_timeout(Some(Duration::from_secs(600)))?;
+    (&conn).write_all(format!("{req}\n").as_bytes())?;
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut lines = BufReader::new(&conn).lines();
+    let first = lines
+        .next()
+        .context("the running memfs closed the control connection without a reply")??;
+    if let Some(msg) = first.strip_prefix("error ") {
+        bail!("{msg}");
+    }
+    if first != "ok" {
+        bail!("unexpected reply from the running memfs: {first:?}");
+    }
+    Ok(lines.collect::<Result<_, _>>()?)
+}

@@ -1,0 +1,345 @@
+//! `memfs snapshot`, `memfs log`, `memfs rollback` and `memfs fsck`: history
+//! and repair of a data directory. While the directory is mounted, snapshot
+//! commands go to the running memfs through its control socket; `log`
+//! reads the journal directly; `rollback` and `fsck --repair` refuse.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use memfs_fs::Config;
+use memfs_fs::durable::{self, Error as DError, SnapshotEntry};
+
+use crate::control;
+use memfs_fs::durable::journal as memfs_journal;
+
+#[derive(clap::Args, Debug)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    pub cmd: SnapshotCmd,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// Name the current state (pins its commit against pruning).
+    Create {
+        name: String,
+        #[arg(long, value_name = "PATH")]
+        data_dir: PathBuf,
+    },
+    /// List named snapshots.
+    List {
+        #[arg(long, value_name = "PATH")]
+        data_dir: PathBuf,
+    },
+    /// Forget a named snapshot (its commit may then be pruned).
+    Delete {
+        name: String,
+        #[arg(long, value_name = "PATH")]
+        data_dir: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct LogArgs {
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: PathBuf,
+    /// How many of the most recent commits to show.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub count: usize,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RollbackArgs {
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: PathBuf,
+    /// A commit id (from memfs log) or a snapshot name.
+    #[arg(long, value_name = "COMMIT|SNAPSHOT")]
+    pub to: String,
+    /// Discard the later commits without asking.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct FsckArgs {
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: PathBuf,
+    /// Cut the journal back to its last intact commit (says first what is lost).
+    #[arg(long)]
+    pub repair: bool,
+    /// With --repair: do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+fn is_locked(e: &DError) -> bool {
+    matches!(e, DError::Journal(memfs_journal::Error::Locked { .. }))
+}
+
+fn check_dir(dir: &Path) -> anyhow::Result<()> {
+    if !dir.is_dir() {
+        bail!("data directory {} does not exist", dir.display());
+    }
+    Ok(())
+}
+
+fn fmt_time_ns(ns: u64) -> String {
+    fmt_time((ns / 1_000_000_000) as i64, (ns % 1_000_000_000) as u32)
+}
+
+/// UTC `YYYY-MM-DD HH:MM:SS.mmm`.
+fn fmt_time(sec: i64, nsec: u32) -> String {
+    let (y, m, d, h, min, s) = crate::bench_util::civil_utc(sec);
+    format!(
+        "{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{:03}",
+        nsec / 1_000_000
+    )
+}
+
+fn print_snapshot(s: &SnapshotEntry) {
+    println!(
+        "{:<24} commit {:<10} {}",
+        s.name,
+        s.commit,
+        fmt_time_ns(s.time_ns)
+    );
+}
+
+fn parse_snapshot_line(l: &str) -> anyhow::Result<SnapshotEntry> {
+    let f: Vec<&str> = l.split(' ').collect();
+    match f.as_slice() {
+        [n, c, t] => Ok(SnapshotEntry {
+            name: n.to_string(),
+            commit: c.parse()?,
+            time_ns: t.parse()?,
+        }),
+        _ => bail!("unexpected reply line {l:?}"),
+    }
+}
+
+pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
+    match a.cmd {
+        SnapshotCmd::Create { name, data_dir } => {
+            check_dir(&data_dir)?;
+            durable::check_snapshot_name(&name)?;
+            let s = match durable::snapshot_create_offline(&data_dir, &name) {
+                Err(e) if is_locked(&e) => parse_snapshot_line(
+                    control::request(&data_dir, &format!("snapshot-create {name}"))?
+                        .first()
+                        .context("empty reply")?,
+                )?,
+                r => r?,
+            };
+            println!("snapshot {} created at commit {}", s.name, s.commit);
+        }
+        SnapshotCmd::Delete { name, data_dir } => {
+            check_dir(&data_dir)?;
+            let s = match durable::snapshot_delete_offline(&data_dir, &name) {
+                Err(e) if is_locked(&e) => parse_snapshot_line(
+                    control::request(&data_dir, &format!("snapshot-delete {name}"))?
+                        .first()
+                        .context("empty reply")?,
+                )?,
+                r => r?,
+            };
+            println!("snapshot {} (commit {}) deleted", s.name, s.commit);
+        }
+        SnapshotCmd::List { data_dir } => {
+            check_dir(&data_dir)?;
+            let list = match memfs_journal::DataDir::open(&data_dir, false) {
+                Err(memfs_journal::Error::Locked { .. }) => {
+                    control::request(&data_dir, "snapshot-list")?
+                        .iter()
+                        .map(|l| parse_snapshot_line(l))
+                        .collect::<anyhow::Result<Vec<_>>>()?
+                }
+                Err(e) => return Err(e.into()),
+                Ok(_lock) => durable::History::load(&data_dir)?.snapshots,
+            };
+            if list.is_empty() {
+                println!(
+                    "no snapshots (create one with: memfs snapshot create NAME --data-dir {})",
+                    data_dir.display()
+                );
+            }
+            for s in &list {
+                print_snapshot(s);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn run_log(a: LogArgs) -> anyhow::Result<()> {
+    check_dir(&a.data_dir)?;
+    let entries = durable::log(&a.data_dir, a.count)?;
+    if entries.is_empty() {
+        println!("no commits in the retained journal");
+    }
+    println!(
+        "{:>10}  {:<23}  {:<11} {:>8}  {:>9}  what",
+        "commit", "time (UTC)", "operation", "inode", "bytes"
+    );
+    for e in entries {
+        let time = e
+            .time
+            .map_or_else(|| "-".to_string(), |(s, n)| fmt_time(s, n));
+        let what = match (&e.name, e.data) {
+            (Some(n), _) => format!("{n:?}"),
+            (None, d) if d > 0 => format!("{d} bytes of data"),
+            _ => String::new(),
+        };
+        println!(
+            "{:>10}  {:<23}  {:<11} {:>8}  {:>9}  {what}",
+            e.commit, time, e.op, e.ino, e.bytes
+        );
+    }
+    Ok(())
+}
+
+fn confirm(question: &str, yes: bool) -> anyhow::Result<()> {
+    if yes {
+        return Ok(());
+    }
+    if !std::io::stdin().is_terminal() {
+        bail!("{question}: refusing without confirmation (pass --yes)");
+    }
+    eprint!("{question}? [y/N] ");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    if !matches!(line.trim(), "y" | "Y" | "yes") {
+        bail!("cancelled; nothing changed");
+    }
+    Ok(())
+}
+
+pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
+    check_dir(&a.data_dir)?;
+    match memfs_journal::DataDir::open(&a.data_dir, false) {
+        Err(memfs_journal::Error::Locked { .. }) => bail!(
+            "{} is in use by a running memfs: unmount it first (memfs umount MOUNTPOINT), then roll back",
+            a.data_dir.display()
+        ),
+        Err(e) => return Err(e.into()),
+        Ok(lock) => drop(lock),
+    }
+    let target = durable::resolve_target(&a.data_dir, &a.to)?;
+    let plan = durable::plan_rollback(&a.data_dir, target)?;
+    if plan.commits_lost() == 0 {
+        println!("already at commit {target}: nothing to do");
+        return Ok(());
+    }
+    println!(
+        "rolling back {} from commit {} to commit {target}: {} later commits will be discarded",
+        a.data_dir.display(),
+        plan.last,
+        plan.commits_lost()
+    );
+    for s in &plan.lost_snapshots {
+        println!(
+            "  snapshot {} (commit {}) will be deleted",
+            s.name, s.commit
+        );
+    }
+    confirm(
+        &format!("discard commits {}..={}", target + 1, plan.last),
+        a.yes,
+    )?;
+    durable::rollback(&a.data_dir, &plan)?;
+    println!("rolled back to commit {target}; mount it to use it");
+    Ok(())
+}
+
+pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
+    check_dir(&a.data_dir)?;
+    let lock = match memfs_journal::DataDir::open(&a.data_dir, false) {
+        Err(memfs_journal::Error::Locked { .. }) => bail!(
+            "{} is in use by a running memfs: unmount it first",
+            a.data_dir.display()
+        ),
+        r => r?,
+    };
+    let dir = &a.data_dir;
+    let v = memfs_journal::recovery::verify(dir)?;
+    println!(
+        "journal: {} segments, {} bytes, commits {}..={}",
+        v.segments,
+        v.bytes,
+        v.first_commit.unwrap_or(0),
+        v.last_commit
+    );
+    if let Some(t) = &v.torn_tail {
+        println!(
+            "journal: torn last commit at {}:{} ({} bytes; an interrupted write, dropped at mount)",
+            t.file.display(),
+            t.offset,
+            v.bytes_after_damage
+        );
+    }
+    if let Some(d) = &v.corruption {
+        println!(
+            "journal: DAMAGED at {} offset {}: {}",
+            d.file.display(),
+            d.offset,
+            d.reason
+        );
+        println!(
+            "journal: intact up to commit {}; a repair drops {} bytes and {} later segments",
+            v.last_commit, v.bytes_after_damage, v.segments_after_damage
+        );
+        if !a.repair {
+            bail!(
+                "the journal is damaged; run memfs fsck --data-dir {} --repair to recover to commit {}",
+                dir.display(),
+                v.last_commit
+            );
+        }
+        confirm(
+            &format!(
+                "drop everything after commit {} ({} bytes)",
+                v.last_commit, v.bytes_after_damage
+            ),
+            a.yes,
+        )?;
+        let r = memfs_journal::recovery::repair(dir)?;
+        println!(
+            "journal: repaired; it now ends at commit {} ({} bytes dropped, {} files removed)",
+            r.last_commit,
+            r.bytes_dropped,
+            r.files_removed.len()
+        );
+    }
+    let manifest = memfs_journal::Manifest::load(dir)?;
+    let base = manifest.as_ref().and_then(|m| m.snapshot);
+    match &base {
+        Some(b) => println!(
+            "checkpoint: commit {} (journal needed through {})",
+            b.commit, b.required_end
+        ),
+        None => println!("checkpoint: none (the journal starts the history)"),
+    }
+    let h = durable::History::load(dir)?;
+    println!(
+        "history: {} checkpoints kept, {} named snapshots",
+        h.checkpoints.len(),
+        h.snapshots.len()
+    );
+    drop(lock);
+    let (fs, last) = durable::rebuild(dir, base, None, Config::default())
+        .context("rebuilding the file system from the checkpoint and journal")?;
+    let problems = fs.check_consistency();
+    println!(
+        "tree: {} nodes at commit {last}, {} problems",
+        fs.inode_count(),
+        problems.len()
+    );
+    for p in &problems {
+        println!("  {p}");
+    }
+    if !problems.is_empty() {
+        bail!("the file system tree is inconsistent");
+    }
+    println!("clean");
+    Ok(())
+}

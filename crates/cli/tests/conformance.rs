@@ -1,0 +1,189 @@
+//! pjdfstest, an independent POSIX conformance suite (the Rust port published
+//! on crates.io; `scripts/test` installs a pinned version into
+//! `target/tools`), run as root against tmpfs, an in-memory memfs mount and a
+//! durable one. tmpfs is the reference: memfs must fail no case and pass
+//! every case tmpfs passes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Mount, is_mount_point};
+
+/// The suite's binary: `MEMFS_PJDFSTEST`, else where `scripts/test` puts it.
+fn pjdfstest() -> PathBuf {
+    let p = std::env::var_os("MEMFS_PJDFSTEST").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/bin/pjdfstest"),
+        PathBuf::from,
+    );
+    assert!(
+        p.is_file(),
+        "pjdfstest not found at {}: run scripts/test, or install it with \
+         `cargo install --locked --root target/tools --version 0.2.2 pjdfstest`",
+        p.display()
+    );
+    p
+}
+
+/// The two users the suite switches to exist on every Debian system. Its
+/// sleeps between timestamp checks must exceed tmpfs's clock granularity
+/// (a timer tick), or tmpfs itself fails them.
+const CONFIG: &str = r#"
+[features]
+posix_fallocate = {}
+utime_now = {}
+utimensat = {}
+rename_ctime = {}
+
+[settings]
+naptime = 0.02
+allow_remount = false
+
+[dummy_auth]
+entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
+"#;
+
+#[derive(Debug)]
+struct Outcome {
+    passed: u64,
+    failed: u64,
+    skipped: u64,
+    failures: Vec<String>,
+    output: String,
+}
+
+fn run_suite(dir: &Path, secondary: Option<&Path>) -> Outcome {
+    let cfg = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(cfg.path(), CONFIG).unwrap();
+    let mut cmd = Command::new(pjdfstest());
+    cmd.arg("-c")
+        .arg(cfg.path())
+        .arg("-p")
+        .arg(dir)
+        .current_dir(dir);
+    if let Some(s) = secondary {
+        cmd.arg("-s").arg(s);
+    }
+    let out = cmd.output().expect("run pjdfstest");
+    let output =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    // "Summary: 0 failed, 16 skipped, 382 passed, 0 expected failures, 398 total"
+    let summary = output
+        .lines()
+        .find_map(|l| l.strip_prefix("Summary: "))
+        .unwrap_or_else(|| panic!("pjdfstest printed no summary:\n{output}"));
+    let count = |what: &str| -> u64 {
+        summary
+            .split(", ")
+            .find_map(|part| part.strip_suffix(what)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no '{what}' count in: {summary}"))
+    };
+    let failures = output
+        .lines()
+        .filter(|l| l.trim_end().ends_with("FAILED"))
+        .map(|l| l.split_whitespace().next().unwrap_or("").to_string())
+        .collect();
+    Outcome {
+        passed: count(" passed"),
+        failed: count(" failed"),
+        skipped: count(" skipped"),
+        failures,
+        output,
+    }
+}
+
+/// A fresh tmpfs, unmounted when dropped, whatever happens in between.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn new() -> Tmpfs {
+        let dir = tempfile::tempdir().unwrap();
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=256m"),
+        )
+        .expect("mount a tmpfs");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if is_mount_point(self.0.path()) {
+            let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+fn assert_conforms(what: &str, got: &Outcome, reference: &Outcome) {
+    assert_eq!(
+        got.failed, 0,
+        "{what}: pjdfstest failures {:?}\n{}",
+        got.failures, got.output
+    );
+    assert!(
+        got.passed >= reference.passed,
+        "{what}: {} cases passed, tmpfs passed {} ({} skipped here)\n{}",
+        got.passed,
+        reference.passed,
+        got.skipped,
+        got.output
+    );
+}
+
+#[test]
+fn memfs_passes_every_case_tmpfs_passes() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: pjdfstest needs root (it switches users); CI runs as root");
+        return;
+    }
+    let tmpfs = Tmpfs::new();
+    let reference = run_suite(tmpfs.0.path(), None);
+    assert_eq!(
+        reference.failed, 0,
+        "the harness itself is off: tmpfs fails {:?}\n{}",
+        reference.failures, reference.output
+    );
+    assert!(reference.passed > 300, "{}", reference.output);
+    drop(tmpfs);
+
+    // Other users must reach the mount, as on tmpfs.
+    let m = Mount::with_args(&["--allow-other"]);
+    let in_memory = run_suite(&m.path(), None);
+    m.unmount();
+    assert_conforms("memfs", &in_memory, &reference);
+
+    // The durable path records and acknowledges every operation: the same
+    // answers, and a secondary file system lets the EXDEV cases run too.
+    let data = tempfile::tempdir().unwrap();
+    let secondary = Tmpfs::new();
+    let m = Mount::with_args(&[
+        "--allow-other",
+        "--data-dir",
+        data.path().to_str().unwrap(),
+        "--durability",
+        "sync",
+    ]);
+    let durable = run_suite(&m.path(), Some(secondary.0.path()));
+    m.unmount();
+    assert_conforms("memfs --durability sync", &durable, &reference);
+    assert!(
+        durable.skipped < in_memory.skipped,
+        "the EXDEV cases did not run: {} skipped",
+        durable.skipped
+    );
+    let fsck = Command::new(common::memfs_bin())
+        .args(["fsck", "--data-dir"])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "fsck after the suite: {}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+}
