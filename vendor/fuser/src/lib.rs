@@ -101,6 +101,7 @@ mod request;
 mod request_param;
 mod session;
 mod time;
+mod uring;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]

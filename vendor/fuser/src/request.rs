@@ -34,6 +34,9 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// memfs patch: the ring entry the reply goes through, for a request
+    /// that came over io_uring.
+    uring: Option<crate::uring::UringSender>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +52,30 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            uring: None,
+            request,
+        })
+    }
+
+    /// memfs patch: a request that came over io_uring; its reply goes back
+    /// through the same ring entry.
+    pub(crate) fn new_uring(
+        ch: ChannelSender,
+        sender: crate::uring::UringSender,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut r = Self::new(ch, data)?;
+        r.uring = Some(sender);
+        Some(r)
+    }
+
+    fn sender(&self) -> ReplySender {
+        match &self.uring {
+            Some(u) => ReplySender::Uring(u.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -308,7 +334,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -483,7 +509,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -556,7 +582,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

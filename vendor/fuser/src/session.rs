@@ -141,6 +141,8 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// memfs patch: FUSE_INIT negotiated FUSE over io_uring.
+    pub(crate) uring: bool,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -188,6 +190,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            uring: false,
         };
 
         session.handshake()?;
@@ -216,6 +219,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            uring: false,
         };
 
         session.handshake()?;
@@ -254,6 +258,7 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            uring,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -288,6 +293,7 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let channels_first = Some(ch.clone());
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -308,6 +314,34 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // memfs patch: the rings serve every request but FORGET and
+        // INTERRUPT once registered; /dev/fuse serves until then, or for good
+        // if they cannot start.
+        let rings = if uring {
+            let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+            let ch = channels_first.as_ref().expect("a channel");
+            match crate::uring::start(
+                ch,
+                filesystem.clone(),
+                allowed,
+                session_owner,
+                cpus,
+                config.uring_queue_depth.unwrap_or(8).max(1),
+                crate::read_buf::BUFFER_SIZE,
+            ) {
+                Ok(r) => {
+                    info!("FUSE over io_uring: {cpus} rings");
+                    Some(r)
+                }
+                Err(e) => {
+                    warn!("FUSE over io_uring did not start ({e}); serving /dev/fuse only");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -321,6 +355,10 @@ impl<FS: Filesystem> Session<FS> {
                     reply = Err(e);
                 }
             }
+        }
+
+        if let Some(r) = rings {
+            r.stop_and_join();
         }
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
@@ -433,6 +471,8 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
+            self.uring = (init.capabilities() & config.requested)
+                .contains(InitFlags::FUSE_OVER_IO_URING);
 
             // Log capability status for debugging
             for bit in 0..64 {

@@ -18,6 +18,10 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// memfs patch: ring entries per CPU queue when FUSE over io_uring was
+    /// negotiated (the file system requests `FUSE_OVER_IO_URING` in `init`).
+    /// None: 8.
+    pub uring_queue_depth: Option<usize>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
