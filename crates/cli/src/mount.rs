@@ -46,6 +46,11 @@ pub struct MountArgs {
     /// to memfs).
     #[arg(long, value_name = "MODE")]
     pub locks: Option<String>,
+    /// Serve requests through per-CPU io_uring queues (FUSE over io_uring,
+    /// Linux 6.14+) when the kernel offers it (root: echo Y >
+    /// /sys/module/fuse/parameters/enable_uring); /dev/fuse otherwise.
+    #[arg(long)]
+    pub io_uring: bool,
     /// Stay in the foreground (for service managers); SIGINT and SIGTERM unmount.
     #[arg(long, short = 'f')]
     pub foreground: bool,
@@ -65,7 +70,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "LIMITS")]
     pub retention: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
-    /// writeback_cache, allow_other, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
+    /// writeback_cache, allow_other, io_uring, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
     /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -165,6 +170,7 @@ impl MountArgs {
         }
         fuse.writeback_cache = self.writeback_cache;
         fuse.allow_other = self.allow_other;
+        fuse.io_uring = self.io_uring;
         if let Some(t) = self.entry_timeout {
             fuse.entry_timeout = parse_secs("--entry-timeout", &t.to_string())?;
         }
@@ -200,6 +206,7 @@ impl MountArgs {
                 }
                 "writeback_cache" => fuse.writeback_cache = true,
                 "allow_other" => fuse.allow_other = true,
+                "io_uring" => fuse.io_uring = true,
                 "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
                 "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
                 "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,

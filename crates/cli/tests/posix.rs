@@ -765,3 +765,73 @@ fn background_mount_returns_when_usable_and_umount_stops_it() {
     assert!(st.success());
     assert!(!path.join("now").exists());
 }
+
+/// Context switches of the server's io_uring threads so far.
+fn uring_switches(pid: u32) -> u64 {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let t = t.ok()?.path();
+            let comm = fs::read_to_string(t.join("comm")).ok()?;
+            if !comm.starts_with("fuser-uring-") {
+                return None;
+            }
+            let status = fs::read_to_string(t.join("status")).ok()?;
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[test]
+fn io_uring_transport_serves_requests_or_falls_back() {
+    let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+        .is_ok_and(|v| v.trim() == "Y");
+    let m = Mount::with_args(&["--io-uring"]);
+    let pid = m.pid();
+    if offered {
+        common::poll_until("the io_uring threads", || common::uring_threads(pid) > 0);
+    } else {
+        // Not offered: the mount serves through /dev/fuse alone.
+        assert_eq!(common::uring_threads(pid), 0);
+    }
+    let before = uring_switches(pid);
+    // Requests with a payload (writes, names) and without (reads, getattr),
+    // large and small, so both reply paths and the buffer bounds are used.
+    let big: Vec<u8> = (0..(3 << 20) + 123).map(|i| (i * 7 % 251) as u8).collect();
+    fs::write(m.p("big"), &big).unwrap();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.p("big"))
+        .unwrap();
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    drop(f);
+    assert!(back == big, "3 MiB file read back differs");
+    fs::create_dir(m.p("d")).unwrap();
+    for i in 0..200 {
+        fs::write(m.p(&format!("d/f{i}")), i.to_string()).unwrap();
+    }
+    let mut names: Vec<_> = fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 200);
+    assert_eq!(fs::read_to_string(m.p("d/f42")).unwrap(), "42");
+    assert_eq!(errno(fs::read(m.p("d/missing"))), libc::ENOENT);
+    setxattr(&m.p("big"), "user.k", b"v", 0).unwrap();
+    assert_eq!(getxattr(&m.p("big"), "user.k", 64).unwrap(), b"v");
+    if offered {
+        assert!(
+            uring_switches(pid) > before + 100,
+            "the rings served almost nothing: {} -> {}",
+            before,
+            uring_switches(pid)
+        );
+    }
+    m.unmount();
+}

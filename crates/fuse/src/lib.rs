@@ -34,6 +34,11 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// Default entry and attribute cache timeout.
 pub const CACHE_TIMEOUT: Duration = Duration::from_secs(86_400);
 
+/// Ring entries per CPU with FUSE over io_uring: requests of one CPU that
+/// can be in flight at once (each entry holds a request buffer of up to
+/// 1 MiB, resident once touched).
+const URING_QUEUE_DEPTH: usize = 8;
+
 /// How the file system is presented to the kernel.
 #[derive(Clone, Debug)]
 pub struct MountOptions {
@@ -48,6 +53,9 @@ pub struct MountOptions {
     pub attr_timeout: Duration,
     /// Who keeps POSIX record locks (fcntl, lockf, OFD).
     pub locks: LockMode,
+    /// Serve requests through per-CPU io_uring queues (FUSE over io_uring)
+    /// when the kernel offers it; `/dev/fuse` otherwise.
+    pub io_uring: bool,
     /// Name shown as the source in /proc/mounts.
     pub fsname: String,
     /// Further mount options passed to the kernel as they are.
@@ -67,6 +75,7 @@ impl Default for MountOptions {
             entry_timeout: CACHE_TIMEOUT,
             attr_timeout: CACHE_TIMEOUT,
             locks: LockMode::Kernel,
+            io_uring: false,
             fsname: "memfs".into(),
             extra: Vec::new(),
         }
@@ -163,6 +172,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
     let adapter = MemFuse {
         fs,
         next_fh: AtomicU64::new(1),
@@ -171,6 +181,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         entry_ttl: opts.entry_timeout,
         attr_ttl: opts.attr_timeout,
         writeback: opts.writeback_cache,
+        io_uring: opts.io_uring,
         engine_locks: opts.locks == LockMode::Engine,
         any_locks: AtomicBool::new(false),
     };
@@ -214,6 +225,7 @@ pub struct MemFuse {
     entry_ttl: Duration,
     attr_ttl: Duration,
     writeback: bool,
+    io_uring: bool,
     /// [`LockMode::Engine`]: locks, opens and closes come to us.
     engine_locks: bool,
     /// Whether any handle ever locked: keeps the map out of the release path until then.
@@ -345,6 +357,16 @@ impl Filesystem for MemFuse {
             if let Err(missing) = config.add_capabilities(f) {
                 tracing::debug!("kernel lacks capability {missing:?}");
             }
+        }
+        if self.io_uring
+            && config
+                .add_capabilities(InitFlags::FUSE_OVER_IO_URING)
+                .is_err()
+        {
+            tracing::warn!(
+                "the kernel does not offer FUSE over io_uring \
+                 (/sys/module/fuse/parameters/enable_uring is off): serving /dev/fuse"
+            );
         }
         if self.writeback {
             config

@@ -27,6 +27,29 @@ pub fn fuse_available() -> bool {
     Path::new("/dev/fuse").exists()
 }
 
+/// Extra arguments for every test mount, from `MEMFS_TEST_MOUNT_ARGS`
+/// (whitespace-separated): `scripts/test` reruns the mounted suites with
+/// `--io-uring`.
+pub fn extra_mount_args() -> Vec<String> {
+    std::env::var("MEMFS_TEST_MOUNT_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// How many of the server's threads serve an io_uring (named `fuser-uring-N`).
+pub fn uring_threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|c| c.starts_with("fuser-uring-"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 impl Mount {
     pub fn new() -> Mount {
         Mount::with_args(&[])
@@ -48,11 +71,16 @@ impl Mount {
             .tempdir()
             .expect("tempdir");
         let path = dir.path().canonicalize().expect("canonical tempdir");
+        let extra: Vec<String> = extra_mount_args()
+            .into_iter()
+            .filter(|a| !args.contains(&a.as_str()))
+            .collect();
         let child = Command::new(memfs_bin())
             .arg("mount")
             .arg(&path)
             .arg("--foreground")
             .args(args)
+            .args(&extra)
             .stdin(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -67,6 +95,12 @@ impl Mount {
             }
             is_mount_point(&path)
         });
+        if extra_mount_args().iter().any(|a| a == "--io-uring") {
+            // The run is only worth its time if the rings really serve: a
+            // silent fallback to /dev/fuse must fail it.
+            let pid = m.pid();
+            poll_until("the io_uring threads", || uring_threads(pid) > 0);
+        }
         m
     }
 
