@@ -787,8 +787,11 @@ fn uring_switches(pid: u32) -> u64 {
 
 #[test]
 fn io_uring_transport_serves_requests_or_falls_back() {
+    // Offered: the fuse module has it on, and io_uring is not disabled.
     let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
-        .is_ok_and(|v| v.trim() == "Y");
+        .is_ok_and(|v| v.trim() == "Y")
+        && fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+            .map_or(true, |v| v.trim() == "0");
     let m = Mount::with_args(&["--io-uring"]);
     let pid = m.pid();
     if offered {
