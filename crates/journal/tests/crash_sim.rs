@@ -263,7 +263,12 @@ fn random_crashes(test: &str, durability: Durability, base_seed: u64) {
     // The cases exercised what they are meant to.
     assert!(crashed_runs > 0, "no run crashed mid-way");
     assert!(lost_unacked > 0, "no run lost an unacknowledged commit");
-    assert!(torn_tails > 0, "no recovery cut a torn tail");
+    // In async mode the writer thread decides how commits are batched into
+    // writes, so whether a crash tears one depends on thread timing: the
+    // torn-tail path is asserted by the modes whose writes are deterministic.
+    if !matches!(durability, Durability::Async { .. }) {
+        assert!(torn_tails > 0, "no recovery cut a torn tail");
+    }
     // Everything stayed on the simulated disk.
     assert!(!Path::new("/memfs-crash-sim").exists());
 }
