@@ -43,13 +43,13 @@ impl DurableSubject {
         let Some(mode) = mode else {
             return Ok(None);
         };
-        let parsed = memfs_fs::durable::parse_durability(mode).map_err(|e| {
+        let parsed = memfs_durable::parse_durability(mode).map_err(|e| {
             anyhow::anyhow!("invalid --durability {mode:?}: {e} (use none, sync, async, relaxed=N)")
         })?;
         Ok(Some(DurableSubject {
             data: DiskDir::new().context("cannot create a data directory")?,
             mode: mode.to_string(),
-            sync: matches!(parsed, memfs_fs::durable::Durability::Sync),
+            sync: matches!(parsed, memfs_durable::Durability::Sync),
         }))
     }
 

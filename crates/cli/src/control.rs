@@ -18,7 +18,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use memfs_fs::durable::DurableFs;
+use memfs_durable::DurableFs;
 
 pub const SOCKET: &str = "control.sock";
 
@@ -113,7 +113,7 @@ fn handle(d: &DurableFs, conn: UnixStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn snapshot_line(s: &memfs_fs::durable::SnapshotEntry) -> String {
+pub fn snapshot_line(s: &memfs_durable::SnapshotEntry) -> String {
     format!("{} {} {}", s.name, s.commit, s.time_ns)
 }
 

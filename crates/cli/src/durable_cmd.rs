@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use memfs_fs::Config;
-use memfs_fs::durable::{self, Error as DError, SnapshotEntry};
+use memfs_durable::{self as durable, Error as DError, FsCheck, SnapshotEntry};
 
 use crate::control;
-use memfs_fs::durable::journal as memfs_journal;
+use memfs_durable::journal as memfs_journal;
 
 #[derive(clap::Args, Debug)]
 pub struct SnapshotArgs {

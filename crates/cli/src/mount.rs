@@ -90,7 +90,7 @@ struct Settings {
     config: Config,
     fuse: MountOptions,
     /// The data directory and its options; `None`: a pure in-memory mount.
-    durable: Option<(PathBuf, memfs_fs::durable::Options)>,
+    durable: Option<(PathBuf, memfs_durable::Options)>,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -242,7 +242,7 @@ impl MountArgs {
                 None
             }
             Some(dir) => {
-                use memfs_fs::durable;
+                use memfs_durable as durable;
                 let mut o = durable::Options::default();
                 if let Some(d) = durability {
                     o.durability = durable::parse_durability(&d).map_err(|e| {
@@ -446,7 +446,7 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         None => (Arc::new(Fs::new(settings.config)), None, None),
         Some((dir, opts)) => {
             let (d, report) =
-                memfs_fs::durable::DurableFs::open(dir, settings.config, opts.clone())
+                memfs_durable::DurableFs::open(dir, settings.config, opts.clone())
                     .with_context(|| format!("cannot open data directory {}", dir.display()))?;
             let d = Arc::new(d);
             (d.fs().clone(), Some(d), Some(report.to_string()))
@@ -554,7 +554,7 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
         bail!("{} is not mounted", mp.display());
     }
     let data_dir = mount_source(mp).map(PathBuf::from).filter(|p| {
-        p.is_absolute() && p.join(memfs_fs::durable::journal::dir::LOCK_FILE).is_file()
+        p.is_absolute() && p.join(memfs_durable::journal::dir::LOCK_FILE).is_file()
     });
     unmount(mp, args.lazy)?;
     if let Some(dir) = data_dir
@@ -588,9 +588,9 @@ fn wait_for_data_dir(dir: &Path) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     let mut told = false;
     loop {
-        match memfs_fs::durable::journal::DataDir::open(dir, false) {
+        match memfs_durable::journal::DataDir::open(dir, false) {
             Ok(_) => return Ok(()),
-            Err(memfs_fs::durable::journal::Error::Locked { .. }) => {}
+            Err(memfs_durable::journal::Error::Locked { .. }) => {}
             Err(e) => return Err(e.into()),
         }
         if std::time::Instant::now() > deadline {

@@ -31,7 +31,7 @@ use common::{Mount, is_mount_point, memfs_bin};
 // ---------------------------------------------------------------- helpers
 
 /// The journal's splitmix64, seeded the way these tests always were.
-use memfs_fs::durable::journal::SplitMix64 as Rng;
+use memfs_durable::journal::SplitMix64 as Rng;
 
 fn seeded(seed: u64) -> Rng {
     Rng(seed ^ 0x9E37_79B9_7F4A_7C15)

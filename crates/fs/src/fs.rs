@@ -97,6 +97,12 @@ impl Fs {
         Fs::with_recorder(config, None)
     }
 
+    /// From now on every mutation is passed to `recorder` (set before the
+    /// file system is shared: a rebuilt one is filled first, then recorded).
+    pub fn set_recorder(&mut self, recorder: Option<Arc<dyn Recorder>>) {
+        self.recorder = recorder;
+    }
+
     /// A file system whose every mutation is passed to `recorder`.
     pub fn with_recorder(config: Config, recorder: Option<Arc<dyn Recorder>>) -> Fs {
         let now = Timespec::now();

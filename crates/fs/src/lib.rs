@@ -6,26 +6,22 @@
 //! a Linux errno value. See `docs/engine.md` for the data structures and the
 //! locking rules.
 
-mod check;
-mod codec;
 mod data;
 mod dir;
-pub mod durable;
 mod error;
 mod fs;
-mod image;
 mod inode;
 mod locks;
 mod mutation;
+mod nodes;
 mod path;
 mod replay;
 mod types;
 mod xattr;
 
-pub use codec::{decode as decode_record, encode as encode_record};
 pub use error::{Errno, Result};
 pub use fs::{DirEntry, Fs};
-pub use image::ImageInfo;
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};
+pub use nodes::{FIRST_ENTRY_OFFSET, Node, NodeView};
 pub use types::*;

@@ -1,5 +1,7 @@
 //! Applying recorded mutations and checkpoint images to a file system that
 //! is being rebuilt (recovery, rollback). Nothing else runs on it meanwhile.
+//! Public so that `memfs-durable` can rebuild an `Fs` from its journal and
+//! images (with `nodes.rs`); the engine itself reads no records.
 //!
 //! Every step overwrites whole cells (a node's attributes, one directory
 //! entry, a byte range, one xattr) with values carried by the record, and
@@ -145,8 +147,9 @@ impl Fs {
         }
     }
 
-    /// Writes whole pages read from an image.
-    pub(crate) fn apply_pages(&self, ino: u64, first: u64, data: &[u8]) {
+    /// Rebuild: writes whole pages read from an image into file `ino`
+    /// (ignored if `ino` is not a regular file).
+    pub fn apply_pages(&self, ino: u64, first: u64, data: &[u8]) {
         let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };
@@ -157,7 +160,8 @@ impl Fs {
         }
     }
 
-    pub(crate) fn apply_entries<'a>(
+    /// Rebuild: sets directory entries of `dir` (ignored if not a directory).
+    pub fn apply_entries<'a>(
         &self,
         dir: u64,
         entries: impl Iterator<Item = (&'a [u8], u64, FileType)>,
@@ -173,7 +177,8 @@ impl Fs {
         }
     }
 
-    pub(crate) fn apply_xattrs<'a>(
+    /// Rebuild: sets extended attributes of node `ino`.
+    pub fn apply_xattrs<'a>(
         &self,
         ino: u64,
         xs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
@@ -193,7 +198,7 @@ impl Fs {
 
     /// Applies one recorded mutation (see the module comment for why this is
     /// correct on a fuzzy image).
-    pub(crate) fn apply(&self, m: &Mutation<'_>) {
+    pub fn apply(&self, m: &Mutation<'_>) {
         match *m {
             Mutation::Create {
                 parent,
@@ -315,7 +320,7 @@ impl Fs {
     /// Ends a rebuild: drops nodes that no directory names any more (they
     /// were unlinked but open when the state was recorded, and nobody holds
     /// them now) and sets the commit counter.
-    pub(crate) fn finish_rebuild(&self, last_commit: u64) {
+    pub fn finish_rebuild(&self, last_commit: u64) {
         let orphans: Vec<u64> = self
             .inodes
             .iter()

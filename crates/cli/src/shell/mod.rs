@@ -75,14 +75,14 @@ pub trait Durable: Send + Sync {
 struct ShellDurable {
     dir: PathBuf,
     config: Config,
-    opts: memfs_fs::durable::Options,
-    inner: std::sync::Mutex<Option<memfs_fs::durable::DurableFs>>,
+    opts: memfs_durable::Options,
+    inner: std::sync::Mutex<Option<memfs_durable::DurableFs>>,
 }
 
 impl ShellDurable {
     fn with<T>(
         &self,
-        f: impl FnOnce(&memfs_fs::durable::DurableFs) -> anyhow::Result<T>,
+        f: impl FnOnce(&memfs_durable::DurableFs) -> anyhow::Result<T>,
     ) -> anyhow::Result<T> {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match g.as_ref() {
@@ -95,7 +95,7 @@ impl ShellDurable {
 impl Durable for ShellDurable {
     fn log(&self, out: &mut dyn Write, limit: Option<usize>) -> anyhow::Result<()> {
         self.with(|d| Ok(d.sync()?))?;
-        for e in memfs_fs::durable::log(&self.dir, limit.unwrap_or(20))? {
+        for e in memfs_durable::log(&self.dir, limit.unwrap_or(20))? {
             let what = match (&e.name, e.data) {
                 (Some(n), _) => format!(" {n:?}"),
                 (None, d) if d > 0 => format!(" {d} bytes"),
@@ -125,11 +125,11 @@ impl Durable for ShellDurable {
         let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let d = g.take().context("the data directory is closed")?;
         d.close()?;
-        let done = memfs_fs::durable::resolve_target(&self.dir, to)
-            .and_then(|c| memfs_fs::durable::plan_rollback(&self.dir, c))
-            .and_then(|plan| memfs_fs::durable::rollback(&self.dir, &plan));
+        let done = memfs_durable::resolve_target(&self.dir, to)
+            .and_then(|c| memfs_durable::plan_rollback(&self.dir, c))
+            .and_then(|plan| memfs_durable::rollback(&self.dir, &plan));
         // Reopened whether or not the rollback worked: the session goes on.
-        let (d, _) = memfs_fs::durable::DurableFs::open(&self.dir, self.config, self.opts.clone())?;
+        let (d, _) = memfs_durable::DurableFs::open(&self.dir, self.config, self.opts.clone())?;
         let fs = d.fs().clone();
         *g = Some(d);
         done?;
@@ -151,12 +151,12 @@ fn open_data_dir(
     config: Config,
     durability: Option<&str>,
 ) -> anyhow::Result<(Arc<Fs>, Box<dyn Durable>)> {
-    let mut opts = memfs_fs::durable::Options::default();
+    let mut opts = memfs_durable::Options::default();
     if let Some(m) = durability {
-        opts.durability = memfs_fs::durable::parse_durability(m)
+        opts.durability = memfs_durable::parse_durability(m)
             .map_err(|e| anyhow::anyhow!("invalid durability {m:?}: {e}"))?;
     }
-    let (d, report) = memfs_fs::durable::DurableFs::open(dir, config, opts.clone())
+    let (d, report) = memfs_durable::DurableFs::open(dir, config, opts.clone())
         .with_context(|| format!("cannot open data directory {}", dir.display()))?;
     if !report.created {
         eprintln!("memfs shell: recovery: {report}");

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use memfs_fs::durable::{self, DurableFs, Options};
+use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
 use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 

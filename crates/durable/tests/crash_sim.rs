@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use memfs_fs::durable::{self, DurableFs, Options};
+use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
 use memfs_journal::storage::register_scoped;
 use memfs_journal::{RecoverMode, SimStorage};
 use rand::{Rng, SeedableRng, rngs::StdRng};

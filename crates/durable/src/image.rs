@@ -10,12 +10,9 @@
 //! `docs/durability.md`.
 
 use std::io::{self, Read, Write};
-use std::sync::Arc;
 
 use crate::codec::{ATTR_LEN, Cursor, kind_code, kind_from, put_attr, put_bytes16, put_bytes32};
-use crate::fs::Fs;
-use crate::inode::{Body, Inode};
-use crate::types::{FileType, PAGE_SIZE};
+use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, Node, PAGE_SIZE};
 
 pub const IMAGE_MAGIC: &[u8; 8] = b"MFSIMG01";
 
@@ -47,13 +44,9 @@ pub struct ImageInfo {
 pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result<(u64, u64)> {
     w.write_all(IMAGE_MAGIC)?;
     w.write_all(&commit.to_le_bytes())?;
-    w.write_all(
-        &fs.next_ino
-            .load(std::sync::atomic::Ordering::Acquire)
-            .to_le_bytes(),
-    )?;
+    w.write_all(&fs.next_ino().to_le_bytes())?;
     // Collected first so that no table shard stays locked while we copy.
-    let nodes: Vec<Arc<Inode>> = fs.inodes.iter().map(|e| e.value().clone()).collect();
+    let nodes: Vec<Node> = fs.nodes();
     let mut buf = Vec::with_capacity(PAGES_PER_SLICE * (PAGE_SIZE + 32));
     let (mut count, mut pages) = (0u64, 0u64);
     for inode in nodes {
@@ -62,33 +55,37 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
         }
         w.write_all(&buf)?;
         buf.clear();
-        match inode.kind {
+        match inode.kind() {
             FileType::Directory => {
-                let mut offset = crate::dir::FIRST_SLOT_OFFSET;
+                let mut offset = FIRST_ENTRY_OFFSET;
                 loop {
-                    let next = {
-                        let st = inode.state.read();
-                        let Some(d) = st.dir() else { break };
+                    let next = inode.read(|st| {
+                        let at = buf.len();
                         buf.push(R_ENTRIES);
-                        buf.extend_from_slice(&inode.ino.to_le_bytes());
+                        buf.extend_from_slice(&inode.ino().to_le_bytes());
                         let count_at = buf.len();
                         buf.extend_from_slice(&0u32.to_le_bytes());
                         let mut n = 0u32;
                         let mut next = None;
-                        d.list_from(offset, |slot, off| {
+                        let is_dir = st.entries_from(offset, |name, ino, kind, off| {
                             if n as usize == ENTRIES_PER_SLICE {
                                 next = Some(off - 1);
                                 return false;
                             }
-                            put_bytes16(&mut buf, &slot.name);
-                            buf.extend_from_slice(&slot.ino.to_le_bytes());
-                            buf.push(kind_code(slot.kind));
+                            put_bytes16(&mut buf, name);
+                            buf.extend_from_slice(&ino.to_le_bytes());
+                            buf.push(kind_code(kind));
                             n += 1;
                             true
                         });
+                        if !is_dir {
+                            buf.truncate(at);
+                            return Err(());
+                        }
                         buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-                        next
-                    };
+                        Ok(next)
+                    });
+                    let Ok(next) = next else { break };
                     w.write_all(&buf)?;
                     buf.clear();
                     match next {
@@ -99,21 +96,22 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
             }
             FileType::RegularFile => {
                 let mut start = Some(0u64);
+                let ino = inode.ino();
                 while let Some(s) = start {
-                    start = {
-                        let st = inode.state.read();
-                        let Body::File(d) = &st.body else { break };
-                        if st.meta.nlink == 0 {
-                            break;
+                    let next = inode.read(|st| {
+                        if st.page_count().is_none() || st.nlink() == 0 {
+                            return Err(());
                         }
-                        d.pages_from(s, PAGES_PER_SLICE, |idx, page| {
+                        Ok(st.pages_from(s, PAGES_PER_SLICE, |idx, page| {
                             buf.push(R_PAGES);
-                            buf.extend_from_slice(&inode.ino.to_le_bytes());
+                            buf.extend_from_slice(&ino.to_le_bytes());
                             buf.extend_from_slice(&idx.to_le_bytes());
                             buf.extend_from_slice(page);
                             pages += 1;
-                        })
-                    };
+                        }))
+                    });
+                    let Ok(next) = next else { break };
+                    start = next;
                     w.write_all(&buf)?;
                     buf.clear();
                 }
@@ -127,26 +125,24 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
 /// One node's attributes, symlink target, `..` and xattrs. Nodes no
 /// directory names (unlinked but still open) are left out: nobody can hold
 /// them after a restart.
-fn write_node(inode: &Inode, buf: &mut Vec<u8>) -> io::Result<bool> {
-    let st = inode.state.read();
-    if st.meta.nlink == 0 && inode.ino != crate::types::ROOT_INO {
-        return Ok(false);
-    }
-    buf.push(R_NODE);
-    put_attr(buf, &st.attr(inode.ino, inode.kind));
-    let parent = st.dir().map_or(0, |d| d.parent);
-    buf.extend_from_slice(&parent.to_le_bytes());
-    match &st.body {
-        Body::Symlink(t) => put_bytes16(buf, t),
-        _ => put_bytes16(buf, b""),
-    }
-    let xs: Vec<(&[u8], &[u8])> = st.meta.xattrs.iter().flat_map(|x| x.iter()).collect();
-    buf.extend_from_slice(&(xs.len() as u16).to_le_bytes());
-    for (n, v) in xs {
-        put_bytes16(buf, n);
-        put_bytes32(buf, v);
-    }
-    Ok(true)
+fn write_node(inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
+    inode.read(|st| {
+        if st.nlink() == 0 && inode.ino() != memfs_fs::ROOT_INO {
+            return Ok(false);
+        }
+        buf.push(R_NODE);
+        put_attr(buf, &st.attr());
+        let parent = st.dir_parent().unwrap_or(0);
+        buf.extend_from_slice(&parent.to_le_bytes());
+        put_bytes16(buf, st.symlink_target().unwrap_or(b""));
+        let xs: Vec<(&[u8], &[u8])> = st.xattrs().collect();
+        buf.extend_from_slice(&(xs.len() as u16).to_le_bytes());
+        for (n, v) in xs {
+            put_bytes16(buf, n);
+            put_bytes32(buf, v);
+        }
+        Ok(true)
+    })
 }
 
 pub(crate) fn write_trailer(w: &mut dyn Write, info: &ImageInfo) -> io::Result<()> {
@@ -200,8 +196,7 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
         ..Default::default()
     };
     let next_ino = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
-    fs.next_ino
-        .fetch_max(next_ino, std::sync::atomic::Ordering::AcqRel);
+    fs.raise_next_ino(next_ino);
     let mut pages = 0u64;
     let mut nodes = 0u64;
     loop {
@@ -223,13 +218,7 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
                 let attr = c.attr()?;
                 let parent = c.u64()?;
                 let target = c.bytes16()?;
-                let body = match attr.kind {
-                    FileType::RegularFile => Body::File(Default::default()),
-                    FileType::Directory => Body::Dir(Box::new(crate::dir::Dir::new(parent.max(1)))),
-                    FileType::Symlink => Body::Symlink(Box::new(target.into())),
-                    _ => Body::Special,
-                };
-                fs.install(&attr, body);
+                fs.install_node(&attr, parent.max(1), target);
                 let nx = c.u16()?;
                 let mut xs = Vec::with_capacity(nx as usize);
                 for _ in 0..nx {
@@ -257,7 +246,7 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
                 let mut entries = Vec::with_capacity(n as usize);
                 for _ in 0..n {
                     let name = c.bytes16()?;
-                    if name.is_empty() || name.len() > crate::types::NAME_MAX {
+                    if name.is_empty() || name.len() > memfs_fs::NAME_MAX {
                         return Err(format!("directory {dir}: invalid entry name"));
                     }
                     let ino = c.u64()?;
@@ -270,7 +259,7 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
                 read_n(r, &mut buf, 16 + PAGE_SIZE)?;
                 let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
                 let idx = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
-                if idx >= crate::types::MAX_FILE_SIZE / PAGE_SIZE as u64 {
+                if idx >= memfs_fs::MAX_FILE_SIZE / PAGE_SIZE as u64 {
                     return Err(format!("page index {idx} beyond the largest file"));
                 }
                 fs.apply_pages(ino, idx, &buf[16..]);

@@ -3,8 +3,7 @@
 //! `docs/durability.md`. Decoding never panics: every read is bounds-checked
 //! and a malformed record is an error naming what was wrong.
 
-use crate::mutation::Mutation;
-use crate::types::{Attr, FallocateMode, FileType, PAGE_SIZE, Timespec};
+use memfs_fs::{Attr, FallocateMode, FileType, Mutation, PAGE_SIZE, Timespec};
 
 /// Version byte at the start of every journal record.
 pub const RECORD_VERSION: u8 = 1;
@@ -270,7 +269,7 @@ impl<'a> Cursor<'a> {
 
     fn name(&mut self) -> Result<&'a [u8], String> {
         let n = self.bytes16()?;
-        if n.is_empty() || n.len() > crate::types::NAME_MAX || n.contains(&b'/') {
+        if n.is_empty() || n.len() > memfs_fs::NAME_MAX || n.contains(&b'/') {
             return Err(format!("invalid name of {} bytes", n.len()));
         }
         Ok(n)
@@ -352,7 +351,7 @@ pub fn decode(payload: &[u8]) -> Result<Mutation<'_>, String> {
             let data = c.bytes32()?;
             offset
                 .checked_add(data.len() as u64)
-                .filter(|&e| e <= crate::types::MAX_FILE_SIZE)
+                .filter(|&e| e <= memfs_fs::MAX_FILE_SIZE)
                 .ok_or("write beyond the largest file size")?;
             Mutation::Write { attr, offset, data }
         }
@@ -362,7 +361,7 @@ pub fn decode(payload: &[u8]) -> Result<Mutation<'_>, String> {
             let len = c.u64()?;
             offset
                 .checked_add(len)
-                .filter(|&e| e <= crate::types::MAX_FILE_SIZE)
+                .filter(|&e| e <= memfs_fs::MAX_FILE_SIZE)
                 .ok_or("fallocate beyond the largest file size")?;
             let f = c.u8()?;
             Mutation::Fallocate {

@@ -30,9 +30,7 @@ pub use memfs_journal as journal;
 pub use memfs_journal::Durability;
 
 use crate::image::{self, ImageInfo};
-use crate::mutation::{Mutation, Recorder};
-use crate::types::Config;
-use crate::{Errno, Fs};
+use memfs_fs::{Config, Errno, Fs, Mutation, Recorder};
 
 const HISTORY_FILE: &str = "HISTORY";
 const HISTORY_HEADER: &str = "memfs-history 1";
@@ -591,9 +589,9 @@ impl DurableFs {
             failed: AtomicBool::new(false),
         });
         let mut fs = fs;
-        fs.recorder = Some(Arc::new(JournalRecorder {
+        fs.set_recorder(Some(Arc::new(JournalRecorder {
             shared: shared.clone(),
-        }));
+        })));
         let fs = Arc::new(fs);
         if created {
             // The root's attributes (times, owner) exist from the start but
