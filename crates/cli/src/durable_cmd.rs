@@ -7,8 +7,8 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use memfs_fs::Config;
 use memfs_durable::{self as durable, Error as DError, FsCheck, SnapshotEntry};
+use memfs_fs::Config;
 
 use crate::control;
 use memfs_durable::journal as memfs_journal;
@@ -90,7 +90,7 @@ fn fmt_time_ns(ns: u64) -> String {
 
 /// UTC `YYYY-MM-DD HH:MM:SS.mmm`.
 fn fmt_time(sec: i64, nsec: u32) -> String {
-    let (y, m, d, h, min, s) = crate::bench_util::civil_utc(sec);
+    let (y, m, d, h, min, s) = memfs_bench::common::civil_utc(sec);
     format!(
         "{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{:03}",
         nsec / 1_000_000

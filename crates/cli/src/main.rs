@@ -3,20 +3,18 @@
 //! Each subsystem keeps its command code in a module of its own; this file only
 //! parses the command line and dispatches, so that adding a command touches one
 //! line here.
+//!
+//! Depends on every library crate: `memfs-fuse` and `memfs-durable` to mount,
+//! `memfs-store`, and `memfs-bench` for `memfs bench ...`. No library depends
+//! on it; see docs/architecture.md.
 
 use clap::{CommandFactory, Parser, Subcommand};
+use memfs_bench::benchmarks::{
+    block as bench_block, durability as bench_durability, fio as bench_fio, lock as bench_lock,
+    memory as bench_memory, metadata as bench_metadata, workload as bench_workload,
+};
+use memfs_bench::{all as bench_all, report as bench_report};
 
-mod bench_all;
-mod bench_block;
-mod bench_durability;
-mod bench_fio;
-mod bench_lock;
-mod bench_memory;
-mod bench_metadata;
-mod bench_plot;
-mod bench_report;
-mod bench_util;
-mod bench_workload;
 mod control;
 mod durable_cmd;
 mod mount;

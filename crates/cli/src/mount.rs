@@ -445,9 +445,8 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     let (fs, durable, report) = match &settings.durable {
         None => (Arc::new(Fs::new(settings.config)), None, None),
         Some((dir, opts)) => {
-            let (d, report) =
-                memfs_durable::DurableFs::open(dir, settings.config, opts.clone())
-                    .with_context(|| format!("cannot open data directory {}", dir.display()))?;
+            let (d, report) = memfs_durable::DurableFs::open(dir, settings.config, opts.clone())
+                .with_context(|| format!("cannot open data directory {}", dir.display()))?;
             let d = Arc::new(d);
             (d.fs().clone(), Some(d), Some(report.to_string()))
         }
@@ -553,9 +552,9 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
     if !is_mounted(mp) {
         bail!("{} is not mounted", mp.display());
     }
-    let data_dir = mount_source(mp).map(PathBuf::from).filter(|p| {
-        p.is_absolute() && p.join(memfs_durable::journal::dir::LOCK_FILE).is_file()
-    });
+    let data_dir = mount_source(mp)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && p.join(memfs_durable::journal::dir::LOCK_FILE).is_file());
     unmount(mp, args.lazy)?;
     if let Some(dir) = data_dir
         && !args.lazy

@@ -4,6 +4,9 @@
 //! A caller asks for all its entities at once, shared or exclusive; the lock
 //! avoids deadlock itself (see [`acquire_in_turn`] and `docs/lock.md`).
 //!
+//! Depends on `libc` and small crates only (no benchmark or plotting deps:
+//! `memfs bench lock` lives in `memfs-bench`).
+//!
 //! ```no_run
 //! use memfs_lock::{Algorithm, Deadline, Entity, SharedFsMutex};
 //! let m = SharedFsMutex::open(Algorithm::ByteRanges, "/dev/shm/my.lock").unwrap();
@@ -17,7 +20,6 @@ use std::time::{Duration, Instant, SystemTime};
 use smallvec::SmallVec;
 
 mod atomic_append;
-pub mod bench;
 mod byte_ranges;
 mod lock_files;
 mod memory_map;

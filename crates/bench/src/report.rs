@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-use crate::bench_all::{KINDS, Results, RunFigure, Status};
-use crate::bench_util::{Better, Figure, fmt_num};
+use crate::common::{Better, Figure, fmt_num};
+use crate::results::{KINDS, Results, RunFigure, Status};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -295,7 +295,7 @@ pub fn render(r: &Results, images: &str) -> String {
 
 /// `2026-11-23 07:05:21` (UTC).
 fn utc_human(t: u64) -> String {
-    let s = crate::bench_all::utc_stamp(t);
+    let s = crate::results::utc_stamp(t);
     let (date, time) = s.split_once('T').unwrap_or((&s, ""));
     format!("{date} {}", time.trim_end_matches('Z').replace('-', ":"))
 }

@@ -21,66 +21,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::bench_fio::{FioJob, fio_available};
-use crate::bench_metadata::{PHASES, PhaseRates, Target, Workload};
-use crate::bench_util::{
-    DiskDir, Figure, MIB, MemfsMount, Report, check_interrupted, fmt_num,
+use crate::benchmarks::fio::{FioJob, fio_available};
+use crate::benchmarks::metadata::{PHASES, PhaseRates, Workload};
+use crate::common::{
+    DiskDir, Figure, MIB, MemfsMount, Report, Target, check_interrupted, durable_args, fmt_num,
     install_interrupt_handler, mean_sd,
 };
-
-/// A durability mode for a benchmark's memfs mount, with the fresh data
-/// directory (on the disk, in /var/tmp) it is mounted with. Keep it alive
-/// longer than the mount: declared before it, it is dropped after it.
-pub struct DurableSubject {
-    pub data: DiskDir,
-    pub mode: String,
-    sync: bool,
-}
-
-impl DurableSubject {
-    /// `None` for `None`; a clear error for a mode `memfs mount` would refuse.
-    pub fn new(mode: Option<&str>) -> anyhow::Result<Option<Self>> {
-        let Some(mode) = mode else {
-            return Ok(None);
-        };
-        let parsed = memfs_durable::parse_durability(mode).map_err(|e| {
-            anyhow::anyhow!("invalid --durability {mode:?}: {e} (use none, sync, async, relaxed=N)")
-        })?;
-        Ok(Some(DurableSubject {
-            data: DiskDir::new().context("cannot create a data directory")?,
-            mode: mode.to_string(),
-            sync: matches!(parsed, memfs_durable::Durability::Sync),
-        }))
-    }
-
-    /// `memfs mount` options: this data directory and mode, no periodic
-    /// checkpoints (they would land at random in the measurements).
-    pub fn mount_args(&self) -> Vec<String> {
-        durable_args(self.data.path(), &self.mode)
-    }
-
-    /// Whether the mode asks for every operation to be on stable storage
-    /// (so the disk baseline fsyncs too).
-    pub fn is_sync(&self) -> bool {
-        self.sync
-    }
-
-    /// Figure-name part, e.g. `durable-sync`, `durable-relaxed-8`.
-    pub fn label(&self) -> String {
-        format!("durable-{}", self.mode.replace('=', "-"))
-    }
-}
-
-pub fn durable_args(data: &Path, mode: &str) -> Vec<String> {
-    vec![
-        "--data-dir".into(),
-        data.display().to_string(),
-        "--durability".into(),
-        mode.into(),
-        "--checkpoint-interval".into(),
-        "0s".into(),
-    ]
-}
 
 /// A memfs mount with a data directory of its own; the mount goes first.
 struct DurableTarget {
@@ -311,12 +257,12 @@ fn metadata_part(s: &Settings) -> anyhow::Result<Vec<Figure>> {
     let none = DurableTarget::new("none")?;
     let asyn = DurableTarget::new("async")?;
     let sync = DurableTarget::new("sync")?;
-    let r = crate::bench_metadata::measure(
+    let r = crate::benchmarks::metadata::measure(
         &[&memory, &none.target, &asyn.target, &disk],
         &w,
         s.iterations,
     )?;
-    let rs = crate::bench_metadata::measure(&[&sync.target, &disk], &ws, s.iterations)?;
+    let rs = crate::benchmarks::metadata::measure(&[&sync.target, &disk], &ws, s.iterations)?;
     let ext4 = "ext4 (/var/tmp)";
     let ext4_sync = "ext4 (/var/tmp) fsync each";
     let mut out = vec![
@@ -362,7 +308,7 @@ fn metadata_part(s: &Settings) -> anyhow::Result<Vec<Figure>> {
 }
 
 fn fio_part(fio: &Path, job: &FioJob, rounds: usize) -> anyhow::Result<Vec<Figure>> {
-    use crate::bench_fio::FioResult;
+    use crate::benchmarks::fio::FioResult;
     let memory = Target::Memfs(MemfsMount::new(&[])?);
     let none = DurableTarget::new("none")?;
     let asyn = DurableTarget::new("async")?;
@@ -375,15 +321,17 @@ fn fio_part(fio: &Path, job: &FioJob, rounds: usize) -> anyhow::Result<Vec<Figur
             .map(|i| (i + round) % targets.len())
             .collect();
         let list: Vec<&Target> = order.iter().map(|&i| targets[i]).collect();
-        let r = crate::bench_fio::measure(fio, &list, std::slice::from_ref(job)).map_err(|e| {
-            e.context(format!(
-                "round {} (server logs: in memory: {}; none: {}; async: {})",
-                round + 1,
-                server_log(&memory),
-                server_log(&none.target),
-                server_log(&asyn.target)
-            ))
-        })?;
+        let r = crate::benchmarks::fio::measure(fio, &list, std::slice::from_ref(job)).map_err(
+            |e| {
+                e.context(format!(
+                    "round {} (server logs: in memory: {}; none: {}; async: {})",
+                    round + 1,
+                    server_log(&memory),
+                    server_log(&none.target),
+                    server_log(&asyn.target)
+                ))
+            },
+        )?;
         for (k, &i) in order.iter().enumerate() {
             results[i].push(r[k][0]);
         }
@@ -536,7 +484,7 @@ fn checkpoint_part(s: &Settings) -> anyhow::Result<(Vec<Figure>, serde_json::Val
     // Let any checkpoint the journal's volume started finish, and make the
     // one we measure cover everything written.
     std::thread::sleep(Duration::from_secs(1));
-    crate::control::request(data.path(), "checkpoint").context("settling checkpoint")?;
+    crate::system::control_request(data.path(), "checkpoint").context("settling checkpoint")?;
 
     let mut prober = Prober::new(mount.path())?;
     let mut outside = Vec::new();
@@ -551,7 +499,7 @@ fn checkpoint_part(s: &Settings) -> anyhow::Result<(Vec<Figure>, serde_json::Val
         let done2 = done.clone();
         let h = sc.spawn(move || {
             let start = Instant::now();
-            let r = crate::control::request(&dir, "checkpoint");
+            let r = crate::system::control_request(&dir, "checkpoint");
             let end = Instant::now();
             done2.store(true, Ordering::Release);
             (r, start, end)
@@ -656,7 +604,7 @@ fn recovery_part(s: &Settings) -> anyhow::Result<(Vec<Figure>, serde_json::Value
     let mount = MemfsMount::new(&args)?;
     write_bulk(mount.path(), s.recovery_size)?;
     // `none` leaves the journal in the server's buffers: hand it to the OS.
-    crate::control::request(data.path(), "sync").context("sync before the kill")?;
+    crate::system::control_request(data.path(), "sync").context("sync before the kill")?;
     let pid = nix::unistd::Pid::from_raw(mount.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)
         .context("cannot kill the memfs server")?;
@@ -710,6 +658,7 @@ fn num(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::DurableSubject;
 
     #[test]
     fn parses_recovery_lines() {

@@ -21,9 +21,9 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fstatat};
 use nix::unistd::{UnlinkatFlags, close, fsync, unlinkat};
 
-use crate::bench_util::{
-    DiskDir, Figure, MemfsMount, Report, TmpfsDir, check_interrupted, install_interrupt_handler,
-    interrupted, mean_sd, progress, split_args,
+use crate::common::{
+    DiskDir, Figure, MemfsMount, Report, Target, TmpfsDir, check_interrupted,
+    install_interrupt_handler, interrupted, mean_sd, progress, split_args,
 };
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,34 +343,6 @@ pub fn targets(w: &Workload) -> [Option<f64>; PHASES.len()] {
     }
 }
 
-/// A place to measure on, kept alive for the whole run.
-pub enum Target {
-    Memfs(MemfsMount),
-    Tmpfs(TmpfsDir),
-    Disk(DiskDir),
-    Path(PathBuf),
-}
-
-impl Target {
-    pub fn path(&self) -> &Path {
-        match self {
-            Target::Memfs(m) => m.path(),
-            Target::Tmpfs(t) => t.path(),
-            Target::Disk(d) => d.path(),
-            Target::Path(p) => p,
-        }
-    }
-
-    pub fn name(&self) -> String {
-        match self {
-            Target::Memfs(_) => "memfs".into(),
-            Target::Tmpfs(t) => t.describe().into(),
-            Target::Disk(_) => "disk (/var/tmp)".into(),
-            Target::Path(p) => p.display().to_string(),
-        }
-    }
-}
-
 /// Per-phase rates of every iteration on each target: `result[target][iteration]`.
 pub fn measure(
     targets: &[&Target],
@@ -457,7 +429,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         bail!("--durability needs a memfs mount: it does not go with --path");
     }
     // Declared before the mount: its data directory outlives it.
-    let durable = crate::bench_durability::DurableSubject::new(args.durability.as_deref())?;
+    let durable = crate::common::DurableSubject::new(args.durability.as_deref())?;
     let w = Workload {
         objects: args.objects,
         threads: args.threads,

@@ -418,7 +418,7 @@ fn run_config(
             v.sort_by(|a, b| a.total_ms.total_cmp(&b.total_ms));
             let times: Vec<f64> = v.iter().map(|r| r.total_ms).collect();
             PhaseResult {
-                total_ms_sd: crate::bench_util::mean_sd(&times).1,
+                total_ms_sd: crate::common::mean_sd(&times).1,
                 ..v[v.len() / 2].clone()
             }
         })
@@ -607,7 +607,7 @@ fn print_table(results: &[PhaseResult]) {
 
 fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Vec<PathBuf>> {
     use plotters::prelude::*;
-    crate::bench_util::register_plot_font()?;
+    crate::common::register_plot_font()?;
     let rows: Vec<&PhaseResult> = results.iter().filter(|r| r.ops == ops).collect();
     let mut targets: Vec<&str> = Vec::new();
     for r in &rows {
@@ -839,8 +839,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// `memfs bench all` calls this. Figures `workload.<engine|files>.n<OPS>.t<T>.<phase>`
 /// are the phase times (ms, lower is better) against the baseline's; the
 /// issue's targets are attached where they apply.
-pub fn report(args: &Args) -> anyhow::Result<crate::bench_util::Report> {
-    use crate::bench_util::{Figure, Report};
+pub fn report(args: &Args) -> anyhow::Result<crate::common::Report> {
+    use crate::common::{Figure, Report};
     let started = Instant::now();
     let mut report = Report::new(
         "workload",

@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use crate::bench_metadata::Target;
-use crate::bench_util::{
+use crate::common::Target;
+use crate::common::{
     ChildGuard, DiskDir, Figure, MIB, MemfsMount, Report, TmpfsDir, check_interrupted,
     install_interrupt_handler, progress, split_args,
 };
@@ -369,7 +369,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         bail!("--bs needs at least one block size");
     }
     // Declared before the mount: its data directory outlives it.
-    let durable = crate::bench_durability::DurableSubject::new(args.durability.as_deref())?;
+    let durable = crate::common::DurableSubject::new(args.durability.as_deref())?;
     let jobs = args
         .bs
         .iter()

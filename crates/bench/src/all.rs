@@ -13,13 +13,16 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use serde::{Deserialize, Serialize};
 
-use crate::bench_util::{
+use crate::benchmarks::{
+    block as bench_block, fio as bench_fio, lock as bench_lock, memory as bench_memory,
+    metadata as bench_metadata, workload as bench_workload,
+};
+use crate::common::{
     DiskDir, Figure, Machine, MemfsMount, Report, TmpfsDir, install_interrupt_handler, interrupted,
     mean_sd,
 };
-use crate::{bench_block, bench_fio, bench_lock, bench_memory, bench_metadata, bench_workload};
+use crate::results::{FORMAT, FsInfo, KINDS, Results, RunFigure, Status, StepRecord, utc_stamp};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -34,127 +37,6 @@ pub struct Args {
     /// workload, block, lock, memory); the others are recorded as skipped.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-}
-
-/// Every benchmark kind a complete results folder has (run or skipped with a
-/// reason), in the order they run.
-pub const KINDS: [&str; 6] = ["metadata", "fio", "workload", "block", "lock", "memory"];
-
-/// Version of the results folder's format (`results.json`).
-pub const FORMAT: u32 = 1;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    Ok,
-    Skipped,
-    Failed,
-}
-
-/// One step's record in `results.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StepRecord {
-    /// Unique in a run, e.g. `metadata-t4-shared-disk`; figures refer to it.
-    pub id: String,
-    /// One of [`KINDS`].
-    pub kind: String,
-    pub title: String,
-    /// The equivalent stand-alone command (paths of temporary mounts are
-    /// written as placeholders).
-    pub command: String,
-    pub status: Status,
-    /// Why it was skipped, or its error.
-    pub reason: Option<String>,
-    pub duration_secs: f64,
-    /// The step's own report, relative to the results folder.
-    pub json: Option<String>,
-}
-
-/// A figure of the run: the benchmark's figure and the step it comes from.
-/// `(step, figure)` identifies it across runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunFigure {
-    pub step: String,
-    pub kind: String,
-    #[serde(flatten)]
-    pub figure: Figure,
-}
-
-/// A file system a run used, for the report.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct FsInfo {
-    pub role: String,
-    pub path: String,
-    pub fs_type: String,
-}
-
-/// `results.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Results {
-    pub format: u32,
-    pub memfs_version: String,
-    pub command: String,
-    pub quick: bool,
-    pub started_unix: u64,
-    pub duration_secs: f64,
-    pub machine: Machine,
-    pub file_systems: Vec<FsInfo>,
-    pub steps: Vec<StepRecord>,
-    pub figures: Vec<RunFigure>,
-    /// Plot files without extension, relative to the folder (each has an
-    /// `.svg` and a `.png`).
-    pub plots: Vec<String>,
-}
-
-impl Results {
-    pub fn load(dir: &Path) -> anyhow::Result<Self> {
-        let path = if dir.is_dir() {
-            dir.join("results.json")
-        } else {
-            dir.to_path_buf()
-        };
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let r: Results = serde_json::from_str(&text).with_context(|| {
-            format!("{} is not a `memfs bench all` results file", path.display())
-        })?;
-        if r.format != FORMAT {
-            bail!(
-                "{}: results format {} (this memfs reads format {FORMAT})",
-                path.display(),
-                r.format
-            );
-        }
-        Ok(r)
-    }
-
-    /// What makes the folder incomplete: a kind with no step, a failed step,
-    /// a skipped step without a reason, an ok step without figures.
-    pub fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for kind in KINDS {
-            if !self.steps.iter().any(|s| s.kind == kind) {
-                out.push(format!("no {kind} benchmark (neither run nor skipped)"));
-            }
-        }
-        for s in &self.steps {
-            match s.status {
-                Status::Failed => out.push(format!(
-                    "step {} failed: {}",
-                    s.id,
-                    s.reason.as_deref().unwrap_or("(no error recorded)")
-                )),
-                Status::Skipped if s.reason.as_deref().is_none_or(|r| r.trim().is_empty()) => {
-                    out.push(format!("step {} skipped without a reason", s.id));
-                }
-                Status::Ok if !self.figures.iter().any(|f| f.step == s.id) => {
-                    out.push(format!("step {} has no figures", s.id));
-                }
-                _ => {}
-            }
-        }
-        out
-    }
 }
 
 /// What a step needs from the machine.
@@ -506,7 +388,7 @@ fn missing(need: Need) -> Option<String> {
                 .stderr(std::process::Stdio::null())
                 .status()
                 .is_ok();
-            if !crate::mount::is_root() && !fusermount {
+            if !crate::system::is_root() && !fusermount {
                 return Some("not root and no fusermount3: cannot mount memfs".into());
             }
             None
@@ -544,12 +426,6 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `2026-11-23T07-41-05Z` for a Unix time (UTC; no colons, for file names).
-pub fn utc_stamp(t: u64) -> String {
-    let (y, m, d, h, min, sec) = crate::bench_util::civil_utc(t as i64);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}-{min:02}-{sec:02}Z")
-}
-
 fn csv_cell(s: &str) -> String {
     if s.contains([',', '"', '\n']) {
         format!("\"{}\"", s.replace('"', "\"\""))
@@ -585,8 +461,8 @@ fn write_csvs(dir: &Path, results: &Results) -> anyhow::Result<()> {
                 opt(f.ratio),
                 opt(f.target),
                 match f.better {
-                    crate::bench_util::Better::Higher => "higher",
-                    crate::bench_util::Better::Lower => "lower",
+                    crate::common::Better::Higher => "higher",
+                    crate::common::Better::Lower => "lower",
                 },
                 f.met.map_or_else(String::new, |m| m.to_string()),
             );
@@ -675,7 +551,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let total: f64 = steps.iter().map(|s| s.estimate).sum();
     let multi = indicatif::MultiProgress::new();
-    crate::bench_util::share_progress(multi.clone());
+    crate::common::share_progress(multi.clone());
     let bar = multi.add(indicatif::ProgressBar::new(total.ceil() as u64));
     if let Ok(style) = indicatif::ProgressStyle::with_template(
         "bench all [{elapsed_precise}] {wide_bar} {percent}% (about {eta} left) {msg}",
@@ -783,7 +659,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     bar.finish_and_clear();
     let _ = std::fs::remove_dir_all(out.join("scratch"));
     write_csvs(&out, &results)?;
-    match crate::bench_plot::plot_all(&results, &out.join("plots")) {
+    match crate::plot::plot_all(&results, &out.join("plots")) {
         Ok(plots) => results.plots = plots,
         Err(e) => eprintln!("bench all: plots failed: {e:#}"),
     }
@@ -816,7 +692,7 @@ fn merge(mut runs: Vec<Report>) -> Report {
             .collect();
         let (value, sd) = mean_sd(&same.iter().map(|g| g.value).collect::<Vec<_>>());
         let mut g = Figure::new(f.figure.clone(), f.unit.clone(), value);
-        if f.better == crate::bench_util::Better::Lower {
+        if f.better == crate::common::Better::Lower {
             g = g.lower_is_better();
         }
         g = g.stddev(sd);

@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::benchmarks::lock_engine::{self as bench, Config, Measurement};
 use anyhow::Context;
 use memfs_lock::Algorithm;
-use memfs_lock::bench::{self, Config, Measurement};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -139,7 +139,7 @@ fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     bench::write_json(&json, &command, &machine(), &results)
         .with_context(|| format!("writing {}", json.display()))?;
-    crate::bench_util::register_plot_font()?;
+    crate::common::register_plot_font()?;
     let maps = bench::heat_maps(&results, &args.out.join(mode))?;
     println!(
         "wrote {}, {} and {} heat maps under {}",
@@ -162,7 +162,7 @@ fn matrix_results(
         None => Algorithm::ALL.to_vec(),
     };
     let total = (args.dirs.len() * (algs.len() * args.max * args.max + args.max)) as u64;
-    let bar = crate::bench_util::progress(total, "{bar:40} {pos}/{len} {msg} (eta {eta})");
+    let bar = crate::common::progress(total, "{bar:40} {pos}/{len} {msg} (eta {eta})");
     let results = bench::run_matrix(
         &algs,
         &args.dirs,
@@ -189,8 +189,8 @@ fn matrix_results(
 /// `lock.<fs>.<algorithm>.e<E>.w<W>` (ops/s) have the flock(2) cell with the
 /// same waiters in the same directory as their baseline; `lock.<fs>.flock.w<W>`
 /// is the baseline itself.
-pub fn report(args: &Args, labels: &[String]) -> anyhow::Result<crate::bench_util::Report> {
-    use crate::bench_util::{Figure, Report};
+pub fn report(args: &Args, labels: &[String]) -> anyhow::Result<crate::common::Report> {
+    use crate::common::{Figure, Report};
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(args.max >= 1, "--max must be >= 1");
     let started = std::time::Instant::now();

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::bench_metadata::create_files;
-use crate::bench_util::{
+use crate::benchmarks::metadata::create_files;
+use crate::common::{
     Figure, MIB, MemfsMount, ProcMemory, Report, check_interrupted, install_interrupt_handler,
     progress, split_args,
 };

@@ -8,7 +8,7 @@ use anyhow::Context;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::bench_all::{Results, RunFigure};
+use crate::results::{Results, RunFigure};
 
 /// (label, colour index, emphasis 0 = subject, 1.. = baselines, points)
 type Series = (String, usize, usize, Vec<(f64, f64)>);
@@ -81,7 +81,7 @@ where
         .x_desc(c.x_desc.as_str())
         .y_desc(c.y_desc.as_str())
         .x_label_formatter(&|x| format!("{x:.0}"))
-        .y_label_formatter(&|y| crate::bench_util::fmt_num(*y))
+        .y_label_formatter(&|y| crate::common::fmt_num(*y))
         .draw()
         .map_err(err)?;
     for (label, color, emphasis, points) in &c.series {
@@ -150,7 +150,7 @@ where
         .disable_x_mesh()
         .disable_x_axis()
         .y_desc(c.y_desc.as_str())
-        .y_label_formatter(&|y| crate::bench_util::fmt_num(*y))
+        .y_label_formatter(&|y| crate::common::fmt_num(*y))
         .draw()
         .map_err(err)?;
     let _ = g;
@@ -255,7 +255,7 @@ where
     chart
         .draw_series(h.cells.iter().map(|&(w, e, v)| {
             Text::new(
-                memfs_lock::bench::human(v),
+                crate::benchmarks::lock_engine::human(v),
                 (w as i32, e as i32 + 1),
                 ("sans-serif", 13).into_font().color(&BLACK),
             )
@@ -501,7 +501,7 @@ fn lock_maps(r: &Results) -> Vec<(String, HeatMap)> {
 /// Writes every plot into `dir`; returns their stems relative to the
 /// results folder (`plots/<name>`).
 pub fn plot_all(r: &Results, dir: &Path) -> anyhow::Result<Vec<String>> {
-    crate::bench_util::register_plot_font()?;
+    crate::common::register_plot_font()?;
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let mut out = Vec::new();
     for shared in [false, true] {

@@ -7,7 +7,7 @@
 //! its baseline measured in the same run, the ratio, the target and whether it
 //! was met.
 
-use crate::mount::{is_root, lazy_unmount};
+use crate::system::{is_root, lazy_unmount};
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::{Read, Seek};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::mount::is_mounted;
+use crate::system::is_mounted;
 
 /// How long a fresh memfs mount may take to appear before we give up loudly.
 const MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -740,6 +740,88 @@ pub fn register_plot_font() -> anyhow::Result<()> {
     };
     plotters::style::register_font("sans-serif", plotters::style::FontStyle::Normal, font)
         .map_err(|_| anyhow::anyhow!("the plot font could not be loaded"))
+}
+
+/// A place to measure on, kept alive for the whole run.
+pub enum Target {
+    Memfs(MemfsMount),
+    Tmpfs(TmpfsDir),
+    Disk(DiskDir),
+    Path(PathBuf),
+}
+
+impl Target {
+    pub fn path(&self) -> &Path {
+        match self {
+            Target::Memfs(m) => m.path(),
+            Target::Tmpfs(t) => t.path(),
+            Target::Disk(d) => d.path(),
+            Target::Path(p) => p,
+        }
+    }
+
+    pub fn name(&self) -> String {
+        match self {
+            Target::Memfs(_) => "memfs".into(),
+            Target::Tmpfs(t) => t.describe().into(),
+            Target::Disk(_) => "disk (/var/tmp)".into(),
+            Target::Path(p) => p.display().to_string(),
+        }
+    }
+}
+
+/// A durability mode for a benchmark's memfs mount, with the fresh data
+/// directory (on the disk, in /var/tmp) it is mounted with. Keep it alive
+/// longer than the mount: declared before it, it is dropped after it.
+pub struct DurableSubject {
+    pub data: DiskDir,
+    pub mode: String,
+    sync: bool,
+}
+
+impl DurableSubject {
+    /// `None` for `None`; a clear error for a mode `memfs mount` would refuse.
+    pub fn new(mode: Option<&str>) -> anyhow::Result<Option<Self>> {
+        let Some(mode) = mode else {
+            return Ok(None);
+        };
+        let parsed = memfs_durable::parse_durability(mode).map_err(|e| {
+            anyhow::anyhow!("invalid --durability {mode:?}: {e} (use none, sync, async, relaxed=N)")
+        })?;
+        Ok(Some(DurableSubject {
+            data: DiskDir::new().context("cannot create a data directory")?,
+            mode: mode.to_string(),
+            sync: matches!(parsed, memfs_durable::Durability::Sync),
+        }))
+    }
+
+    /// `memfs mount` options: this data directory and mode, no periodic
+    /// checkpoints (they would land at random in the measurements).
+    pub fn mount_args(&self) -> Vec<String> {
+        durable_args(self.data.path(), &self.mode)
+    }
+
+    /// Whether the mode asks for every operation to be on stable storage
+    /// (so the disk baseline fsyncs too).
+    pub fn is_sync(&self) -> bool {
+        self.sync
+    }
+
+    /// Figure-name part, e.g. `durable-sync`, `durable-relaxed-8`.
+    pub fn label(&self) -> String {
+        format!("durable-{}", self.mode.replace('=', "-"))
+    }
+}
+
+pub fn durable_args(data: &Path, mode: &str) -> Vec<String> {
+    vec![
+        "--data-dir".into(),
+        data.display().to_string(),
+        "--durability".into(),
+        mode.into(),
+        "--checkpoint-interval".into(),
+        "0s".into(),
+    ]
 }
 
 #[cfg(test)]

@@ -588,8 +588,8 @@ fn slug(name: &str) -> String {
 /// all` calls this. `block.<scenario>.ops_per_sec` for every scenario; memfs's
 /// `sync` mode is compared with LMDB sync on, every other mode with LMDB sync
 /// off (the published baseline); the standard deviation is over `--repeat`.
-pub fn report(args: &Args) -> Result<crate::bench_util::Report> {
-    use crate::bench_util::{Figure, Report, mean_sd};
+pub fn report(args: &Args) -> Result<crate::common::Report> {
+    use crate::common::{Figure, Report, mean_sd};
     anyhow::ensure!(
         args.child_scenario.is_none(),
         "a scenario child has no report"

@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Algorithm, Deadline, Entity, SharedFsMutex};
+use memfs_lock::{Algorithm, Deadline, Entity, SharedFsMutex};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    Lock(#[from] crate::Error),
+    Lock(#[from] memfs_lock::Error),
     #[error("worker: {0}")]
     Worker(String),
     #[error("plot: {0}")]

@@ -1,0 +1,13 @@
+//! One module per benchmark. Each has clap `Args`, a `run` for its own
+//! command and (but `durability`) a `report` that `bench all` calls. They use
+//! `crate::common`; the only uses between benchmarks point one way:
+//! `durability` and `memory` reuse `metadata` and `fio`.
+
+pub mod block;
+pub mod durability;
+pub mod fio;
+pub mod lock;
+pub mod lock_engine;
+pub mod memory;
+pub mod metadata;
+pub mod workload;
