@@ -46,57 +46,57 @@ impl FsCheck for Fs {
             }
             seen.insert(ino, path.clone());
             let line = inode.read(|st| {
-            let a = st.attr();
-            let mut line = format!(
-                "{path} {:?} {:o} {}:{} n{} s{} m{}.{} c{}.{} r{}",
-                a.kind,
-                a.perm,
-                a.uid,
-                a.gid,
-                a.nlink,
-                a.size,
-                a.mtime.sec,
-                a.mtime.nsec,
-                a.ctime.sec,
-                a.ctime.nsec,
-                a.rdev
-            );
-            let mut v: Vec<_> = st.xattrs().collect();
-            v.sort();
-            for (k, val) in v {
-                line.push_str(&format!(" x[{}={}]", esc(k), esc(val)));
-            }
-            if let Some(t) = st.symlink_target() {
-                line.push_str(&format!(" -> {}", esc(t)));
-            } else if let Some(page_count) = st.page_count() {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                let mut buf = vec![0u8; 1 << 16];
-                let mut off = 0;
-                while off < a.size {
-                    let n = ((a.size - off) as usize).min(buf.len());
-                    st.read_data(off, &mut buf[..n]);
-                    h.write(&buf[..n]);
-                    off += n as u64;
+                let a = st.attr();
+                let mut line = format!(
+                    "{path} {:?} {:o} {}:{} n{} s{} m{}.{} c{}.{} r{}",
+                    a.kind,
+                    a.perm,
+                    a.uid,
+                    a.gid,
+                    a.nlink,
+                    a.size,
+                    a.mtime.sec,
+                    a.mtime.nsec,
+                    a.ctime.sec,
+                    a.ctime.nsec,
+                    a.rdev
+                );
+                let mut v: Vec<_> = st.xattrs().collect();
+                v.sort();
+                for (k, val) in v {
+                    line.push_str(&format!(" x[{}={}]", esc(k), esc(val)));
                 }
-                line.push_str(&format!(" h{:016x} p{}", h.finish(), page_count));
-            } else {
-                let mut kids = Vec::new();
-                if st.entries_from(FIRST_ENTRY_OFFSET, |name, ino, _, _| {
-                    kids.push((name.to_vec(), ino));
-                    true
-                }) {
-                    kids.sort();
-                    let base = if path == "/" {
-                        String::new()
-                    } else {
-                        path.clone()
-                    };
-                    for (name, child) in kids.into_iter().rev() {
-                        stack.push((child, format!("{base}/{}", esc(&name))));
+                if let Some(t) = st.symlink_target() {
+                    line.push_str(&format!(" -> {}", esc(t)));
+                } else if let Some(page_count) = st.page_count() {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    let mut buf = vec![0u8; 1 << 16];
+                    let mut off = 0;
+                    while off < a.size {
+                        let n = ((a.size - off) as usize).min(buf.len());
+                        st.read_data(off, &mut buf[..n]);
+                        h.write(&buf[..n]);
+                        off += n as u64;
+                    }
+                    line.push_str(&format!(" h{:016x} p{}", h.finish(), page_count));
+                } else {
+                    let mut kids = Vec::new();
+                    if st.entries_from(FIRST_ENTRY_OFFSET, |name, ino, _, _| {
+                        kids.push((name.to_vec(), ino));
+                        true
+                    }) {
+                        kids.sort();
+                        let base = if path == "/" {
+                            String::new()
+                        } else {
+                            path.clone()
+                        };
+                        for (name, child) in kids.into_iter().rev() {
+                            stack.push((child, format!("{base}/{}", esc(&name))));
+                        }
                     }
                 }
-            }
-            line
+                line
             });
             out.push(line);
         }

@@ -5,6 +5,12 @@
 //! translation, plus a small path-based layer for direct users. Every error is
 //! a Linux errno value. See `docs/engine.md` for the data structures and the
 //! locking rules.
+//!
+//! Promises: no I/O and no knowledge of journals. Durability plugs in through
+//! the [`Recorder`] seam (every mutation, in commit order) and the whole-tree
+//! API of [`Node`]/[`NodeView`] and `Fs::apply` (checkpoints and recovery,
+//! in `memfs-durable`). Depends on std and small data-structure crates only
+//! (`parking_lot`, `dashmap`, `hashbrown`, `libc` for errno values).
 
 mod data;
 mod dir;

@@ -138,7 +138,10 @@ impl Fs {
     /// Handles on every node, collected first so that no table shard stays
     /// locked while the caller works through them.
     pub fn nodes(&self) -> Vec<Node> {
-        self.inodes.iter().map(|e| Node(e.value().clone())).collect()
+        self.inodes
+            .iter()
+            .map(|e| Node(e.value().clone()))
+            .collect()
     }
 
     /// The node numbered `ino`, if it exists.

@@ -178,11 +178,7 @@ impl Fs {
     }
 
     /// Rebuild: sets extended attributes of node `ino`.
-    pub fn apply_xattrs<'a>(
-        &self,
-        ino: u64,
-        xs: impl Iterator<Item = (&'a [u8], &'a [u8])>,
-    ) {
+    pub fn apply_xattrs<'a>(&self, ino: u64, xs: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
         let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };

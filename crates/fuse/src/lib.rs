@@ -5,6 +5,10 @@
 //! talked to: worker threads (one cloned `/dev/fuse` descriptor each), the
 //! capabilities negotiated at INIT, cache timeouts, and replies to blocking
 //! lock requests that are sent later, from whichever thread releases the lock.
+//!
+//! Depends on `memfs-fs` and `fuser` (vendored, `vendor/fuser`) only: a
+//! durable mount is the same `Fs` with a recorder installed, so this crate
+//! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

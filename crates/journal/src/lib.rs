@@ -17,6 +17,9 @@
 //!   or sync (for tests).
 //!
 //! The on-disk format is described in `docs/journal.md`.
+//!
+//! Promises: a commit is recovered whole or not at all, as durable as its
+//! mode says. Depends on std, `nix` and `crc32c` only; no memfs crate.
 
 pub mod dir;
 pub mod durability;

@@ -11,6 +11,9 @@
 //!   include the window, so the journal behind a snapshot can be deleted.
 //!
 //! See `docs/store.md` for the invariants and the recovery procedure.
+//!
+//! Depends on `memfs-journal` and small system crates only; its benchmark
+//! (`memfs bench block`, against LMDB) lives in `memfs-bench`.
 
 mod codec;
 mod meta;
