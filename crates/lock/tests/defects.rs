@@ -213,6 +213,7 @@ fn defect7_lock_files_breaks_dead_owner() {
         let file = path.join(format!("{:016x}", 15));
         let mine = std::fs::read_to_string(&file).unwrap();
         std::mem::forget(g); // leave the file behind, as a crash would
+        drop(m); // and let go of the owner lock, as a crash would
         let forged = mine.replacen(
             &format!("pid {}\n", std::process::id()),
             &format!("pid {dead_pid}\n"),
