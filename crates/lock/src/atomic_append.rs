@@ -576,7 +576,11 @@ mod tests {
         // dead and is skipped.
         drop(owner);
         let h = waiter
-            .lock(ents, Wait::Until(Instant::now() + Duration::from_secs(10)), false)
+            .lock(
+                ents,
+                Wait::Until(Instant::now() + Duration::from_secs(10)),
+                false,
+            )
             .expect("record of a gone owner is dead");
         waiter.unlock(h);
     }

@@ -241,6 +241,12 @@ pub struct Options {
     /// on another machine would), forcing every user onto the fallback.
     #[doc(hidden)]
     pub simulate_unreachable_index: bool,
+    /// memory_map only: number of slots of the index, if this user creates
+    /// it (a power of two, 64..=65536; default 4096). Later users follow the
+    /// creator's size. Entities of different values that share a slot
+    /// exclude each other across threads and processes (docs/lock.md gives
+    /// the rate per size); a thread never waits for its own slots.
+    pub memory_map_slots: Option<usize>,
 }
 
 pub(crate) type Entities = SmallVec<[Entity; 8]>;

@@ -212,7 +212,9 @@ impl LockFiles {
         let r = (|| {
             // Lock before writing: a complete record promises the lock.
             if !sys::ofd_setlk(f.as_fd(), LockKind::Exclusive, 0, 1)? {
-                return Err(std::io::Error::other("fresh owner file locked by someone else"));
+                return Err(std::io::Error::other(
+                    "fresh owner file locked by someone else",
+                ));
             }
             use std::io::Write;
             (&f).write_all(&self.record)?;
@@ -251,7 +253,9 @@ impl LockFiles {
         };
         for ent in rd.flatten() {
             let fname = ent.file_name();
-            let Some(fname) = fname.to_str() else { continue };
+            let Some(fname) = fname.to_str() else {
+                continue;
+            };
             if !fname.starts_with(OWNER_PREFIX) || fname.len() != 23 {
                 continue;
             }
@@ -327,12 +331,19 @@ impl LockFiles {
             // died there (direct mode and older versions only).
             None => age(&f)? > BIRTH_GRACE,
         };
-        Ok(if dead { Verdict::Dead(f) } else { Verdict::Alive })
+        Ok(if dead {
+            Verdict::Dead(f)
+        } else {
+            Verdict::Alive
+        })
     }
 
     /// Breaks the file of `e` if its owner is dead. Returns true if removed.
     fn break_if_stale(&self, e: Entity) -> Result<bool> {
-        if !matches!(self.judge(e).map_err(|err| self.err(e, err))?, Verdict::Dead(_)) {
+        if !matches!(
+            self.judge(e).map_err(|err| self.err(e, err))?,
+            Verdict::Dead(_)
+        ) {
             return Ok(false);
         }
         let bpath = || self.dir.join(".break");
@@ -363,11 +374,7 @@ impl LockFiles {
 
     /// Direct mode: create the file, lock it, then write the record.
     fn try_direct(&self, e: Entity) -> Result<bool> {
-        let f = match self.openat(
-            &name(e),
-            libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-            0o644,
-        ) {
+        let f = match self.openat(&name(e), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o644) {
             Ok(f) => f,
             Err(err) if err.raw_os_error() == Some(libc::EEXIST) => return Ok(false),
             Err(err) => return Err(self.err(e, err)),

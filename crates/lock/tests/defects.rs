@@ -286,6 +286,7 @@ fn memory_map_falls_back_when_index_unreachable() {
     let remote = std::thread::spawn(move || {
         let opts = Options {
             simulate_unreachable_index: true,
+            ..Options::default()
         };
         SharedFsMutex::open_with(Algorithm::MemoryMap, &p, &opts).unwrap()
     });

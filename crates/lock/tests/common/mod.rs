@@ -150,11 +150,16 @@ impl Proc {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         loop {
             let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = st.rfind(')').and_then(|i| st[i + 1..].split_whitespace().next());
+            let state = st
+                .rfind(')')
+                .and_then(|i| st[i + 1..].split_whitespace().next());
             if state == Some("Z") {
                 return;
             }
-            assert!(std::time::Instant::now() < until, "child {pid} never became a zombie");
+            assert!(
+                std::time::Instant::now() < until,
+                "child {pid} never became a zombie"
+            );
             std::thread::yield_now();
         }
     }
