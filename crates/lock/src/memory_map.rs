@@ -82,6 +82,7 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 const MULTI: u64 = (1 << 40) - 1;
 
 /// A process-wide unique token of the calling thread (never reused).
+#[inline]
 fn thread_token() -> u64 {
     use std::cell::Cell;
     thread_local!(static TOKEN: Cell<u64> = const { Cell::new(0) });
@@ -580,6 +581,15 @@ impl MapLocks<'_> {
     fn try_slot(&self, s: u64, exclusive: bool) -> bool {
         let i = self.at(s);
         let local = &self.local[i];
+        // Fast path first: a slot this thread holds is never free.
+        if self.try_word(s, exclusive) {
+            if exclusive {
+                local.store(self.me << COUNT_BITS, Ordering::Release);
+            } else {
+                self.lshared_add(i);
+            }
+            return true;
+        }
         let l = local.load(Ordering::Acquire);
         if l != 0 && l >> COUNT_BITS == self.me {
             // This thread holds the slot exclusively: nest on that hold. (The
@@ -596,15 +606,7 @@ impl MapLocks<'_> {
                 return self.try_upgrade(s, sh);
             }
         }
-        let ok = self.try_word(s, exclusive);
-        if ok {
-            if exclusive {
-                local.store(self.me << COUNT_BITS, Ordering::Release);
-            } else {
-                self.lshared_add(i);
-            }
-        }
-        ok
+        false
     }
 
     fn lshared_add(&self, i: usize) {
@@ -675,15 +677,21 @@ impl MapLocks<'_> {
     }
 
     /// Releases one hold counted in `local` (the slot is ours exclusively).
-    fn release_nested(&self, s: u64) {
+    #[inline]
+    fn release_nested(&self, s: u64, mut l: u64) {
         let local = &self.local[self.at(s)];
-        let mut l = local.load(Ordering::Acquire);
-        loop {
-            let nl = if l & COUNT_MASK > 0 { l - 1 } else { 0 };
-            match local.compare_exchange_weak(l, nl, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) if nl != 0 => return,
-                Ok(_) => break,
-                Err(cur) => l = cur,
+        if l & COUNT_MASK == 0 && l >> COUNT_BITS == thread_token() {
+            // The last hold, released by its own thread: nobody else can
+            // nest on it meanwhile, so a plain store is enough.
+            local.store(0, Ordering::Release);
+        } else {
+            loop {
+                let nl = if l & COUNT_MASK > 0 { l - 1 } else { 0 };
+                match local.compare_exchange_weak(l, nl, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) if nl != 0 => return,
+                    Ok(_) => break,
+                    Err(cur) => l = cur,
+                }
             }
         }
         let w = self.index.slot(s);
@@ -864,8 +872,9 @@ impl PerEntity for MapLocks<'_> {
         // Exclusive holds, and every hold nested on one, are counted in
         // `local`; only plain shared holds touch the reader count.
         loop {
-            if self.local[i].load(Ordering::Acquire) != 0 {
-                return self.release_nested(s);
+            let l = self.local[i].load(Ordering::Acquire);
+            if l != 0 {
+                return self.release_nested(s, l);
             }
             let sh = &self.lshared[i];
             let v = sh.load(Ordering::Acquire);
