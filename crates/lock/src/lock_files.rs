@@ -132,7 +132,7 @@ fn age(f: &File) -> std::io::Result<Duration> {
 }
 
 impl LockFiles {
-    pub(crate) fn open(dir: &Path) -> Result<Self> {
+    pub(crate) fn open(dir: &Path, without_links: bool) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let c = cstring(dir)?;
         // SAFETY: c is a valid C string.
@@ -159,7 +159,9 @@ impl LockFiles {
             direct: Mutex::new(HashMap::new()),
         };
         m.collect_dead_owner_files();
-        m.owner = m.make_owner_file().map_err(|e| io_err(dir, e))?;
+        if !without_links {
+            m.owner = m.make_owner_file().map_err(|e| io_err(dir, e))?;
+        }
         Ok(m)
     }
 

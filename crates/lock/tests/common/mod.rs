@@ -239,7 +239,11 @@ pub fn child_main(role: &str) -> i32 {
     let path = PathBuf::from(std::env::var_os("MEMFS_LOCK_PATH").unwrap());
     let ents = parse_ents(&std::env::var("MEMFS_LOCK_ENTS").unwrap());
     let var = |k: &str| std::env::var(k).ok();
-    let m = match SharedFsMutex::open(alg, &path) {
+    let opts = memfs_lock::Options {
+        lock_files_without_links: var("MEMFS_LOCK_DIRECT").is_some(),
+        ..Default::default()
+    };
+    let m = match SharedFsMutex::open_with(alg, &path, &opts) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("child: open failed: {e}");
