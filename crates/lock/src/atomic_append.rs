@@ -9,7 +9,11 @@
 //!   wakes it when the owner unlocks or dies.
 //! - Dead owners: a valid record with nobody holding its byte range belongs
 //!   either to a writer between its append and its lock (microseconds) or to
-//!   a dead process; the recorded pid, start time and boot tell which.
+//!   a dead process. Each instance holds an exclusive OFD lock on its own
+//!   owner byte (`OWNER_BASE + token`, token in the record) for its whole
+//!   life; the kernel drops it when the process exits (before the reap,
+//!   whatever its pid namespace), so an unlocked owner byte proves death.
+//!   Records of older versions carry a pid instead, judged by /proc.
 //! - Deadlock freedom: a request only ever waits for earlier records, so no
 //!   cycle of waiters exists; it never needs the release-and-retry protocol.
 //! - Growth: the header keeps the first record that may still be live, so
@@ -39,6 +43,17 @@ const USERS_BYTE: u64 = 0;
 const PUNCH_STEP: u64 = 1 << 20;
 /// Only rewrite the header once the first live record moved this far.
 const HEADER_STEP: u64 = 16 * RECORD;
+/// Owner bytes: `OWNER_BASE + token`, far beyond any record.
+const OWNER_BASE: u64 = 1 << 62;
+const TOKEN_BITS: u32 = 40;
+/// Version-2 records store `boot hash ^ V2_TAG` in their boot field and the
+/// owner token in place of the start time. Older readers then see a foreign
+/// boot and treat the record as live (never as dead, which the pid check
+/// across pid namespaces would wrongly conclude).
+const V2_TAG: u64 = u64::from_le_bytes(*b"mfs-ofd2");
+/// Sleep bounds while a record's writer is between its append and its lock.
+const BACKOFF_MIN: std::time::Duration = std::time::Duration::from_micros(20);
+const BACKOFF_MAX: std::time::Duration = std::time::Duration::from_millis(2);
 
 pub(crate) struct AtomicAppend {
     path: PathBuf,
@@ -146,6 +161,21 @@ impl AtomicAppend {
         let fd = users.as_fd();
         let e = |err| io_err(path, err);
         let mut first = RECORD;
+        // Our owner byte, for our whole life: its lock is our liveness.
+        let mut token = None;
+        for _ in 0..64 {
+            let t = rand::random::<u64>() >> (64 - TOKEN_BITS);
+            if sys::ofd_setlk(fd, LockKind::Exclusive, OWNER_BASE + t, 1).map_err(e)? {
+                token = Some(t);
+                break;
+            }
+        }
+        let Some(token) = token else {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: "no free atomic_append owner byte after 64 random tries".into(),
+            });
+        };
         if sys::ofd_setlk(fd, LockKind::Exclusive, USERS_BYTE, 1).map_err(e)? {
             // First user: whatever is in the file was left by dead users.
             Self::reset(&users).map_err(e)?;
@@ -166,7 +196,11 @@ impl AtomicAppend {
             path: path.to_path_buf(),
             users,
             pool: Mutex::new(Vec::new()),
-            me: sys::current_process(),
+            me: ProcessId {
+                pid: std::process::id(),
+                start: token,
+                boot: sys::boot_id_hash() ^ V2_TAG,
+            },
             punched: AtomicU64::new(0),
             first: AtomicU64::new(first),
             header_at: AtomicU64::new(first),
@@ -329,6 +363,7 @@ impl AtomicAppend {
     ) -> Result<()> {
         let fd = rw.as_fd();
         let e = |err| self.err(err);
+        let mut nap = BACKOFF_MIN;
         loop {
             let got = match wait {
                 Wait::Try => sys::ofd_setlk(fd, LockKind::Shared, at, RECORD).map_err(e)?,
@@ -361,7 +396,7 @@ impl AtomicAppend {
             let verdict = if !still {
                 None
             } else {
-                match sys::liveness(owner) {
+                match self.liveness(rw, owner).map_err(e)? {
                     Liveness::Dead => {
                         // Zero it so nobody else has to check again.
                         let _ = rw.write_all_at(&[0u8; RECORD as usize], at);
@@ -375,13 +410,44 @@ impl AtomicAppend {
             match verdict {
                 None => return Ok(()),
                 Some(()) => {
-                    if wait.expired() {
-                        return Err(wait.expired_error());
+                    // Its writer is between append and lock (microseconds,
+                    // unless descheduled or stopped): sleep, never spin.
+                    let now = std::time::Instant::now();
+                    match wait {
+                        Wait::Try => return Err(Error::WouldBlock),
+                        Wait::Until(d) if now >= d => return Err(Error::TimedOut),
+                        Wait::Until(d) => nap = nap.min(d - now),
+                        Wait::Forever => {}
                     }
-                    std::thread::yield_now();
+                    if spin {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(nap);
+                        nap = (nap * 2).min(BACKOFF_MAX);
+                    }
                 }
             }
         }
+    }
+
+    /// Liveness of a record's owner.
+    fn liveness(&self, rw: &File, owner: ProcessId) -> std::io::Result<Liveness> {
+        let boot = sys::boot_id_hash();
+        if owner.boot == boot ^ V2_TAG {
+            // Version 2: the owner byte is locked exactly while it lives.
+            if owner.start >> TOKEN_BITS != 0 {
+                return Ok(Liveness::Unknown);
+            }
+            return Ok(
+                if sys::ofd_is_locked(rw.as_fd(), OWNER_BASE + owner.start, 1)? {
+                    Liveness::Alive
+                } else {
+                    Liveness::Dead
+                },
+            );
+        }
+        // An older version's record: pid and start time (same boot only).
+        Ok(sys::liveness(owner))
     }
 
     /// Records a later first-live record and punches out the dead prefix.
@@ -465,5 +531,57 @@ impl Drop for AtomicAppend {
             let _ = Self::reset(&self.users);
         }
         let _ = sys::ofd_setlk(fd, LockKind::Unlock, USERS_BYTE, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Wait;
+    use std::time::{Duration, Instant};
+
+    /// A record whose writer is between its append and its record lock, with
+    /// a pid that means nothing here (as from another pid namespace): it is
+    /// live while its owner byte is locked, and dead once it is not.
+    #[test]
+    fn unlocked_record_of_a_live_owner_is_live_whatever_its_pid() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("lock");
+        let owner = AtomicAppend::open(&path).unwrap();
+        let waiter = AtomicAppend::open(&path).unwrap();
+        let e = Entity::new(5, true);
+        // No process has pid u32::MAX - 1 (pid_max <= 2^22).
+        let forged = ProcessId {
+            pid: u32::MAX - 1,
+            ..owner.me
+        };
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(&encode(forged, &[e])).unwrap();
+        }
+        let ents: Entities = [e].into_iter().collect();
+        let t = Instant::now();
+        let r = waiter.lock(
+            ents.clone(),
+            Wait::Until(Instant::now() + Duration::from_millis(200)),
+            false,
+        );
+        assert!(matches!(r, Err(Error::TimedOut)), "{:?}", r.map(|_| ()));
+        assert!(t.elapsed() >= Duration::from_millis(195));
+        // The owner goes away (its owner byte is unlocked): the record is
+        // dead and is skipped.
+        drop(owner);
+        let h = waiter
+            .lock(
+                ents,
+                Wait::Until(Instant::now() + Duration::from_secs(10)),
+                false,
+            )
+            .expect("record of a gone owner is dead");
+        waiter.unlock(h);
     }
 }

@@ -243,6 +243,16 @@ pub struct Options {
     /// on another machine would), forcing every user onto the fallback.
     #[doc(hidden)]
     pub simulate_unreachable_index: bool,
+    /// memory_map only: number of slots of the index, if this user creates
+    /// it (a power of two, 64..=65536; default 4096). Later users follow the
+    /// creator's size. Entities of different values that share a slot
+    /// exclude each other across threads and processes (docs/lock.md gives
+    /// the rate per size); a thread never waits for its own slots.
+    pub memory_map_slots: Option<usize>,
+    /// lock_files only: create entity files directly, as on a file system
+    /// without hard links (for tests).
+    #[doc(hidden)]
+    pub lock_files_without_links: bool,
 }
 
 pub(crate) type Entities = SmallVec<[Entity; 8]>;
@@ -297,7 +307,10 @@ impl SharedFsMutex {
     ) -> Result<Self> {
         let path = path.as_ref();
         let inner = match algorithm {
-            Algorithm::LockFiles => Inner::LockFiles(lock_files::LockFiles::open(path)?),
+            Algorithm::LockFiles => Inner::LockFiles(lock_files::LockFiles::open(
+                path,
+                options.lock_files_without_links,
+            )?),
             Algorithm::ByteRanges => Inner::ByteRanges(byte_ranges::ByteRanges::open(path, 0)?),
             Algorithm::AtomicAppend => {
                 Inner::AtomicAppend(atomic_append::AtomicAppend::open(path)?)

@@ -18,6 +18,13 @@
 //!
 //! Slot word (u32): bit 31 = someone sleeps on it, bit 30 = exclusive,
 //! bits 0..30 = owner uid (exclusive) or reader count (shared).
+//!
+//! Reentrancy: entities share slots, so a thread holding a slot must not
+//! wait for itself when a later call of its own maps to the same slot. Per
+//! instance and slot, process-local words record which thread holds the
+//! slot exclusively and how many further holds it nested on it (`local`),
+//! and which thread alone holds this instance's shared holds (`lshared`), so
+//! that the thread can upgrade them when nobody else reads the slot.
 
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
@@ -42,19 +49,54 @@ const USER_BASE: u64 = 1 << 21;
 /// Fallback byte_ranges lock slot numbers from here on.
 const FALLBACK_BASE: u64 = 1 << 32;
 
-const NSLOTS: usize = 4096;
+/// Default number of slots (the reference's 4096).
+pub(crate) const DEFAULT_SLOTS: usize = 4096;
+/// Index sizes a creator may choose (powers of two).
+pub(crate) const MIN_SLOTS: usize = 64;
+pub(crate) const MAX_SLOTS: usize = 1 << 16;
 const MAX_USERS: usize = 1024;
 /// One slot per cache line: neighbouring entities must not false-share.
 const SLOT_STRIDE: usize = 64;
 const INDEX_HEADER: usize = 4096;
 const USERS_OFF: usize = INDEX_HEADER;
 const SLOTS_OFF: usize = USERS_OFF + MAX_USERS * 4;
-const HOLDS_OFF: usize = SLOTS_OFF + NSLOTS * SLOT_STRIDE;
+fn holds_off(nslots: usize) -> usize {
+    SLOTS_OFF + nslots * SLOT_STRIDE
+}
 /// Per user, per slot: how many shared holds the user has on the slot, so
 /// the shared holds of a dead user can be given back. Sparse: a user only
 /// touches the pages of the slots it uses.
-const INDEX_LEN: usize = HOLDS_OFF + MAX_USERS * NSLOTS * 4;
-const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"MFSIDX01");
+fn index_len(nslots: usize) -> usize {
+    holds_off(nslots) + MAX_USERS * nslots * 4
+}
+/// Version 1 indexes (older versions) have 4096 slots; version 2 records its
+/// slot count at offset 8. Older versions cannot join a version-2 index and
+/// fall back to byte_ranges, which is safe.
+const INDEX_MAGIC_V1: u64 = u64::from_le_bytes(*b"MFSIDX01");
+const INDEX_MAGIC: u64 = u64::from_le_bytes(*b"MFSIDX02");
+
+/// Process-local reentrancy words: (thread token << 24) | count.
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+/// `lshared` token when several threads hold shared holds on the slot.
+const MULTI: u64 = (1 << 40) - 1;
+
+/// A process-wide unique token of the calling thread (never reused).
+#[inline]
+fn thread_token() -> u64 {
+    use std::cell::Cell;
+    thread_local!(static TOKEN: Cell<u64> = const { Cell::new(0) });
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    TOKEN.with(|t| {
+        let v = t.get();
+        if v != 0 {
+            return v;
+        }
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % MULTI;
+        t.set(n.max(1));
+        n.max(1)
+    })
+}
 
 const WAITERS: u32 = 1 << 31;
 const EXCL: u32 = 1 << 30;
@@ -110,6 +152,9 @@ fn read_header(f: &File) -> (Mode, String) {
 struct Index {
     base: *mut u8,
     path: String,
+    /// Number of slots (a power of two) and its mask.
+    nslots: usize,
+    len: usize,
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics.
@@ -118,13 +163,14 @@ unsafe impl Send for Index {}
 unsafe impl Sync for Index {}
 
 impl Index {
-    fn map(file: &File) -> std::io::Result<Self> {
-        // SAFETY: mapping a file we opened read-write, shared; length checked
-        // by the caller (create) or below (join).
+    fn map(file: &File, nslots: usize) -> std::io::Result<Self> {
+        let len = index_len(nslots);
+        // SAFETY: mapping a file we opened read-write, shared; its length
+        // (len) was set by the caller (create) or checked (join).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                INDEX_LEN,
+                len,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
                 file.as_raw_fd(),
@@ -137,10 +183,12 @@ impl Index {
         Ok(Index {
             base: p.cast(),
             path: String::new(),
+            nslots,
+            len,
         })
     }
 
-    fn create(dir: &Path) -> std::io::Result<Self> {
+    fn create(dir: &Path, nslots: usize) -> std::io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join(format!("memfs-lock-{:016x}", rand::random::<u64>()));
         let f = std::fs::OpenOptions::new()
@@ -151,8 +199,9 @@ impl Index {
             .custom_flags(libc::O_CLOEXEC)
             .open(&path)?;
         let r = (|| {
-            f.set_len(INDEX_LEN as u64)?;
-            let mut idx = Index::map(&f)?;
+            f.set_len(index_len(nslots) as u64)?;
+            let mut idx = Index::map(&f, nslots)?;
+            idx.nslots_word().store(nslots as u64, Ordering::Relaxed);
             idx.magic().store(INDEX_MAGIC, Ordering::Release);
             idx.path = path.to_string_lossy().into_owned();
             Ok(idx)
@@ -168,21 +217,35 @@ impl Index {
             .read(true)
             .write(true)
             .open(path)?;
-        if f.metadata()?.len() != INDEX_LEN as u64 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "index has the wrong size",
-            ));
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut head = [0u8; 16];
+        f.read_exact_at(&mut head, 0)?;
+        let magic = u64::from_le_bytes(head[0..8].try_into().unwrap());
+        let nslots = match magic {
+            INDEX_MAGIC_V1 => DEFAULT_SLOTS,
+            INDEX_MAGIC => u64::from_le_bytes(head[8..16].try_into().unwrap()) as usize,
+            _ => return Err(bad("not a memfs lock index")),
+        };
+        if !nslots.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&nslots) {
+            return Err(bad("index has an invalid slot count"));
         }
-        let mut idx = Index::map(&f)?;
-        if idx.magic().load(Ordering::Acquire) != INDEX_MAGIC {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "not a memfs lock index",
-            ));
+        if f.metadata()?.len() != index_len(nslots) as u64 {
+            return Err(bad("index has the wrong size"));
         }
+        let mut idx = Index::map(&f, nslots)?;
         idx.path = path.to_string();
         Ok(idx)
+    }
+
+    fn nslots_word(&self) -> &AtomicU64 {
+        // SAFETY: offset 8 is inside the 4 KiB header and 8-byte aligned.
+        unsafe { &*(self.base.add(8) as *const AtomicU64) }
+    }
+
+    #[inline]
+    fn slot_of(&self, value: u64) -> u64 {
+        mix64(value) & (self.nslots as u64 - 1)
     }
 
     fn magic(&self) -> &AtomicU64 {
@@ -199,16 +262,16 @@ impl Index {
 
     #[inline]
     fn hold(&self, uid: u32, s: u64) -> &AtomicU32 {
-        let i = (uid as usize % MAX_USERS) * NSLOTS + (s as usize & (NSLOTS - 1));
-        // SAFETY: i < MAX_USERS * NSLOTS keeps the word inside the holds
+        let i = (uid as usize % MAX_USERS) * self.nslots + (s as usize & (self.nslots - 1));
+        // SAFETY: i < MAX_USERS * nslots keeps the word inside the holds
         // table, 4-byte aligned.
-        unsafe { &*(self.base.add(HOLDS_OFF + i * 4) as *const AtomicU32) }
+        unsafe { &*(self.base.add(holds_off(self.nslots) + i * 4) as *const AtomicU32) }
     }
 
     #[inline]
     fn slot(&self, s: u64) -> &AtomicU32 {
-        let s = (s as usize) & (NSLOTS - 1);
-        // SAFETY: s < NSLOTS keeps the word inside the slot table, aligned.
+        let s = (s as usize) & (self.nslots - 1);
+        // SAFETY: s < nslots keeps the word inside the slot table, aligned.
         unsafe { &*(self.base.add(SLOTS_OFF + s * SLOT_STRIDE) as *const AtomicU32) }
     }
 }
@@ -216,12 +279,21 @@ impl Index {
 impl Drop for Index {
     fn drop(&mut self) {
         // SAFETY: base/len are the mapping created in `map`.
-        unsafe { libc::munmap(self.base.cast(), INDEX_LEN) };
+        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
 enum Engine {
-    Map { index: Index, uid: u32 },
+    Map {
+        index: Index,
+        uid: u32,
+        /// Per slot: thread holding it exclusively through this instance
+        /// and the number of holds nested on it (see `MapLocks`).
+        local: Box<[AtomicU64]>,
+        /// Per slot: the thread holding all of this instance's shared holds
+        /// (or MULTI) and their number.
+        lshared: Box<[AtomicU64]>,
+    },
     Fallback(ByteRanges),
 }
 
@@ -233,8 +305,9 @@ pub(crate) struct MemoryMap {
     recovering: Mutex<()>,
 }
 
-fn slot_of(value: u64) -> u64 {
-    mix64(value) % NSLOTS as u64
+/// Fallback slots (byte_ranges on the lock file) use the default index size.
+fn fallback_slot_of(value: u64) -> u64 {
+    mix64(value) % DEFAULT_SLOTS as u64
 }
 
 fn shm_dir() -> PathBuf {
@@ -245,6 +318,15 @@ fn shm_dir() -> PathBuf {
 
 impl MemoryMap {
     pub(crate) fn open(path: &Path, options: &crate::Options) -> Result<Self> {
+        let nslots = options.memory_map_slots.unwrap_or(DEFAULT_SLOTS);
+        if !nslots.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&nslots) {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!(
+                    "memory_map index size {nslots}: must be a power of two in {MIN_SLOTS}..={MAX_SLOTS}"
+                ),
+            });
+        }
         let ctrl = open_lock_file(path)?;
         check_ofd(path, &ctrl)?;
         let e = |err| io_err(path, err);
@@ -275,7 +357,11 @@ impl MemoryMap {
             let made = if options.simulate_unreachable_index {
                 None
             } else {
-                Index::create(&shm_dir()).ok()
+                Index::create(
+                    &shm_dir(),
+                    options.memory_map_slots.unwrap_or(DEFAULT_SLOTS),
+                )
+                .ok()
             };
             let engine = match made {
                 Some(index) => {
@@ -349,7 +435,10 @@ impl MemoryMap {
                 // Whoever had this uid before is dead: give back what it held.
                 recover_uid(&index, uid as u32);
                 index.user(uid).store(std::process::id(), Ordering::Release);
+                let words = || (0..index.nslots).map(|_| AtomicU64::new(0)).collect();
                 return Ok(Engine::Map {
+                    local: words(),
+                    lshared: words(),
                     index,
                     uid: uid as u32,
                 });
@@ -371,7 +460,10 @@ impl MemoryMap {
         // Entities become slots; two entities in one slot are one lock.
         let mut slots: Entities = SmallVec::new();
         for &e in entities {
-            let v = slot_of(e.value());
+            let v = match &self.engine {
+                Engine::Map { index, .. } => index.slot_of(e.value()),
+                Engine::Fallback(_) => fallback_slot_of(e.value()),
+            };
             match slots.iter_mut().find(|p| p.value() == v) {
                 Some(p) if e.exclusive() => *p = e.with_value(v),
                 Some(_) => {}
@@ -379,12 +471,20 @@ impl MemoryMap {
             }
         }
         match &self.engine {
-            Engine::Map { index, uid } => {
+            Engine::Map {
+                index,
+                uid,
+                local,
+                lshared,
+            } => {
                 let m = MapLocks {
                     index,
                     uid: *uid,
                     ctrl: &self.ctrl,
                     recovering: &self.recovering,
+                    local,
+                    lshared,
+                    me: thread_token(),
                 };
                 let mut slots = slots;
                 acquire_in_turn(&m, &(), &mut slots, wait, spin)?;
@@ -401,12 +501,20 @@ impl MemoryMap {
     #[inline]
     pub(crate) fn unlock(&self, held: Held) {
         match &self.engine {
-            Engine::Map { index, uid } => {
+            Engine::Map {
+                index,
+                uid,
+                local,
+                lshared,
+            } => {
                 let m = MapLocks {
                     index,
                     uid: *uid,
                     ctrl: &self.ctrl,
                     recovering: &self.recovering,
+                    local,
+                    lshared,
+                    me: 0, // releases never depend on the releasing thread
                 };
                 for &e in held.entities.iter().rev() {
                     m.release_one(&(), e);
@@ -420,7 +528,7 @@ impl MemoryMap {
 impl Drop for MemoryMap {
     fn drop(&mut self) {
         let fd = self.ctrl.as_fd();
-        if let Engine::Map { index, uid } = &self.engine {
+        if let Engine::Map { index, uid, .. } = &self.engine {
             index.user(*uid as usize).store(0, Ordering::Release);
             // Last index user while a fallback is pending removes the index.
             if let Ok(true) = sys::ofd_setlk(fd, LockKind::Exclusive, MAPUSE, 1) {
@@ -453,9 +561,146 @@ struct MapLocks<'a> {
     uid: u32,
     ctrl: &'a File,
     recovering: &'a Mutex<()>,
+    local: &'a [AtomicU64],
+    lshared: &'a [AtomicU64],
+    /// Token of the locking thread (0 when releasing).
+    me: u64,
 }
 
+/// `lshared` value while its thread upgrades its shared holds.
+const UPGRADING: u64 = u64::MAX;
+
 impl MapLocks<'_> {
+    #[inline]
+    fn at(&self, s: u64) -> usize {
+        s as usize & (self.index.nslots - 1)
+    }
+
+    /// Takes slot `s`, reentrantly for a thread that holds it already.
+    #[inline]
+    fn try_slot(&self, s: u64, exclusive: bool) -> bool {
+        let i = self.at(s);
+        let local = &self.local[i];
+        // Fast path first: a slot this thread holds is never free.
+        if self.try_word(s, exclusive) {
+            if exclusive {
+                local.store(self.me << COUNT_BITS, Ordering::Release);
+            } else {
+                self.lshared_add(i);
+            }
+            return true;
+        }
+        let l = local.load(Ordering::Acquire);
+        if l != 0 && l >> COUNT_BITS == self.me {
+            // This thread holds the slot exclusively: nest on that hold. (The
+            // CAS fails only if a guard moved to another thread released
+            // the slot meanwhile; then it is simply busy or free next try.)
+            return l & COUNT_MASK < COUNT_MASK
+                && local
+                    .compare_exchange(l, l + 1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok();
+        }
+        if exclusive {
+            let sh = self.lshared[i].load(Ordering::Acquire);
+            if sh != 0 && sh != UPGRADING && sh >> COUNT_BITS == self.me {
+                return self.try_upgrade(s, sh);
+            }
+        }
+        false
+    }
+
+    fn lshared_add(&self, i: usize) {
+        let w = &self.lshared[i];
+        let mut v = w.load(Ordering::Relaxed);
+        loop {
+            if v == UPGRADING {
+                std::hint::spin_loop();
+                v = w.load(Ordering::Relaxed);
+                continue;
+            }
+            let (t, c) = (v >> COUNT_BITS, v & COUNT_MASK);
+            let t = if c == 0 || t == self.me {
+                self.me
+            } else {
+                MULTI
+            };
+            let nv = (t << COUNT_BITS) | (c + 1).min(COUNT_MASK);
+            match w.compare_exchange_weak(v, nv, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(cur) => v = cur,
+            }
+        }
+    }
+
+    /// This thread alone holds this instance's `sh & COUNT_MASK` shared holds
+    /// on `s` and wants it exclusively: if nobody else reads the slot, turn
+    /// them into one exclusive hold with the shared ones nested on it.
+    #[cold]
+    fn try_upgrade(&self, s: u64, sh: u64) -> bool {
+        let i = self.at(s);
+        let c = (sh & COUNT_MASK) as u32;
+        // Claim: releasers and other acquirers of this instance wait on it.
+        if self.lshared[i]
+            .compare_exchange(sh, UPGRADING, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        let w = self.index.slot(s);
+        let v = w.load(Ordering::Acquire);
+        let hold = self.index.hold(self.uid, s);
+        let done = v & EXCL == 0 && v & VALUE == c && {
+            // Hold counts first: a crash in between leaks readers (safe);
+            // the other order could give back readers twice.
+            hold.fetch_sub(c, Ordering::Relaxed);
+            let ok = w
+                .compare_exchange(
+                    v,
+                    (v & WAITERS) | EXCL | self.uid,
+                    Ordering::Acquire,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+            if !ok {
+                hold.fetch_add(c, Ordering::Relaxed);
+            }
+            ok
+        };
+        if done {
+            // The c shared holds and this one: c + 1 holds nested as one.
+            self.local[i].store((self.me << COUNT_BITS) | c as u64, Ordering::Release);
+            self.lshared[i].store(0, Ordering::Release);
+        } else {
+            self.lshared[i].store(sh, Ordering::Release);
+        }
+        done
+    }
+
+    /// Releases one hold counted in `local` (the slot is ours exclusively).
+    #[inline]
+    fn release_nested(&self, s: u64, mut l: u64) {
+        let local = &self.local[self.at(s)];
+        if l & COUNT_MASK == 0 && l >> COUNT_BITS == thread_token() {
+            // The last hold, released by its own thread: nobody else can
+            // nest on it meanwhile, so a plain store is enough.
+            local.store(0, Ordering::Release);
+        } else {
+            loop {
+                let nl = if l & COUNT_MASK > 0 { l - 1 } else { 0 };
+                match local.compare_exchange_weak(l, nl, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) if nl != 0 => return,
+                    Ok(_) => break,
+                    Err(cur) => l = cur,
+                }
+            }
+        }
+        let w = self.index.slot(s);
+        let old = w.swap(0, Ordering::Release);
+        if old & WAITERS != 0 {
+            sys::futex_wake_all(w);
+        }
+    }
+
     #[inline]
     fn try_word(&self, s: u64, exclusive: bool) -> bool {
         let w = self.index.slot(s);
@@ -522,7 +767,7 @@ impl MapLocks<'_> {
 /// Frees every slot user `uid` held. The caller holds the user's byte
 /// exclusively: the user is dead and nobody else recovers or reuses it.
 fn recover_uid(index: &Index, uid: u32) {
-    for s in 0..NSLOTS as u64 {
+    for s in 0..index.nslots as u64 {
         let w = index.slot(s);
         let v = w.load(Ordering::Acquire);
         if v & EXCL != 0
@@ -570,7 +815,7 @@ impl PerEntity for MapLocks<'_> {
 
     #[inline]
     fn try_one(&self, _: &(), e: Entity) -> Result<bool> {
-        Ok(self.try_word(e.value(), e.exclusive()))
+        Ok(self.try_slot(e.value(), e.exclusive()))
     }
 
     #[cold]
@@ -578,14 +823,14 @@ impl PerEntity for MapLocks<'_> {
         let w = self.index.slot(e.value());
         let x = e.exclusive();
         for _ in 0..SPIN_TRIES {
-            if self.try_word(e.value(), x) {
+            if self.try_slot(e.value(), x) {
                 return Ok(Waited::Acquired);
             }
             std::hint::spin_loop();
         }
         let mut last_check = Instant::now();
         loop {
-            if self.try_word(e.value(), x) {
+            if self.try_slot(e.value(), x) {
                 return Ok(Waited::Acquired);
             }
             let now = Instant::now();
@@ -622,32 +867,48 @@ impl PerEntity for MapLocks<'_> {
 
     #[inline]
     fn release_one(&self, _: &(), e: Entity) {
-        let w = self.index.slot(e.value());
-        if e.exclusive() {
-            let old = w.swap(0, Ordering::Release);
-            if old & WAITERS != 0 {
-                sys::futex_wake_all(w);
+        let s = e.value();
+        let i = self.at(s);
+        // Exclusive holds, and every hold nested on one, are counted in
+        // `local`; only plain shared holds touch the reader count.
+        loop {
+            let l = self.local[i].load(Ordering::Acquire);
+            if l != 0 {
+                return self.release_nested(s, l);
             }
-        } else {
-            self.index
-                .hold(self.uid, e.value())
-                .fetch_sub(1, Ordering::Relaxed);
-            let mut v = w.load(Ordering::Relaxed);
-            loop {
-                let mut nv = v - 1;
-                let last = nv & VALUE == 0;
-                if last {
-                    nv &= !WAITERS;
-                }
-                match w.compare_exchange_weak(v, nv, Ordering::Release, Ordering::Relaxed) {
-                    Ok(_) => {
-                        if last && v & WAITERS != 0 {
-                            sys::futex_wake_all(w);
-                        }
-                        return;
+            let sh = &self.lshared[i];
+            let v = sh.load(Ordering::Acquire);
+            if v == UPGRADING || v & COUNT_MASK == 0 {
+                // Being upgraded, or just upgraded (our hold now nests on
+                // the exclusive one): look again.
+                std::hint::spin_loop();
+                continue;
+            }
+            let nv = if v & COUNT_MASK == 1 { 0 } else { v - 1 };
+            if sh
+                .compare_exchange(v, nv, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        let w = self.index.slot(s);
+        self.index.hold(self.uid, s).fetch_sub(1, Ordering::Relaxed);
+        let mut v = w.load(Ordering::Relaxed);
+        loop {
+            let mut nv = v - 1;
+            let last = nv & VALUE == 0;
+            if last {
+                nv &= !WAITERS;
+            }
+            match w.compare_exchange_weak(v, nv, Ordering::Release, Ordering::Relaxed) {
+                Ok(_) => {
+                    if last && v & WAITERS != 0 {
+                        sys::futex_wake_all(w);
                     }
-                    Err(cur) => v = cur,
+                    return;
                 }
+                Err(cur) => v = cur,
             }
         }
     }

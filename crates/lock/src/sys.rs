@@ -295,14 +295,44 @@ pub(crate) fn boot_id_hash() -> u64 {
     })
 }
 
-/// Start time (field 22 of /proc/PID/stat), or None if the process is gone.
-pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+/// State letter (field 3) and start time (field 22) of /proc/PID/stat, or
+/// None if the process is gone (or was reaped).
+pub(crate) fn process_stat(pid: u32) -> Option<(char, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces and parentheses: parse after the
     // last ')'.
     let rest = &s[s.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
     // Fields after ')' start at field 3 (state); starttime is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let state = f.next()?.chars().next()?;
+    Some((state, f.nth(18)?.parse().ok()?))
+}
+
+/// Start time (field 22 of /proc/PID/stat), or None if the process is gone.
+pub(crate) fn process_start_time(pid: u32) -> Option<u64> {
+    process_stat(pid).map(|(_, t)| t)
+}
+
+/// Inode of our pid namespace (`readlink /proc/self/ns/pid` = `pid:[N]`), or
+/// 0 when it cannot be read. A pid only means something inside its namespace.
+pub(crate) fn pid_ns() -> u64 {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let s = l.to_string_lossy().into_owned();
+            s.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// True when the /proc we see belongs to our own pid namespace (a process
+/// moved with `unshare --pid` but without `--mount-proc` sees its parent's):
+/// only then do pids recorded in our namespace name entries of this /proc.
+pub(crate) fn proc_is_ours() -> bool {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|l| l.to_string_lossy().parse::<u32>().ok())
+        == Some(std::process::id())
 }
 
 pub(crate) fn current_process() -> ProcessId {
@@ -334,13 +364,17 @@ pub(crate) enum Liveness {
     Unknown,
 }
 
+/// Liveness judged from the pid alone (records of older versions, which
+/// hold no OS lock): only valid for owners in our own pid namespace, which
+/// those records cannot tell. A zombie (exited, not yet reaped) is dead.
 pub(crate) fn liveness(owner: ProcessId) -> Liveness {
     if owner.boot != boot_id_hash() {
         return Liveness::Unknown;
     }
-    match process_start_time(owner.pid) {
+    match process_stat(owner.pid) {
         None => Liveness::Dead,
-        Some(t) if owner.start != 0 && t != owner.start => Liveness::Dead,
+        Some((_, t)) if owner.start != 0 && t != owner.start => Liveness::Dead,
+        Some(('Z', _)) | Some(('X', _)) => Liveness::Dead,
         Some(_) => Liveness::Alive,
     }
 }

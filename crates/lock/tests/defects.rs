@@ -213,6 +213,7 @@ fn defect7_lock_files_breaks_dead_owner() {
         let file = path.join(format!("{:016x}", 15));
         let mine = std::fs::read_to_string(&file).unwrap();
         std::mem::forget(g); // leave the file behind, as a crash would
+        drop(m); // and let go of the owner lock, as a crash would
         let forged = mine.replacen(
             &format!("pid {}\n", std::process::id()),
             &format!("pid {dead_pid}\n"),
@@ -285,6 +286,7 @@ fn memory_map_falls_back_when_index_unreachable() {
     let remote = std::thread::spawn(move || {
         let opts = Options {
             simulate_unreachable_index: true,
+            ..Options::default()
         };
         SharedFsMutex::open_with(Algorithm::MemoryMap, &p, &opts).unwrap()
     });

@@ -253,3 +253,73 @@ per_algorithm! {
     atomic_append: Algorithm::AtomicAppend;
     memory_map: Algorithm::MemoryMap;
 }
+
+/// lock_files without hard links (direct mode: files created with O_EXCL,
+/// then locked and written) excludes link-mode users both ways, and its
+/// killed holder, left unreaped, is judged dead by the free OFD lock.
+#[test]
+fn lock_files_direct_mode() {
+    let alg = Algorithm::LockFiles;
+    let direct = [("MEMFS_LOCK_DIRECT", "1".to_string())];
+    for dir in test_dirs() {
+        let path = lock_path(alg, dir.path());
+        let mut h = Proc::spawn("hold", alg, &path, "x1", &direct);
+        h.wait_ready();
+        let m = SharedFsMutex::open(alg, &path).unwrap();
+        assert!(matches!(m.try_lock(&[x(1)]), Err(Error::WouldBlock)));
+        let r = m.lock(&[x(1)], Deadline::After(Duration::from_millis(300)));
+        assert!(matches!(r, Err(Error::TimedOut)), "{:?}", r.map(|_| ()));
+        // Link-mode holder, direct-mode waiter.
+        let g = m.lock(&[x(2)], Deadline::Never).unwrap();
+        assert_eq!(Proc::spawn("try", alg, &path, "x2", &direct).finish(), 2);
+        drop(g);
+        assert_eq!(Proc::spawn("try", alg, &path, "x2", &direct).finish(), 0);
+        // The direct holder dies and stays a zombie.
+        h.kill_leave_zombie();
+        let t = Instant::now();
+        let g = m.lock(&[x(1)], Deadline::After(Duration::from_secs(20)));
+        assert!(g.is_ok(), "lock after a direct holder died: {:?}", g.err());
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        drop(g);
+        // A direct holder that leaves normally leaves nothing behind.
+        let mut h = Proc::spawn("hold", alg, &path, "x3", &direct);
+        h.wait_ready();
+        assert_eq!(Proc::spawn("try", alg, &path, "x3", &[]).finish(), 2);
+        assert_eq!(h.finish(), 0);
+        assert_eq!(Proc::spawn("try", alg, &path, "x3", &[]).finish(), 0);
+    }
+}
+
+/// lock_files: the owner files of dead instances do not pile up: once their
+/// entity files are broken, the next `open` removes them.
+#[test]
+fn lock_files_dead_owner_files_are_collected() {
+    let alg = Algorithm::LockFiles;
+    for dir in test_dirs() {
+        let path = lock_path(alg, dir.path());
+        let owners = || {
+            std::fs::read_dir(&path)
+                .unwrap()
+                .filter(|e| {
+                    e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with(".owner-")
+                })
+                .count()
+        };
+        let mut h = Proc::spawn("hold", alg, &path, "x1,x2", &[]);
+        h.wait_ready();
+        h.sigkill();
+        let m = SharedFsMutex::open(alg, &path).unwrap();
+        assert_eq!(owners(), 2, "the dead holder's and ours");
+        drop(
+            m.lock(&[x(1), x(2)], Deadline::After(Duration::from_secs(20)))
+                .unwrap(),
+        );
+        drop(m);
+        let _m = SharedFsMutex::open(alg, &path).unwrap();
+        assert_eq!(owners(), 1, "only the live instance's owner file is left");
+    }
+}

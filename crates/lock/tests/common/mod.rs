@@ -72,8 +72,27 @@ impl Proc {
         ents: &str,
         extra: &[(&str, String)],
     ) -> Proc {
+        Self::spawn_via(&[], role, alg, path, ents, extra)
+    }
+
+    /// As `spawn`, run through `prefix` (e.g. `unshare --pid --fork ...`).
+    pub fn spawn_via(
+        prefix: &[&str],
+        role: &str,
+        alg: Algorithm,
+        path: &Path,
+        ents: &str,
+        extra: &[(&str, String)],
+    ) -> Proc {
         let exe = std::env::current_exe().unwrap();
-        let mut cmd = Command::new(exe);
+        let mut cmd = match prefix.split_first() {
+            Some((first, rest)) => {
+                let mut c = Command::new(first);
+                c.args(rest).arg(exe);
+                c
+            }
+            None => Command::new(exe),
+        };
         cmd.args(["child_entry", "--exact", "--nocapture", "--test-threads=1"])
             .env(ROLE, role)
             .env("MEMFS_LOCK_ALG", alg.name())
@@ -119,6 +138,30 @@ impl Proc {
     pub fn sigkill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGKILLs the child and leaves it unreaped (a zombie) until `reap` or
+    /// drop; returns once /proc shows it as a zombie (bounded poll).
+    pub fn kill_leave_zombie(&mut self) {
+        let pid = self.child.id();
+        // SAFETY: kill takes a pid and a signal number only; the child is
+        // ours and not reaped, so the pid cannot have been reused.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) }, 0);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = st
+                .rfind(')')
+                .and_then(|i| st[i + 1..].split_whitespace().next());
+            if state == Some("Z") {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "child {pid} never became a zombie"
+            );
+            std::thread::yield_now();
+        }
     }
 }
 
@@ -196,7 +239,11 @@ pub fn child_main(role: &str) -> i32 {
     let path = PathBuf::from(std::env::var_os("MEMFS_LOCK_PATH").unwrap());
     let ents = parse_ents(&std::env::var("MEMFS_LOCK_ENTS").unwrap());
     let var = |k: &str| std::env::var(k).ok();
-    let m = match SharedFsMutex::open(alg, &path) {
+    let opts = memfs_lock::Options {
+        lock_files_without_links: var("MEMFS_LOCK_DIRECT").is_some(),
+        ..Default::default()
+    };
+    let m = match SharedFsMutex::open_with(alg, &path, &opts) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("child: open failed: {e}");
@@ -216,6 +263,18 @@ pub fn child_main(role: &str) -> i32 {
             let _ = std::io::stdin().read_line(&mut sink);
             drop(g);
             0
+        }
+        // Lock with a deadline of MEMFS_LOCK_WAIT_MS: 0 got it, 4 timed out.
+        "lock" => {
+            let ms: u64 = var("MEMFS_LOCK_WAIT_MS").unwrap().parse().unwrap();
+            match m.lock(&ents, Deadline::After(Duration::from_millis(ms))) {
+                Ok(_) => 0,
+                Err(Error::TimedOut) => 4,
+                Err(e) => {
+                    eprintln!("child: lock: {e}");
+                    1
+                }
+            }
         }
         "try" => match m.try_lock(&ents) {
             Ok(_) => 0,
