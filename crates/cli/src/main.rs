@@ -113,6 +113,38 @@ fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStrin
     args
 }
 
+fn main() -> std::process::ExitCode {
+    init_tracing();
+    let cli = Cli::parse_from(mount_helper_args(std::env::args_os().collect()));
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Mount(args) => mount::run_mount(args),
+        Command::Umount(args) => mount::run_umount(args),
+        Command::Shell(args) => shell::run(args),
+        Command::Store(args) => store_cmd::run(args),
+        Command::Snapshot(args) => durable_cmd::run_snapshot(args),
+        Command::Log(args) => durable_cmd::run_log(args),
+        Command::Rollback(args) => durable_cmd::run_rollback(args),
+        Command::Fsck(args) => durable_cmd::run_fsck(args),
+        Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
+        Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
+        Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
+        Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
+        Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
+        Command::Bench(BenchCommand::Durability(args)) => bench_durability::run(args),
+        Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
+        Command::Bench(BenchCommand::All(args)) => bench_all::run(args),
+        Command::Bench(BenchCommand::Report(args)) => bench_report::run_report(args),
+        Command::Bench(BenchCommand::Compare(args)) => bench_report::run_compare(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("memfs: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::mount_helper_args;
@@ -146,37 +178,5 @@ mod tests {
             helper(&["memfs", "mount", "/mnt/x"]),
             ["memfs", "mount", "/mnt/x"]
         );
-    }
-}
-
-fn main() -> std::process::ExitCode {
-    init_tracing();
-    let cli = Cli::parse_from(mount_helper_args(std::env::args_os().collect()));
-    let result: anyhow::Result<()> = match cli.command {
-        Command::Mount(args) => mount::run_mount(args),
-        Command::Umount(args) => mount::run_umount(args),
-        Command::Shell(args) => shell::run(args),
-        Command::Store(args) => store_cmd::run(args),
-        Command::Snapshot(args) => durable_cmd::run_snapshot(args),
-        Command::Log(args) => durable_cmd::run_log(args),
-        Command::Rollback(args) => durable_cmd::run_rollback(args),
-        Command::Fsck(args) => durable_cmd::run_fsck(args),
-        Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
-        Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
-        Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
-        Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
-        Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
-        Command::Bench(BenchCommand::Durability(args)) => bench_durability::run(args),
-        Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
-        Command::Bench(BenchCommand::All(args)) => bench_all::run(args),
-        Command::Bench(BenchCommand::Report(args)) => bench_report::run_report(args),
-        Command::Bench(BenchCommand::Compare(args)) => bench_report::run_compare(args),
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("memfs: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
     }
 }

@@ -15,14 +15,16 @@ use common::{Mount, fuse_available, have, is_mount_point, memfs_bin};
 fn mount_type_and_source(path: &Path) -> Option<(String, String)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     let want = path.to_string_lossy();
+    // The last matching line is the mount on top.
     info.lines()
+        .rev()
         .filter(|l| l.split(' ').nth(4) == Some(&*want))
         .filter_map(|l| {
             let (_, tail) = l.split_once(" - ")?;
             let mut f = tail.split(' ');
             Some((f.next()?.to_string(), f.next()?.to_string()))
         })
-        .last()
+        .next()
 }
 
 #[test]
