@@ -100,8 +100,15 @@ fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsStrin
         s.starts_with('-') || Cli::command().find_subcommand(&*s).is_some() || s == "help"
     };
     if args.len() >= 3 && !is_command(&args[1]) {
-        args.remove(1); // the source ("memfs"): there is no device
+        // There is no device: the source is only the name /proc/mounts and
+        // `df` show (the fsname). Given first, so an explicit -o fsname= wins.
+        let source = args.remove(1);
         args.insert(1, "mount".into());
+        let name = source.to_string_lossy();
+        if name != "memfs" && !name.is_empty() && !name.contains(',') {
+            args.insert(2, "-o".into());
+            args.insert(3, format!("fsname={name}").into());
+        }
     }
     args
 }
@@ -135,5 +142,41 @@ fn main() -> std::process::ExitCode {
             eprintln!("memfs: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mount_helper_args;
+
+    fn helper(args: &[&str]) -> Vec<String> {
+        mount_helper_args(args.iter().map(Into::into).collect())
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn mount_helper_source_becomes_the_fsname() {
+        assert_eq!(
+            helper(&["memfs", "memfs", "/mnt/x", "-o", "size=1G"]),
+            ["memfs", "mount", "/mnt/x", "-o", "size=1G"]
+        );
+        assert_eq!(
+            helper(&["memfs", "scratch", "/mnt/x", "-o", "size=1G"]),
+            [
+                "memfs",
+                "mount",
+                "-o",
+                "fsname=scratch",
+                "/mnt/x",
+                "-o",
+                "size=1G"
+            ]
+        );
+        assert_eq!(
+            helper(&["memfs", "mount", "/mnt/x"]),
+            ["memfs", "mount", "/mnt/x"]
+        );
     }
 }

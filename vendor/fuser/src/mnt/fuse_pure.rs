@@ -464,11 +464,15 @@ fn fuse_mount_sys(
 
     // Default name is "/dev/fuse", then use the subtype, and lastly prefer the name
     let mut source = DevFuse::PATH;
+    // memfs patch: the type is "fuse.SUBTYPE" as libfuse and fusermount3 mount it, so that
+    // /proc/mounts and `df -T` name the file system (memfs: `fuse.memfs`).
+    let mut fstype = String::from("fuse");
     if let Some(MountOption::Subtype(subtype)) = options
         .iter()
         .find(|x| matches!(**x, MountOption::Subtype(_)))
     {
         source = subtype;
+        fstype = format!("fuse.{subtype}");
     }
     if let Some(MountOption::FSName(name)) = options
         .iter()
@@ -481,7 +485,7 @@ fn fuse_mount_sys(
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
