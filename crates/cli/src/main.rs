@@ -43,7 +43,7 @@ enum Command {
     Umount(mount::UmountArgs),
     /// An interactive or scripted shell over an in-process memfs (no mount needed).
     Shell(shell::Args),
-    /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
+    /// Operate on a block store (create, info, get, set, rollback, snapshot, verify, serve, follow).
     Store(store_cmd::Args),
     /// Named snapshots of a data directory (create, list, delete).
     Snapshot(durable_cmd::SnapshotArgs),
