@@ -330,7 +330,10 @@ pub fn run(args: Args) -> Result<()> {
                 Place::Remote(mut c) => {
                     let kw = c.welcome().key_width as usize;
                     if let Some(k) = parsed.iter().find(|k| k.len() != kw) {
-                        bail!("key is {} bytes but this store's keys are {kw} bytes", k.len());
+                        bail!(
+                            "key is {} bytes but this store's keys are {kw} bytes",
+                            k.len()
+                        );
                     }
                     c.multi_get(&parsed)?
                 }
@@ -570,7 +573,8 @@ fn serve(a: ServeArgs) -> Result<()> {
         let auth = Auth::parse(&text).map_err(|e| anyhow::anyhow!("--auth {spec}: {e}"))?;
         cfg.auth = Some(Arc::new(auth));
     }
-    let store = Store::open(&a.dir).with_context(|| format!("opening the store in {}", a.dir.display()))?;
+    let store =
+        Store::open(&a.dir).with_context(|| format!("opening the store in {}", a.dir.display()))?;
     let srv = server::Server::bind(store, &a.listen, cfg)?;
     let handle = srv.handle();
     let stop = Arc::new(AtomicBool::new(false));
@@ -587,9 +591,9 @@ fn serve(a: ServeArgs) -> Result<()> {
         a.dir.display(),
         srv.local_addr(),
         if a.tls.is_some() { " (TLS)" } else { "" },
-        metrics
-            .as_ref()
-            .map_or(String::new(), |(m, _)| format!("; metrics on http://{m}/metrics"))
+        metrics.as_ref().map_or(String::new(), |(m, _)| format!(
+            "; metrics on http://{m}/metrics"
+        ))
     )?;
     out.flush()?;
     srv.run()?;

@@ -17,6 +17,22 @@ pub struct Auth {
     creds: Vec<Credential>,
 }
 
+impl std::fmt::Debug for Auth {
+    // Never print tokens (or their digests).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field(
+                "users",
+                &self
+                    .creds
+                    .iter()
+                    .map(|c| (&c.user, c.role))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
 fn hash(token: &[u8]) -> [u8; 32] {
     let d = digest(&SHA256, token);
     let mut h = [0u8; 32];

@@ -645,6 +645,15 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
 fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     let lim = sh.cfg.limits;
     let store = &sh.store;
+    if ss.role.is_none() && ty != op::HELLO {
+        send_error(
+            sh,
+            &mut ss.out,
+            ErrorCode::HandshakeRequired,
+            "the first frame must be HELLO",
+        );
+        return Next::Close;
+    }
     let frame = match p::parse(ty, body, ss.kw, &lim) {
         Ok(f) => f,
         Err(e) => {
