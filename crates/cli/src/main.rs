@@ -15,6 +15,7 @@ mod bench_memory;
 mod bench_metadata;
 mod bench_plot;
 mod bench_report;
+mod bench_store_server;
 mod bench_util;
 mod bench_workload;
 mod control;
@@ -74,6 +75,8 @@ enum BenchCommand {
     Durability(bench_durability::Args),
     /// Shell workload: create, write, read, delete phases against thread counts.
     Workload(bench_workload::Args),
+    /// The store server against Redis: pipelined gets, multi_get latency, TLS cost, follower lag.
+    StoreServer(bench_store_server::Args),
     /// Every benchmark against its baseline into one results folder, with plots.
     All(bench_all::Args),
     /// Write the markdown report of a `bench all` results folder.
@@ -121,6 +124,7 @@ fn main() -> std::process::ExitCode {
         Command::Rollback(args) => durable_cmd::run_rollback(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
+        Command::Bench(BenchCommand::StoreServer(args)) => bench_store_server::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
         Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
         Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),

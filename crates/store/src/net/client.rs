@@ -410,6 +410,32 @@ impl Client {
         Ok(())
     }
 
+    /// Queues a GET without sending it (see [`Client::flush`]): with
+    /// [`Client::recv_value`] this drives many connections from one thread.
+    pub fn queue_get(&mut self, key: &[u8]) -> Result<()> {
+        self.check_key(key)?;
+        p::put_get(&mut self.out, key);
+        Ok(())
+    }
+
+    /// Sends every queued request (an error if the connection broke: the
+    /// queue is then dropped, and the next call reconnects).
+    pub fn flush(&mut self) -> Result<()> {
+        self.send()
+    }
+
+    /// Reads the reply to the oldest GET in flight into `out`; returns
+    /// whether the key is present.
+    pub fn recv_value(&mut self, out: &mut Vec<u8>) -> Result<bool> {
+        let (ty, body) = self.recv()?;
+        if ty != op::VALUE {
+            return Err(self.unexpected(ty, "VALUE"));
+        }
+        out.clear();
+        out.extend_from_slice(&self.inbuf[body]);
+        Ok(!out.is_empty())
+    }
+
     /// One MULTI_GET per `max_batch` keys; `f(i, value)` sees each in order.
     pub fn multi_get_with<K: AsRef<[u8]>>(
         &mut self,

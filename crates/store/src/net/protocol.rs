@@ -342,10 +342,13 @@ pub enum Frame<'a> {
     },
 }
 
+/// A frame found in a buffer: its type, its body, and its total length.
+pub type Split<'a> = (u8, &'a [u8], usize);
+
 /// Finds the first frame in `buf`: `Ok(None)` if more bytes are needed
-/// (then `needed` in [`frame_len`] says how many), else its type, body and
-/// total length including the prefix.
-pub fn split_frame(buf: &[u8], max_frame: u32) -> Result<Option<(u8, &[u8], usize)>, ProtoError> {
+/// ([`frame_len`] tells how many once the prefix is there), else its type,
+/// body and total length including the prefix.
+pub fn split_frame(buf: &[u8], max_frame: u32) -> Result<Option<Split<'_>>, ProtoError> {
     let Some(total) = frame_len(buf, max_frame)? else {
         return Ok(None);
     };
