@@ -259,7 +259,9 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
         &wdir,
         StoreOptions {
             key_width: 8,
-            durability: Durability::Async(64),
+            durability: "async"
+                .parse::<Durability>()
+                .map_err(|e| anyhow::anyhow!(e))?,
             ..Default::default()
         },
     )?
@@ -270,7 +272,9 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
     let cfg = FollowerConfig {
         client: ClientConfig::new(srv.addr.clone(), Role::Follow),
         dir: fdir,
-        durability: Durability::Async(64),
+        durability: "async"
+            .parse::<Durability>()
+            .map_err(|e| anyhow::anyhow!(e))?,
         threads: 2,
         max_backoff: Duration::from_millis(200),
         on_caught_up: None,

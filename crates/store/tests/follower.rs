@@ -117,6 +117,21 @@ fn follower_equals_writer_across_restarts() {
         pr.seq.load(Relaxed) == last
     });
     f.finish().unwrap();
+    // The writer moves on and restarts while the follower is away: the
+    // events it missed come from the restarted writer's journal.
+    random_work(&mut w, &mut rng, 25);
+    drop(w);
+    srv.stop();
+    let srv = TestServer::start(&wdir, ServerConfig::default(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 5);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    poll_until("the follower catches up after the writer restarted", || {
+        pr.seq.load(Relaxed) == last
+    });
+    f.finish().unwrap();
     drop(w);
     srv.stop();
     assert_eq!(contents(&wdir), contents(&fdir));

@@ -290,3 +290,67 @@ fn tls_client_refuses_unknown_certificate() {
     // And the server still serves TLS clients.
     srv.client("", "", Role::Read).unwrap().ping().unwrap();
 }
+
+#[test]
+fn client_reconnects_and_pool_reuses() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("s");
+    create_store(&dir, 4);
+    let cfg = ServerConfig {
+        idle_timeout: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let srv = TestServer::start(&dir, cfg, None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    w.set(1, &[(key(1), b"a")]).unwrap();
+    let total = || {
+        srv.handle
+            .counters()
+            .connections_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = total();
+    // The server closes the idle connection; the next read and the next write
+    // go through on a new one.
+    net::poll_until("the idle connection closed", || {
+        srv.handle
+            .counters()
+            .connections_active
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    });
+    assert_eq!(w.get(&key(1)).unwrap().as_deref(), Some(&b"a"[..]));
+    net::poll_until("closed again", || {
+        srv.handle
+            .counters()
+            .connections_active
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 0
+    });
+    w.set(2, &[(key(2), b"b")]).unwrap();
+    assert_eq!(total(), before + 2);
+    drop(w);
+    srv.stop();
+    // The pool hands back the same connection while it is healthy.
+    let srv = TestServer::start(&dir, ServerConfig::default(), None);
+    let total = || {
+        srv.handle
+            .counters()
+            .connections_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let pool = memfs_store::net::client::Pool::new(srv.config("", "", Role::Read), 4);
+    {
+        let mut a = pool.get().unwrap();
+        let mut b = pool.get().unwrap();
+        assert_eq!(a.get(&key(2)).unwrap().as_deref(), Some(&b"b"[..]));
+        b.ping().unwrap();
+    }
+    assert_eq!(pool.idle(), 2);
+    let n = total();
+    pool.get().unwrap().ping().unwrap();
+    assert_eq!(total(), n, "a pooled connection was reused");
+    // A key of the wrong width is refused before anything is sent.
+    let e = pool.get().unwrap().get(&[1u8; 3]).unwrap_err();
+    assert!(e.to_string().contains("3 bytes"), "{e}");
+}

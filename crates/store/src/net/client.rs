@@ -84,8 +84,17 @@ impl ClientError {
         }
     }
 
+    /// A failure of the connection rather than of the request (a server
+    /// that timed the idle connection out counts: it closed it).
     fn is_io(&self) -> bool {
         matches!(self, ClientError::Io { .. } | ClientError::Connect { .. })
+            || matches!(
+                self,
+                ClientError::Server {
+                    code: ErrorCode::Timeout | ErrorCode::ShuttingDown,
+                    ..
+                }
+            )
     }
 }
 
@@ -329,6 +338,25 @@ impl Client {
         Ok(())
     }
 
+    /// Before a write (which is not retried): whether the server has already
+    /// closed this connection (idle timeout, shutdown). Nothing should be
+    /// waiting to be read between requests, so any byte or EOF means the
+    /// connection is gone. One non-blocking peek.
+    fn ensure_fresh(&mut self) -> Result<()> {
+        if let Some(s) = &self.s {
+            let t = s.tcp();
+            let mut b = [0u8; 1];
+            let stale = t.set_nonblocking(true).is_err()
+                || !matches!(t.peek(&mut b), Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
+                || t.set_nonblocking(false).is_err()
+                || self.start != self.end;
+            if stale {
+                self.s = None;
+            }
+        }
+        self.ensure()
+    }
+
     /// Runs an idempotent request, once more on a new connection if the
     /// connection failed.
     fn read_retry<T>(&mut self, mut f: impl FnMut(&mut Client) -> Result<T>) -> Result<T> {
@@ -534,7 +562,7 @@ impl Client {
                 )));
             }
         }
-        self.ensure()?;
+        self.ensure_fresh()?;
         p::put_set(&mut self.out, block, ops);
         self.send()?;
         Ok(self.done()?.1)
@@ -543,7 +571,7 @@ impl Client {
     /// Deletes `key` in block `block`; returns its previous value.
     pub fn pop(&mut self, block: u64, key: &[u8]) -> Result<Option<Vec<u8>>> {
         self.check_key(key)?;
-        self.ensure()?;
+        self.ensure_fresh()?;
         p::put_pop(&mut self.out, block, key);
         self.send()?;
         let (ty, body) = self.recv()?;
@@ -555,7 +583,7 @@ impl Client {
 
     /// Rolls the store back to `target`; returns the block reached.
     pub fn rollback(&mut self, target: u64) -> Result<u64> {
-        self.ensure()?;
+        self.ensure_fresh()?;
         p::put_u64s(&mut self.out, op::ROLLBACK, &[target]);
         self.send()?;
         Ok(self.done()?.0)
@@ -564,7 +592,7 @@ impl Client {
     /// Turns this connection into a subscription to the events after event
     /// `from_seq`, for a replica at block `from_block`.
     pub fn subscribe(mut self, from_seq: u64, from_block: u64) -> Result<Subscription> {
-        self.ensure()?;
+        self.ensure_fresh()?;
         p::put_u64s(&mut self.out, op::SUBSCRIBE, &[from_seq, from_block]);
         self.send()?;
         Ok(Subscription { c: self })

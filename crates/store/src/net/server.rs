@@ -359,66 +359,69 @@ impl Server {
 fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
     let after = store.open_report().snapshot_commit.unwrap_or(0);
     let kw = store.key_width();
-    let mut raw: Vec<(u64, u64, Vec<u8>)> = Vec::new(); // (seq, after, frame without prev)
-    let mut prev_after: Option<u64> = None;
-    let res =
-        crate::journal::recovery::replay_readonly(&store.shared.dir, after, &mut |id, payload| {
-            if id > log.last_seq {
-                return Ok(());
-            }
-            match crate::codec::decode(payload)? {
-                crate::codec::Decoded::Block { block, body } => {
-                    let mut f = Vec::with_capacity(body.len() + 40);
-                    let at = p::begin(&mut f, op::EV_BLOCK);
-                    f.extend_from_slice(&id.to_le_bytes());
-                    f.extend_from_slice(&prev_after.unwrap_or(0).to_le_bytes());
-                    f.extend_from_slice(&block.to_le_bytes());
-                    let count_at = f.len();
-                    f.extend_from_slice(&0u32.to_le_bytes());
-                    let mut n = 0u32;
-                    for e in crate::codec::entries(body, kw) {
-                        let e = e?;
-                        f.extend_from_slice(e.key);
-                        f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
-                        f.extend_from_slice(e.value);
-                        n += 1;
-                    }
-                    f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-                    p::end(&mut f, at);
-                    raw.push((id, block, f));
-                    prev_after = Some(block);
+    let last_seq = log.last_seq;
+    // The block after the previous event: 0 before the first commit of a
+    // store; unknown for the first event after a snapshot (what preceded it
+    // is only in the snapshot), which is therefore not kept.
+    let mut prev_after: Option<u64> = (after == 0).then_some(0);
+    let dir = store.shared.dir.clone();
+    let res = crate::journal::recovery::replay_readonly(&dir, after, &mut |id, payload| {
+        if id > last_seq {
+            return Ok(());
+        }
+        let (after_block, frame) = match crate::codec::decode(payload)? {
+            crate::codec::Decoded::Block { block, body } => {
+                let mut f = Vec::with_capacity(body.len() + 40);
+                let at = p::begin(&mut f, op::EV_BLOCK);
+                f.extend_from_slice(&id.to_le_bytes());
+                f.extend_from_slice(&prev_after.unwrap_or(0).to_le_bytes());
+                f.extend_from_slice(&block.to_le_bytes());
+                let count_at = f.len();
+                f.extend_from_slice(&0u32.to_le_bytes());
+                let mut n = 0u32;
+                for e in crate::codec::entries(body, kw) {
+                    let e = e?;
+                    f.extend_from_slice(e.key);
+                    f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
+                    f.extend_from_slice(e.value);
+                    n += 1;
                 }
-                crate::codec::Decoded::Rollback {
-                    target, current, ..
-                } => {
-                    let mut f = Vec::new();
-                    p::put_u64s(
-                        &mut f,
-                        op::EV_ROLLBACK,
-                        &[id, prev_after.unwrap_or(0), target, current],
-                    );
-                    raw.push((id, current, f));
-                    prev_after = Some(current);
-                }
+                f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+                p::end(&mut f, at);
+                (block, f)
             }
-            Ok(())
-        });
+            crate::codec::Decoded::Rollback {
+                target, current, ..
+            } => {
+                let mut f = Vec::new();
+                p::put_u64s(
+                    &mut f,
+                    op::EV_ROLLBACK,
+                    &[id, prev_after.unwrap_or(0), target, current],
+                );
+                (current, f)
+            }
+        };
+        if prev_after.is_some() {
+            push_event(
+                log,
+                cfg,
+                Event {
+                    seq: id,
+                    frame: Arc::new(frame),
+                },
+            );
+        }
+        prev_after = Some(after_block);
+        Ok(())
+    });
     if let Err(e) = res {
         tracing::warn!(error = %e, "could not read the journal for the event history; followers start from now");
+        log.events.clear();
+        log.bytes = 0;
         return;
     }
-    // The first event's `prev` is unknown (it lies before the snapshot): drop it.
-    for (seq, _, frame) in raw.into_iter().skip(1) {
-        push_event(
-            log,
-            cfg,
-            Event {
-                seq,
-                frame: Arc::new(frame),
-            },
-        );
-    }
-    // Keep last_seq/current as the store says.
+    // Only a history that ends where the store is can be served.
     if log.events.back().is_some_and(|e| e.seq != log.last_seq) {
         log.events.clear();
         log.bytes = 0;
