@@ -11,7 +11,8 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use memfs_bench::benchmarks::{
     block as bench_block, durability as bench_durability, fio as bench_fio, lock as bench_lock,
-    memory as bench_memory, metadata as bench_metadata, workload as bench_workload,
+    memory as bench_memory, metadata as bench_metadata, store_server as bench_store_server,
+    workload as bench_workload,
 };
 use memfs_bench::{all as bench_all, report as bench_report};
 
@@ -41,7 +42,7 @@ enum Command {
     Umount(mount::UmountArgs),
     /// An interactive or scripted shell over an in-process memfs (no mount needed).
     Shell(shell::Args),
-    /// Operate on a block store (create, info, get, set, rollback, snapshot, verify).
+    /// Operate on a block store (create, info, get, set, rollback, snapshot, verify, serve, follow).
     Store(store_cmd::Args),
     /// Named snapshots of a data directory (create, list, delete).
     Snapshot(durable_cmd::SnapshotArgs),
@@ -72,6 +73,8 @@ enum BenchCommand {
     Durability(bench_durability::Args),
     /// Shell workload: create, write, read, delete phases against thread counts.
     Workload(bench_workload::Args),
+    /// The store server against Redis: pipelined gets, multi_get latency, TLS cost, follower lag.
+    StoreServer(bench_store_server::Args),
     /// Every benchmark against its baseline into one results folder, with plots.
     All(bench_all::Args),
     /// Write the markdown report of a `bench all` results folder.
@@ -126,6 +129,7 @@ fn main() -> std::process::ExitCode {
         Command::Rollback(args) => durable_cmd::run_rollback(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
+        Command::Bench(BenchCommand::StoreServer(args)) => bench_store_server::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),
         Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
         Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),

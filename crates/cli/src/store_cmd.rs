@@ -5,8 +5,14 @@
 //! store's exact width.
 
 use anyhow::{Context, Result, bail};
+use memfs_store::net::client::{Client, ClientConfig};
+use memfs_store::net::protocol::{Limits, Role};
+use memfs_store::net::{auth::Auth, follower, server};
 use memfs_store::{Durability, Store, StoreOptions};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -19,6 +25,67 @@ struct DirArg {
     /// The store's data directory.
     #[arg(long, short = 'd')]
     dir: PathBuf,
+}
+
+/// Where a command operates: a local directory or a server.
+#[derive(clap::Args, Debug)]
+struct Target {
+    /// The store's data directory.
+    #[arg(long, short = 'd', conflicts_with = "remote")]
+    dir: Option<PathBuf>,
+    /// A `memfs store serve` server, HOST:PORT.
+    #[arg(long)]
+    remote: Option<String>,
+    #[command(flatten)]
+    conn: RemoteOpts,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+struct RemoteOpts {
+    /// User name for the server's --auth file.
+    #[arg(long, default_value = "")]
+    user: String,
+    /// Token for the server's --auth file.
+    #[arg(long, default_value = "")]
+    token: String,
+    /// Speak TLS, trusting the certificate(s) in this PEM file.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Name to check the server's certificate against (default: the host of the address).
+    #[arg(long)]
+    server_name: Option<String>,
+}
+
+impl RemoteOpts {
+    fn config(&self, addr: &str, role: Role) -> Result<ClientConfig> {
+        let mut c = ClientConfig::new(addr, role);
+        c.user = self.user.clone();
+        c.token = self.token.clone();
+        c.server_name = self.server_name.clone();
+        if let Some(ca) = &self.tls_ca {
+            c.tls = Some(memfs_store::net::client_tls(ca)?);
+        }
+        Ok(c)
+    }
+}
+
+enum Place {
+    Dir(PathBuf),
+    Remote(Client),
+}
+
+impl Target {
+    fn open(&self, role: Role) -> Result<Place> {
+        match (&self.dir, &self.remote) {
+            (Some(d), None) => Ok(Place::Dir(d.clone())),
+            (None, Some(a)) => {
+                let c = Client::connect(self.conn.config(a, role)?)
+                    .with_context(|| format!("store server {a}"))?;
+                Ok(Place::Remote(c))
+            }
+            _ => bail!("give either --dir DIR or --remote HOST:PORT"),
+        }
+    }
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -56,7 +123,7 @@ enum Cmd {
     /// Print the values of keys.
     Get {
         #[command(flatten)]
-        dir: DirArg,
+        target: Target,
         /// Keys and values as UTF-8 text instead of hex.
         #[arg(long)]
         text: bool,
@@ -66,7 +133,7 @@ enum Cmd {
     /// Apply one block of KEY=VALUE operations (an empty VALUE deletes).
     Set {
         #[command(flatten)]
-        dir: DirArg,
+        target: Target,
         /// Block id (default: current block + 1).
         #[arg(long)]
         block: Option<u64>,
@@ -78,9 +145,64 @@ enum Cmd {
     /// Restore the state after block TO (inside the rollback window).
     Rollback {
         #[command(flatten)]
-        dir: DirArg,
+        target: Target,
         #[arg(long)]
         to: u64,
+    },
+    /// Serve the store over TCP (TLS with --tls-cert/--tls-key) until SIGTERM.
+    Serve {
+        #[command(flatten)]
+        dir: DirArg,
+        /// HOST:PORT to listen on (port 0: any free port, printed at start).
+        #[arg(long)]
+        listen: String,
+        /// Certificate chain (PEM).
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// Private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Allow plain TCP on a non-loopback address.
+        #[arg(long, conflicts_with = "tls_cert")]
+        insecure: bool,
+        /// Credentials: a file of USER:TOKEN:ROLE lines, or such entries separated by commas.
+        #[arg(long)]
+        auth: Option<String>,
+        /// Serve /metrics (Prometheus text) and /health over HTTP on HOST:PORT.
+        #[arg(long)]
+        metrics: Option<String>,
+        #[arg(long, default_value_t = 1024)]
+        max_connections: usize,
+        /// Largest frame in bytes.
+        #[arg(long, default_value_t = memfs_store::net::protocol::DEFAULT_MAX_FRAME)]
+        max_frame: u32,
+        /// Most keys in a multi_get or operations in a block.
+        #[arg(long, default_value_t = memfs_store::net::protocol::DEFAULT_MAX_BATCH)]
+        max_batch: u32,
+        /// Seconds a connection may stay silent between frames.
+        #[arg(long, default_value_t = 300.0)]
+        idle_timeout: f64,
+        /// Seconds a begun frame (or the handshake) may take to arrive.
+        #[arg(long, default_value_t = 10.0)]
+        frame_timeout: f64,
+        /// Events kept in memory for followers that are behind.
+        #[arg(long, default_value_t = 10_000)]
+        history: usize,
+    },
+    /// Keep a replica of a served store in DIR up to date (until SIGTERM).
+    Follow {
+        /// The writer's server, HOST:PORT.
+        addr: String,
+        #[command(flatten)]
+        dir: DirArg,
+        #[command(flatten)]
+        conn: RemoteOpts,
+        /// Durability of the replica: none | sync | relaxed[=N] | async[=N] | async-relaxed[=N]
+        #[arg(long, default_value = "sync")]
+        durability: String,
+        /// Threads applying a block.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
     },
     /// Write a snapshot now (and prune the journal behind it).
     Snapshot {
@@ -193,24 +315,42 @@ pub fn run(args: Args) -> Result<()> {
             println!("health:           {}", m.health);
             s.close()?;
         }
-        Cmd::Get { dir, text, keys } => {
-            let s = Store::open(&dir.dir)?;
-            for k in &keys {
-                let key = parse_bytes(k, text)?;
-                match s.get(&key)? {
+        Cmd::Get { target, text, keys } => {
+            let parsed = keys
+                .iter()
+                .map(|k| parse_bytes(k, text))
+                .collect::<Result<Vec<_>>>()?;
+            let values = match target.open(Role::Read)? {
+                Place::Dir(d) => {
+                    let s = Store::open(&d)?;
+                    let v = s.multi_get(&parsed)?;
+                    s.close()?;
+                    v
+                }
+                Place::Remote(mut c) => {
+                    let kw = c.welcome().key_width as usize;
+                    if let Some(k) = parsed.iter().find(|k| k.len() != kw) {
+                        bail!(
+                            "key is {} bytes but this store's keys are {kw} bytes",
+                            k.len()
+                        );
+                    }
+                    c.multi_get(&parsed)?
+                }
+            };
+            for (k, v) in keys.iter().zip(values) {
+                match v {
                     Some(v) => println!("{k}\t{}", show(&v, text)),
                     None => println!("{k}\t(absent)"),
                 }
             }
-            s.close()?;
         }
         Cmd::Set {
-            dir,
+            target,
             block,
             text,
             ops,
         } => {
-            let s = Store::open(&dir.dir)?;
             let mut kv = Vec::new();
             for op in &ops {
                 let (k, v) = op
@@ -218,18 +358,106 @@ pub fn run(args: Args) -> Result<()> {
                     .with_context(|| format!("{op:?}: expected KEY=VALUE"))?;
                 kv.push((parse_bytes(k, text)?, parse_bytes(v, text)?));
             }
-            let block = block.unwrap_or(s.current_block() + 1);
-            s.set(block, &kv)?;
-            s.close()?;
+            let block = match target.open(Role::Write)? {
+                Place::Dir(d) => {
+                    let s = Store::open(&d)?;
+                    let block = block.unwrap_or(s.current_block() + 1);
+                    s.set(block, &kv)?;
+                    s.close()?;
+                    block
+                }
+                Place::Remote(mut c) => {
+                    let block = match block {
+                        Some(b) => b,
+                        None => c.status()?.current + 1,
+                    };
+                    c.set(block, &kv)?;
+                    block
+                }
+            };
             println!("block {block}: {} operations applied", kv.len());
         }
-        Cmd::Rollback { dir, to } => {
-            let s = Store::open(&dir.dir)?;
-            let from = s.current_block();
-            s.rollback(to)?;
-            let now = s.current_block();
-            s.close()?;
+        Cmd::Rollback { target, to } => {
+            let (from, now) = match target.open(Role::Write)? {
+                Place::Dir(d) => {
+                    let s = Store::open(&d)?;
+                    let from = s.current_block();
+                    s.rollback(to)?;
+                    let now = s.current_block();
+                    s.close()?;
+                    (from, now)
+                }
+                Place::Remote(mut c) => {
+                    let from = c.status()?.current;
+                    (from, c.rollback(to)?)
+                }
+            };
             println!("rolled back from block {from} to block {now}");
+        }
+        Cmd::Serve {
+            dir,
+            listen,
+            tls_cert,
+            tls_key,
+            insecure,
+            auth,
+            metrics,
+            max_connections,
+            max_frame,
+            max_batch,
+            idle_timeout,
+            frame_timeout,
+            history,
+        } => serve(ServeArgs {
+            dir: dir.dir,
+            listen,
+            tls: tls_cert.zip(tls_key),
+            insecure,
+            auth,
+            metrics,
+            cfg: server::ServerConfig {
+                max_connections,
+                limits: Limits {
+                    max_frame,
+                    max_batch,
+                },
+                idle_timeout: secs(idle_timeout, "--idle-timeout")?,
+                frame_timeout: secs(frame_timeout, "--frame-timeout")?,
+                log_events: history.max(1),
+                ..Default::default()
+            },
+        })?,
+        Cmd::Follow {
+            addr,
+            dir,
+            conn,
+            durability,
+            threads,
+        } => {
+            let durability: Durability =
+                durability.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            on_signals(&stop, None)?;
+            let cfg = follower::FollowerConfig {
+                client: conn.config(&addr, Role::Follow)?,
+                dir: dir.dir,
+                durability,
+                threads,
+                max_backoff: Duration::from_secs(2),
+                on_caught_up: Some(Box::new(|seq, block| {
+                    use std::io::Write as _;
+                    let mut o = std::io::stdout();
+                    let _ = writeln!(o, "caught up at event {seq} (block {block})");
+                    let _ = o.flush();
+                })),
+            };
+            let progress = follower::Progress::default();
+            follower::follow(cfg, &stop, &progress)?;
+            println!(
+                "follower stopped at event {} (block {})",
+                progress.seq.load(std::sync::atomic::Ordering::Relaxed),
+                progress.block.load(std::sync::atomic::Ordering::Relaxed)
+            );
         }
         Cmd::Snapshot { dir } => {
             let s = Store::open(&dir.dir)?;
@@ -291,5 +519,87 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+fn secs(s: f64, what: &str) -> Result<Duration> {
+    Duration::try_from_secs_f64(s).with_context(|| format!("{what} {s}: not a number of seconds"))
+}
+
+/// Sets `stop` (and shuts the server down) on SIGTERM or SIGINT.
+fn on_signals(stop: &Arc<AtomicBool>, server: Option<server::ShutdownHandle>) -> Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let stop = stop.clone();
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(sig, "stopping");
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                if let Some(h) = &server {
+                    h.shutdown();
+                }
+            }
+        })?;
+    Ok(())
+}
+
+struct ServeArgs {
+    dir: PathBuf,
+    listen: String,
+    tls: Option<(PathBuf, PathBuf)>,
+    insecure: bool,
+    auth: Option<String>,
+    metrics: Option<String>,
+    cfg: server::ServerConfig,
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let mut cfg = a.cfg;
+    cfg.insecure = a.insecure;
+    if let Some((cert, key)) = &a.tls {
+        cfg.tls = Some(memfs_store::net::server_tls(cert, key)?);
+    }
+    if let Some(spec) = &a.auth {
+        let p = std::path::Path::new(spec);
+        let text = if p.exists() {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        } else if spec.contains(':') {
+            spec.clone()
+        } else {
+            bail!("--auth {spec}: no such file (nor USER:TOKEN:ROLE entries)");
+        };
+        let auth = Auth::parse(&text).map_err(|e| anyhow::anyhow!("--auth {spec}: {e}"))?;
+        cfg.auth = Some(Arc::new(auth));
+    }
+    let store =
+        Store::open(&a.dir).with_context(|| format!("opening the store in {}", a.dir.display()))?;
+    let srv = server::Server::bind(store, &a.listen, cfg)?;
+    let handle = srv.handle();
+    let stop = Arc::new(AtomicBool::new(false));
+    on_signals(&stop, Some(handle.clone()))?;
+    let metrics = match &a.metrics {
+        Some(m) => Some(server::serve_metrics(handle.clone(), m)?),
+        None => None,
+    };
+    use std::io::Write as _;
+    let mut out = std::io::stdout();
+    writeln!(
+        out,
+        "serving {} on {}{}{}",
+        a.dir.display(),
+        srv.local_addr(),
+        if a.tls.is_some() { " (TLS)" } else { "" },
+        metrics.as_ref().map_or(String::new(), |(m, _)| format!(
+            "; metrics on http://{m}/metrics"
+        ))
+    )?;
+    out.flush()?;
+    srv.run()?;
+    if let Some((_, t)) = metrics {
+        let _ = t.join();
+    }
+    println!("server stopped");
     Ok(())
 }

@@ -18,6 +18,7 @@
 mod codec;
 mod meta;
 mod metrics;
+pub mod net;
 mod table;
 
 pub use memfs_journal::{self as journal, Durability};
@@ -480,6 +481,22 @@ impl Store {
         let h = hash_key(key);
         let t = self.shared.shards[self.shared.shard_of(h)].read();
         Ok(t.get(key, h).map(|v| v.to_vec()))
+    }
+
+    /// Like [`Store::get`] without copying: `f` sees the value (or `None`)
+    /// while the shard's read lock is held, so keep it short.
+    pub fn get_with<R>(&self, key: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> Result<R> {
+        check_key(self.shared.kw, key)?;
+        let h = hash_key(key);
+        let t = self.shared.shards[self.shared.shard_of(h)].read();
+        Ok(f(t.get(key, h)))
+    }
+
+    /// The id of the last journal commit (each block and each rollback that
+    /// changed the block is one commit, numbered from 1 without gaps). The
+    /// network server uses it as the sequence number of its event stream.
+    pub fn last_commit(&self) -> u64 {
+        self.w.lock().journal.last_commit()
     }
 
     pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {

@@ -10,4 +10,5 @@ pub mod lock;
 pub mod lock_engine;
 pub mod memory;
 pub mod metadata;
+pub mod store_server;
 pub mod workload;

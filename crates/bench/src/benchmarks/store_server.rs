@@ -1,0 +1,446 @@
+//! `memfs bench store-server`: the store server against Redis on loopback.
+//!
+//! - remote get, 8-byte keys, 64 connections with 16 requests pipelined on
+//!   each (8 threads each driving 8 connections), against
+//!   `redis-benchmark -t get -P 16 -c 64`; plain TCP, then TLS;
+//! - multi_get of 1,000 keys on one connection: p99 latency against `MGET` of
+//!   1,000 keys (`redis-benchmark -c 1 MGET ...`);
+//! - follower lag while a writer applies the standard block (10,000 inserts
+//!   and 9,000 deletes) as fast as it can.
+//!
+//! Redis is started on a free loopback port and stopped after
+//! (`redis-server` and `redis-benchmark` from Debian's packages).
+
+use anyhow::{Context, Result, bail};
+use memfs_store::net::client::{Client, ClientConfig};
+use memfs_store::net::follower::{self, FollowerConfig, Progress};
+use memfs_store::net::protocol::Role;
+use memfs_store::net::server::{Server, ServerConfig, ShutdownHandle};
+use memfs_store::{Durability, Store, StoreOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Keys in the store (and in Redis).
+    #[arg(long, default_value_t = 100_000)]
+    keys: u64,
+    /// Seconds per get run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// multi_get calls for the latency figure.
+    #[arg(long, default_value_t = 1000)]
+    mget_calls: usize,
+    /// Blocks of the follower-lag run.
+    #[arg(long, default_value_t = 100)]
+    blocks: u64,
+    /// Skip the Redis baseline.
+    #[arg(long)]
+    no_redis: bool,
+}
+
+struct Served {
+    addr: String,
+    handle: ShutdownHandle,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Served {
+    fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Result<Served> {
+        let store = Store::open(dir)?;
+        let mut cfg = ServerConfig::default();
+        if let Some((c, k)) = tls {
+            cfg.tls = Some(memfs_store::net::server_tls(c, k)?);
+        }
+        let srv = Server::bind(store, "127.0.0.1:0", cfg)?;
+        let addr = srv.local_addr().to_string();
+        let handle = srv.handle();
+        let thread = Some(std::thread::spawn(move || {
+            if let Err(e) = srv.run() {
+                eprintln!("server: {e}");
+            }
+        }));
+        Ok(Served {
+            addr,
+            handle,
+            thread,
+        })
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A child process killed and reaped on drop.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+fn fill(dir: &Path, keys: u64) -> Result<()> {
+    let s = Store::create(
+        dir,
+        StoreOptions {
+            key_width: 8,
+            durability: Durability::None,
+            capacity_per_shard: (keys as usize / 16).max(1024) * 2,
+            ..Default::default()
+        },
+    )?;
+    let mut b = 1;
+    let mut i = 0;
+    while i < keys {
+        let ops: Vec<([u8; 8], [u8; 8])> = (i..keys.min(i + 10_000))
+            .map(|k| (k.to_le_bytes(), (k * 3).to_le_bytes()))
+            .collect();
+        s.set(b, &ops)?;
+        b += 1;
+        i += 10_000;
+    }
+    s.close()?;
+    Ok(())
+}
+
+/// Gets per second: 64 connections, 16 pipelined each, 8 threads.
+fn get_rate(addr: &str, tls_ca: Option<&Path>, keys: u64, secs: f64) -> Result<f64> {
+    let mut cfg = ClientConfig::new(addr, Role::Read);
+    if let Some(ca) = tls_ca {
+        cfg.tls = Some(memfs_store::net::client_tls(ca)?);
+        cfg.server_name = Some("localhost".into());
+    }
+    let total = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    for t in 0..8u64 {
+        let conns: Vec<Client> = (0..8)
+            .map(|_| Client::connect(cfg.clone()))
+            .collect::<Result<_, _>>()?;
+        let (total, stop) = (total.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || -> Result<()> {
+            let mut conns = conns;
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
+            let mut v = Vec::with_capacity(64);
+            let mut n = 0u64;
+            while !stop.load(Relaxed) {
+                for c in conns.iter_mut() {
+                    for _ in 0..16 {
+                        c.queue_get(&(xorshift(&mut rng) % keys).to_le_bytes())?;
+                    }
+                    c.flush()?;
+                }
+                for c in conns.iter_mut() {
+                    for _ in 0..16 {
+                        if !c.recv_value(&mut v)? {
+                            bail!("a key is missing");
+                        }
+                    }
+                }
+                n += 8 * 16;
+            }
+            total.fetch_add(n, Relaxed);
+            Ok(())
+        }));
+    }
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join()
+            .map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    Ok(total.load(Relaxed) as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn mget_p99(addr: &str, keys: u64, calls: usize) -> Result<(f64, f64)> {
+    let mut c = Client::connect(ClientConfig::new(addr, Role::Read))?;
+    let mut rng = 12345u64;
+    let mut lat = Vec::with_capacity(calls);
+    let mut ks: Vec<[u8; 8]> = Vec::with_capacity(1000);
+    for _ in 0..calls {
+        ks.clear();
+        ks.extend((0..1000).map(|_| (xorshift(&mut rng) % keys).to_le_bytes()));
+        let t0 = Instant::now();
+        let mut found = 0;
+        c.multi_get_with(&ks, |_, v| found += v.is_some() as usize)?;
+        lat.push(t0.elapsed().as_secs_f64() * 1e3);
+        if found != 1000 {
+            bail!("multi_get found {found} of 1000 keys");
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    Ok((lat[lat.len() / 2], lat[(lat.len() * 99).div_ceil(100) - 1]))
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Runs redis-benchmark; returns [requests/s, avg, min, p50, p95, p99, max]
+/// (latencies in ms) from its summary (custom commands such as MGET ignore
+/// `--csv`, so the summary text is parsed).
+fn redis_csv(args: &[String]) -> Result<Vec<f64>> {
+    let out = Command::new("redis-benchmark")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("redis-benchmark (apt-get install redis-tools)")?;
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let rps = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("throughput summary:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .with_context(|| format!("no throughput in redis-benchmark's output: {text}"))?;
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.contains("avg") || !l.contains("p99"));
+    lines.next();
+    let lat: Vec<f64> = lines
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if lat.len() != 6 {
+        bail!("no latency summary in redis-benchmark's output: {text}");
+    }
+    Ok(std::iter::once(rps).chain(lat).collect())
+}
+
+fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let st = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("openssl")?;
+    if !st.success() {
+        bail!("openssl could not make a certificate");
+    }
+    Ok((cert, key))
+}
+
+fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
+    let wdir = tmp.join("lag-writer");
+    let fdir = tmp.join("lag-replica");
+    Store::create(
+        &wdir,
+        StoreOptions {
+            key_width: 8,
+            durability: "async"
+                .parse::<Durability>()
+                .map_err(|e| anyhow::anyhow!(e))?,
+            ..Default::default()
+        },
+    )?
+    .close()?;
+    let srv = Served::start(&wdir, None)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(Progress::default());
+    let cfg = FollowerConfig {
+        client: ClientConfig::new(srv.addr.clone(), Role::Follow),
+        dir: fdir,
+        durability: "async"
+            .parse::<Durability>()
+            .map_err(|e| anyhow::anyhow!(e))?,
+        threads: 2,
+        max_backoff: Duration::from_millis(200),
+        on_caught_up: None,
+    };
+    let f = {
+        let (s, p) = (stop.clone(), progress.clone());
+        std::thread::spawn(move || follower::follow(cfg, &s, &p))
+    };
+    let mut w = Client::connect(ClientConfig::new(srv.addr.clone(), Role::Write))?;
+    let mut next = 0u64;
+    let mut live: std::collections::VecDeque<u64> = Default::default();
+    let (mut lag_sum, mut lag_max) = (0u64, 0u64);
+    let t0 = Instant::now();
+    for b in 1..=blocks {
+        let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
+        for _ in 0..10_000 {
+            ops.push((next.to_le_bytes(), &[1u8; 8]));
+            live.push_back(next);
+            next += 1;
+        }
+        for _ in 0..9_000.min(live.len().saturating_sub(10_000)) {
+            let k = live.pop_front().expect("non-empty");
+            ops.push((k.to_le_bytes(), &[]));
+        }
+        let seq = w.set(b, &ops)?;
+        let lag = seq.saturating_sub(progress.seq.load(Relaxed));
+        lag_sum += lag;
+        lag_max = lag_max.max(lag);
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let last = w.status()?.last_seq;
+    let t1 = Instant::now();
+    while progress.seq.load(Relaxed) < last && t1.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Relaxed);
+    f.join()
+        .map_err(|_| anyhow::anyhow!("follower panicked"))??;
+    Ok((
+        lag_sum as f64 / blocks as f64,
+        lag_max,
+        blocks as f64 / elapsed,
+    ))
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("store");
+    fill(&dir, a.keys)?;
+    println!(
+        "store-server benchmark: {} keys, 8-byte keys and values",
+        a.keys
+    );
+
+    let mut redis = None;
+    if !a.no_redis {
+        let port = free_port()?;
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("redis-server (apt-get install redis-server)")?;
+        let g = ChildGuard(child);
+        let t0 = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if t0.elapsed() > Duration::from_secs(10) {
+                bail!("redis-server did not start");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let p = port.to_string();
+        let fill_n = (a.keys * 3).to_string();
+        let r = a.keys.to_string();
+        redis_csv(&[
+            "-p".into(),
+            p.clone(),
+            "-t".into(),
+            "set".into(),
+            "-n".into(),
+            fill_n,
+            "-r".into(),
+            r,
+            "-P".into(),
+            "64".into(),
+        ])?;
+        redis = Some((g, p));
+    }
+
+    let plain = Served::start(&dir, None)?;
+    let ours = get_rate(&plain.addr, None, a.keys, a.seconds)?;
+    println!("memfs get, 64 conns x 16 pipelined:      {ours:>12.0} /s");
+    let (m50, m99) = mget_p99(&plain.addr, a.keys, a.mget_calls)?;
+    println!("memfs multi_get 1000 keys:               p50 {m50:.3} ms, p99 {m99:.3} ms");
+    drop(plain);
+    let (cert, key) = self_signed(tmp.path())?;
+    let tls = Served::start(&dir, Some((&cert, &key)))?;
+    let ours_tls = get_rate(&tls.addr, Some(&cert), a.keys, a.seconds)?;
+    drop(tls);
+    println!(
+        "memfs get over TLS:                      {:>12.0} /s ({:.2}x plain)",
+        ours_tls,
+        ours_tls / ours
+    );
+    if let Some((_g, p)) = &redis {
+        let n = ((ours * a.seconds) as u64).max(100_000).to_string();
+        let g = redis_csv(&[
+            "-p".into(),
+            p.clone(),
+            "-t".into(),
+            "get".into(),
+            "-P".into(),
+            "16".into(),
+            "-c".into(),
+            "64".into(),
+            "-n".into(),
+            n,
+            "-r".into(),
+            a.keys.to_string(),
+        ])?;
+        let mut mget: Vec<String> = vec![
+            "-p".into(),
+            p.clone(),
+            "-c".into(),
+            "1".into(),
+            "-n".into(),
+            a.mget_calls.to_string(),
+            "MGET".into(),
+        ];
+        let mut rng = 12345u64;
+        mget.extend((0..1000).map(|_| format!("key:{:012}", xorshift(&mut rng) % a.keys)));
+        let m = redis_csv(&mget)?;
+        println!(
+            "redis get (redis-benchmark -P 16 -c 64): {:>12.0} /s -> memfs {:.2}x",
+            g[0],
+            ours / g[0]
+        );
+        println!(
+            "redis MGET 1000 keys:                    p50 {:.3} ms, p99 {:.3} ms -> memfs p99 {:.2}x",
+            m[3],
+            m[5],
+            m99 / m[5]
+        );
+    }
+    let (lag_mean, lag_max, bps) = follower_lag(tmp.path(), a.blocks)?;
+    println!(
+        "follower lag, 10k inserts + 9k deletes per block at {bps:.1} blocks/s: mean {lag_mean:.2} blocks, max {lag_max} blocks"
+    );
+    Ok(())
+}

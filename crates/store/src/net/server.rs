@@ -1,0 +1,1244 @@
+//! The store server: one thread per connection (blocking I/O), a bounded
+//! number of connections, one writer at a time, and an in-memory log of the
+//! latest committed events for subscribers.
+//!
+//! Why threads and not an async runtime: every request is a short in-memory
+//! operation or a journal commit that blocks on fsync anyway; a thread per
+//! connection keeps the request path a plain loop (read frames, answer, flush
+//! once per batch of pipelined frames), TLS is rustls's blocking
+//! `StreamOwned`, and the connection limit bounds the threads. Idle
+//! connections cost a parked thread with a small stack each.
+
+use super::auth::Auth;
+use super::protocol::{self as p, ErrorCode, Frame, Limits, ProtoError, Role, Welcome, op};
+use super::{Stream, is_timeout};
+use crate::{Store, StoreError};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Server settings.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Allow plain TCP on a non-loopback address.
+    pub insecure: bool,
+    pub auth: Option<Arc<Auth>>,
+    pub max_connections: usize,
+    pub limits: Limits,
+    /// How long a connection may stay silent between frames.
+    pub idle_timeout: Duration,
+    /// How long the rest of a frame may take once its first byte arrived
+    /// (and the whole handshake, TLS included).
+    pub frame_timeout: Duration,
+    /// How long a write to a client that does not read may block.
+    pub write_timeout: Duration,
+    /// Events kept for subscribers that are behind (count and bytes).
+    pub log_events: usize,
+    pub log_bytes: usize,
+    /// A subscription with nothing to send sends a HEARTBEAT this often.
+    pub heartbeat: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            tls: None,
+            insecure: false,
+            auth: None,
+            max_connections: 1024,
+            limits: Limits::default(),
+            idle_timeout: Duration::from_secs(300),
+            frame_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(10),
+            log_events: 10_000,
+            log_bytes: 256 << 20,
+            heartbeat: Duration::from_secs(1),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "refusing plain TCP on {0}, which is not a loopback address: give --tls-cert/--tls-key, or --insecure"
+    )]
+    PlainNotLoopback(SocketAddr),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+struct Event {
+    seq: u64,
+    /// The whole encoded frame (EV_BLOCK or EV_ROLLBACK).
+    frame: Arc<Vec<u8>>,
+}
+
+struct Log {
+    events: VecDeque<Event>,
+    bytes: usize,
+    /// Sequence number of the last committed event (retained or not).
+    last_seq: u64,
+    /// Current block after `last_seq`.
+    current: u64,
+}
+
+impl Log {
+    /// The first sequence number still retained (last_seq + 1 when none).
+    fn first_seq(&self) -> u64 {
+        self.events.front().map_or(self.last_seq + 1, |e| e.seq)
+    }
+}
+
+/// Counters exported on the metrics endpoint.
+#[derive(Default)]
+pub struct Counters {
+    pub connections_total: AtomicU64,
+    pub connections_active: AtomicUsize,
+    pub connections_rejected: AtomicU64,
+    pub subscribers_active: AtomicUsize,
+    pub requests: AtomicU64,
+    pub gets: AtomicU64,
+    pub blocks: AtomicU64,
+    pub events_sent: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub bytes_out: AtomicU64,
+    errors: [AtomicU64; 21],
+}
+
+impl Counters {
+    fn error(&self, c: ErrorCode) {
+        let i = (c as usize).min(20);
+        self.errors[i].fetch_add(1, Relaxed);
+    }
+
+    pub fn errors(&self, c: ErrorCode) -> u64 {
+        self.errors[(c as usize).min(20)].load(Relaxed)
+    }
+}
+
+struct Shared {
+    store: Store,
+    cfg: ServerConfig,
+    /// Serialises writers: a block, its log event and its reply go together.
+    write: Mutex<()>,
+    log: Mutex<Log>,
+    log_cv: Condvar,
+    stopping: AtomicBool,
+    /// Clones of live sockets, to shut their reading side down on stop.
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    counters: Counters,
+    next_id: AtomicU64,
+}
+
+/// A running server (see [`Server::bind`] and [`Server::run`]).
+pub struct Server {
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+/// Stops a server from another thread (a signal handler thread, a test).
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+}
+
+impl ShutdownHandle {
+    /// Stops accepting, lets each connection finish the request it is
+    /// serving, and makes [`Server::run`] sync and close the store.
+    pub fn shutdown(&self) {
+        if self.shared.stopping.swap(true, Relaxed) {
+            return;
+        }
+        tracing::info!("store server: shutting down");
+        // Wake the accept loop.
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        self.shared.log_cv.notify_all();
+    }
+
+    pub fn metrics_text(&self) -> String {
+        metrics_text(&self.shared)
+    }
+
+    pub fn health(&self) -> String {
+        self.shared.store.metrics().health
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+}
+
+impl Server {
+    /// Takes the store and listens on `addr`.
+    pub fn bind(store: Store, addr: &str, cfg: ServerConfig) -> Result<Server, ServerError> {
+        let listener = TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let local = listener.local_addr()?;
+        if cfg.tls.is_none() && !cfg.insecure && !local.ip().is_loopback() {
+            return Err(ServerError::PlainNotLoopback(local));
+        }
+        let last_seq = store.last_commit();
+        let current = store.current_block();
+        let mut log = Log {
+            events: VecDeque::new(),
+            bytes: 0,
+            last_seq,
+            current,
+        };
+        seed_log(&store, &mut log, &cfg);
+        tracing::info!(
+            addr = %local,
+            tls = cfg.tls.is_some(),
+            block = current,
+            seq = last_seq,
+            history_from = log.first_seq(),
+            "store server listening"
+        );
+        Ok(Server {
+            shared: Arc::new(Shared {
+                store,
+                cfg,
+                write: Mutex::new(()),
+                log: Mutex::new(log),
+                log_cv: Condvar::new(),
+                stopping: AtomicBool::new(false),
+                conns: Mutex::new(HashMap::new()),
+                counters: Counters::default(),
+                next_id: AtomicU64::new(1),
+            }),
+            listener,
+            addr: local,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            shared: self.shared.clone(),
+            addr: self.addr,
+        }
+    }
+
+    /// Serves until [`ShutdownHandle::shutdown`], then waits for the
+    /// connections to finish, syncs and closes the store.
+    pub fn run(self) -> Result<(), ServerError> {
+        let mut threads: Vec<JoinHandle<()>> = Vec::new();
+        let rejecting = Arc::new(AtomicUsize::new(0));
+        for incoming in self.listener.incoming() {
+            if self.shared.stopping.load(Relaxed) {
+                break;
+            }
+            let sock = match incoming {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE and the like: give the process a moment.
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                }
+            };
+            threads.retain(|t| !t.is_finished());
+            let sh = self.shared.clone();
+            sh.counters.connections_total.fetch_add(1, Relaxed);
+            if sh.counters.connections_active.load(Relaxed) >= sh.cfg.max_connections {
+                sh.counters.connections_rejected.fetch_add(1, Relaxed);
+                sh.counters.error(ErrorCode::TooManyConnections);
+                tracing::warn!(peer = ?sock.peer_addr().ok(), limit = sh.cfg.max_connections, "connection refused: too many connections");
+                // Tell the client why, off the accept thread (a TLS handshake
+                // may be needed), but never with more than a few threads.
+                if rejecting.fetch_add(1, Relaxed) < 16 {
+                    let r = rejecting.clone();
+                    let _ = std::thread::Builder::new()
+                        .stack_size(256 << 10)
+                        .spawn(move || {
+                            reject(&sh, sock);
+                            r.fetch_sub(1, Relaxed);
+                        });
+                } else {
+                    rejecting.fetch_sub(1, Relaxed);
+                }
+                continue;
+            }
+            sh.counters.connections_active.fetch_add(1, Relaxed);
+            let id = sh.next_id.fetch_add(1, Relaxed);
+            if let Ok(c) = sock.try_clone() {
+                sh.conns.lock().insert(id, c);
+            }
+            let spawned = std::thread::Builder::new()
+                .name(format!("store-conn-{id}"))
+                .stack_size(256 << 10)
+                .spawn({
+                    let sh = sh.clone();
+                    move || {
+                        let peer = sock.peer_addr().ok();
+                        if let Err(e) = serve(&sh, sock)
+                            && !matches!(
+                                e.kind(),
+                                io::ErrorKind::UnexpectedEof
+                                    | io::ErrorKind::BrokenPipe
+                                    | io::ErrorKind::ConnectionReset
+                            )
+                        {
+                            tracing::info!(?peer, error = %e, "connection closed");
+                        }
+                        sh.conns.lock().remove(&id);
+                        sh.counters.connections_active.fetch_sub(1, Relaxed);
+                    }
+                });
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start a connection thread");
+                    sh.conns.lock().remove(&id);
+                    sh.counters.connections_active.fetch_sub(1, Relaxed);
+                }
+            }
+        }
+        // Stop reading on every connection: a thread blocked in read sees EOF,
+        // one serving a request finishes it and answers first.
+        for c in self.shared.conns.lock().values() {
+            let _ = c.shutdown(std::net::Shutdown::Read);
+        }
+        self.shared.log_cv.notify_all();
+        let deadline = Instant::now() + self.shared.cfg.write_timeout + Duration::from_secs(1);
+        for t in threads {
+            while !t.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if t.is_finished() {
+                let _ = t.join();
+            }
+        }
+        let _w = self.shared.write.lock();
+        self.shared.store.sync()?;
+        tracing::info!(
+            block = self.shared.store.current_block(),
+            "store synced; server stopped"
+        );
+        drop(_w);
+        match Arc::try_unwrap(self.shared) {
+            Ok(sh) => sh.store.close()?,
+            // A stuck connection thread still holds it: the store is synced;
+            // dropping the last reference closes it.
+            Err(_) => tracing::warn!("a connection did not finish in time"),
+        }
+        Ok(())
+    }
+}
+
+/// Fills the log from the journal since the last snapshot, so that a
+/// follower that was behind when the writer restarted can catch up.
+fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
+    let after = store.open_report().snapshot_commit.unwrap_or(0);
+    let kw = store.key_width();
+    let last_seq = log.last_seq;
+    // The block after the previous event: 0 before the first commit of a
+    // store; unknown for the first event after a snapshot (what preceded it
+    // is only in the snapshot), which is therefore not kept.
+    let mut prev_after: Option<u64> = (after == 0).then_some(0);
+    let dir = store.shared.dir.clone();
+    let res = crate::journal::recovery::replay_readonly(&dir, after, &mut |id, payload| {
+        if id > last_seq {
+            return Ok(());
+        }
+        let (after_block, frame) = match crate::codec::decode(payload)? {
+            crate::codec::Decoded::Block { block, body } => {
+                let mut f = Vec::with_capacity(body.len() + 40);
+                let at = p::begin(&mut f, op::EV_BLOCK);
+                f.extend_from_slice(&id.to_le_bytes());
+                f.extend_from_slice(&prev_after.unwrap_or(0).to_le_bytes());
+                f.extend_from_slice(&block.to_le_bytes());
+                let count_at = f.len();
+                f.extend_from_slice(&0u32.to_le_bytes());
+                let mut n = 0u32;
+                for e in crate::codec::entries(body, kw) {
+                    let e = e?;
+                    f.extend_from_slice(e.key);
+                    f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
+                    f.extend_from_slice(e.value);
+                    n += 1;
+                }
+                f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+                p::end(&mut f, at);
+                (block, f)
+            }
+            crate::codec::Decoded::Rollback {
+                target, current, ..
+            } => {
+                let mut f = Vec::new();
+                p::put_u64s(
+                    &mut f,
+                    op::EV_ROLLBACK,
+                    &[id, prev_after.unwrap_or(0), target, current],
+                );
+                (current, f)
+            }
+        };
+        if prev_after.is_some() {
+            push_event(
+                log,
+                cfg,
+                Event {
+                    seq: id,
+                    frame: Arc::new(frame),
+                },
+            );
+        }
+        prev_after = Some(after_block);
+        Ok(())
+    });
+    if let Err(e) = res {
+        tracing::warn!(error = %e, "could not read the journal for the event history; followers start from now");
+        log.events.clear();
+        log.bytes = 0;
+        return;
+    }
+    // Only a history that ends where the store is can be served.
+    if log.events.back().is_some_and(|e| e.seq != log.last_seq) {
+        log.events.clear();
+        log.bytes = 0;
+    }
+}
+
+fn push_event(log: &mut Log, cfg: &ServerConfig, ev: Event) {
+    log.bytes += ev.frame.len();
+    log.events.push_back(ev);
+    while log.events.len() > cfg.log_events.max(1)
+        || (log.bytes > cfg.log_bytes && log.events.len() > 1)
+    {
+        let old = log.events.pop_front().expect("non-empty");
+        log.bytes -= old.frame.len();
+    }
+}
+
+fn reject(sh: &Shared, sock: TcpStream) {
+    let _ = sock.set_read_timeout(Some(sh.cfg.frame_timeout));
+    let _ = sock.set_write_timeout(Some(sh.cfg.frame_timeout));
+    let mut s = match wrap(sh, sock) {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let mut out = Vec::new();
+    p::put_error(
+        &mut out,
+        ErrorCode::TooManyConnections,
+        &format!("the server allows {} connections", sh.cfg.max_connections),
+    );
+    let _ = s.write_all(&out).and_then(|_| s.flush());
+    close_gracefully(&mut s);
+}
+
+/// Ends a connection after a final error frame so that the client gets to
+/// read it: closing a socket with unread input would reset the connection
+/// and could discard the frame on the client's side. Reads (and drops) what
+/// the client still sends for a moment.
+fn close_gracefully(s: &mut Stream) {
+    let _ = s.flush();
+    let _ = s.tcp().shutdown(std::net::Shutdown::Write);
+    let _ = s.tcp().set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_millis(500) {
+        match s.tcp().read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+}
+
+fn wrap(sh: &Shared, sock: TcpStream) -> io::Result<Stream> {
+    Ok(match &sh.cfg.tls {
+        None => Stream::Plain(sock),
+        Some(cfg) => {
+            let conn = rustls::ServerConnection::new(cfg.clone()).map_err(io::Error::other)?;
+            Stream::TlsServer(Box::new(rustls::StreamOwned::new(conn, sock)))
+        }
+    })
+}
+
+struct Session {
+    role: Option<Role>,
+    kw: usize,
+    out: Vec<u8>,
+}
+
+fn store_code(e: &StoreError) -> ErrorCode {
+    match e {
+        StoreError::KeyWidth { .. } => ErrorCode::KeyWidth,
+        StoreError::BlockNotIncreasing { .. } => ErrorCode::BlockNotIncreasing,
+        StoreError::RollbackOutsideWindow { .. } => ErrorCode::RollbackOutsideWindow,
+        StoreError::ValueTooLarge { .. } => ErrorCode::ValueTooLarge,
+        StoreError::Failed(_) => ErrorCode::StoreFailed,
+        _ => ErrorCode::Internal,
+    }
+}
+
+fn send_error(sh: &Shared, out: &mut Vec<u8>, code: ErrorCode, msg: &str) {
+    sh.counters.error(code);
+    tracing::warn!(code = %code, "request refused: {msg}");
+    p::put_error(out, code, msg);
+}
+
+/// What to do after a frame.
+enum Next {
+    Continue,
+    Close,
+    Subscribe { from_seq: u64, from_block: u64 },
+}
+
+fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
+    sock.set_nodelay(true)?;
+    sock.set_write_timeout(Some(sh.cfg.write_timeout))?;
+    sock.set_read_timeout(Some(sh.cfg.frame_timeout))?;
+    let mut s = wrap(sh, sock)?;
+    let mut ss = Session {
+        role: None,
+        kw: 0,
+        out: Vec::with_capacity(64 << 10),
+    };
+    let mut inbuf = vec![0u8; 64 << 10];
+    let lim = sh.cfg.limits;
+    let (mut start, mut end) = (0usize, 0usize);
+    // When the frame now in the buffer started arriving.
+    let mut frame_started: Option<Instant> = None;
+    loop {
+        // Answer every complete frame in the buffer, then flush once.
+        loop {
+            match p::split_frame(&inbuf[start..end], lim.max_frame) {
+                Err(e) => {
+                    send_error(sh, &mut ss.out, e.code(), &e.to_string());
+                    let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+                    close_gracefully(&mut s);
+                    return Ok(());
+                }
+                Ok(None) => break,
+                Ok(Some((ty, body, n))) => {
+                    sh.counters.requests.fetch_add(1, Relaxed);
+                    let next = handle(sh, &mut ss, ty, body);
+                    start += n;
+                    frame_started = None;
+                    match next {
+                        Next::Continue => {}
+                        Next::Close => {
+                            let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+                            close_gracefully(&mut s);
+                            return Ok(());
+                        }
+                        Next::Subscribe {
+                            from_seq,
+                            from_block,
+                        } => {
+                            s.write_all(&ss.out)?;
+                            s.flush()?;
+                            ss.out.clear();
+                            return subscribe(sh, &mut s, &mut ss.out, from_seq, from_block);
+                        }
+                    }
+                }
+            }
+        }
+        if !ss.out.is_empty() {
+            sh.counters
+                .bytes_out
+                .fetch_add(ss.out.len() as u64, Relaxed);
+            s.write_all(&ss.out)?;
+            s.flush()?;
+            ss.out.clear();
+            if ss.out.capacity() > 4 << 20 {
+                ss.out.shrink_to(64 << 10);
+            }
+        }
+        if sh.stopping.load(Relaxed) {
+            return Ok(());
+        }
+        // Make room: move a partial frame to the front, grow for a big one.
+        if start == end {
+            start = 0;
+            end = 0;
+            if inbuf.len() > 1 << 20 {
+                // A big SET came and went: do not keep its buffer per connection.
+                inbuf.truncate(64 << 10);
+                inbuf.shrink_to_fit();
+            }
+        } else if start > 0 {
+            inbuf.copy_within(start..end, 0);
+            end -= start;
+            start = 0;
+        }
+        if let Ok(Some(total)) = p::frame_len(&inbuf[..end], lim.max_frame)
+            && total > inbuf.len()
+        {
+            inbuf.resize(total, 0);
+        }
+        if end == inbuf.len() {
+            let n = inbuf.len() * 2;
+            inbuf.resize(n, 0);
+        }
+        // Idle between frames; a frame (or the handshake) once begun must
+        // arrive within the frame timeout.
+        let timeout = if ss.role.is_none() {
+            sh.cfg.frame_timeout
+        } else if end == 0 {
+            sh.cfg.idle_timeout
+        } else {
+            let t0 = *frame_started.get_or_insert_with(Instant::now);
+            sh.cfg
+                .frame_timeout
+                .saturating_sub(t0.elapsed())
+                .max(Duration::from_millis(1))
+        };
+        s.tcp().set_read_timeout(Some(timeout))?;
+        match s.read(&mut inbuf[end..]) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                sh.counters.bytes_in.fetch_add(n as u64, Relaxed);
+                if end == 0 && ss.role.is_some() {
+                    frame_started = Some(Instant::now());
+                }
+                end += n;
+            }
+            Err(e) if is_timeout(&e) => {
+                let what = if ss.role.is_none() {
+                    "no complete handshake"
+                } else if end == 0 {
+                    "idle"
+                } else {
+                    "half-sent frame"
+                };
+                let msg = format!("timeout: {what} after {:?}", timeout);
+                send_error(sh, &mut ss.out, ErrorCode::Timeout, &msg);
+                let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+                close_gracefully(&mut s);
+                return Ok(());
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
+    let lim = sh.cfg.limits;
+    let store = &sh.store;
+    if ss.role.is_none() && ty != op::HELLO {
+        send_error(
+            sh,
+            &mut ss.out,
+            ErrorCode::HandshakeRequired,
+            "the first frame must be HELLO",
+        );
+        return Next::Close;
+    }
+    let frame = match p::parse(ty, body, ss.kw, &lim) {
+        Ok(f) => f,
+        Err(e) => {
+            let fatal = e.is_fatal() || ss.role.is_none();
+            send_error(sh, &mut ss.out, e.code(), &e.to_string());
+            return if fatal { Next::Close } else { Next::Continue };
+        }
+    };
+    let Some(role) = ss.role else {
+        let Frame::Hello {
+            key_width,
+            role,
+            user,
+            token,
+        } = frame
+        else {
+            send_error(
+                sh,
+                &mut ss.out,
+                ErrorCode::HandshakeRequired,
+                "the first frame must be HELLO",
+            );
+            return Next::Close;
+        };
+        let kw = store.key_width();
+        if key_width != 0 && key_width as usize != kw {
+            let e = ProtoError::KeyWidth {
+                expected: kw,
+                got: key_width as usize,
+            };
+            send_error(sh, &mut ss.out, ErrorCode::KeyWidth, &e.to_string());
+            return Next::Close;
+        }
+        if let Some(auth) = &sh.cfg.auth
+            && let Err((code, msg)) = auth.check(user, token, role)
+        {
+            tracing::warn!(user = %String::from_utf8_lossy(user), %role, "handshake refused: {msg}");
+            send_error(sh, &mut ss.out, code, &msg);
+            return Next::Close;
+        }
+        ss.role = Some(role);
+        ss.kw = kw;
+        let (last_seq, current) = {
+            let l = sh.log.lock();
+            (l.last_seq, l.current)
+        };
+        p::put_welcome(
+            &mut ss.out,
+            &Welcome {
+                version: p::VERSION,
+                key_width: kw as u16,
+                shards: store.options().shards as u32,
+                rollback_window: store.options().rollback_window,
+                current,
+                oldest: store.oldest_rollback_block(),
+                last_seq,
+                max_frame: lim.max_frame,
+                max_batch: lim.max_batch,
+            },
+        );
+        return Next::Continue;
+    };
+    let need = |r: Role| -> bool { role == r };
+    match frame {
+        Frame::Hello { .. } => {
+            send_error(sh, &mut ss.out, ErrorCode::Malformed, "HELLO sent twice");
+        }
+        Frame::Ping => p::put_empty(&mut ss.out, op::PONG),
+        Frame::Get { key } => {
+            sh.counters.gets.fetch_add(1, Relaxed);
+            let out = &mut ss.out;
+            if let Err(e) = store.get_with(key, |v| p::put_value(out, v)) {
+                send_error(sh, &mut ss.out, store_code(&e), &e.to_string());
+            }
+        }
+        Frame::MultiGet { count, keys } => {
+            sh.counters.gets.fetch_add(count as u64, Relaxed);
+            let out = &mut ss.out;
+            let at = p::begin(out, op::VALUES);
+            out.extend_from_slice(&count.to_le_bytes());
+            for k in keys.chunks_exact(ss.kw) {
+                let r = store.get_with(k, |v| {
+                    let v = v.unwrap_or(&[]);
+                    out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                    out.extend_from_slice(v);
+                });
+                if r.is_err() {
+                    // Unreachable: the parser checked every key's width.
+                    out.truncate(at);
+                    send_error(sh, out, ErrorCode::Internal, "multi_get failed");
+                    return Next::Continue;
+                }
+            }
+            p::end(out, at);
+        }
+        Frame::Status => {
+            let (last_seq, current) = {
+                let l = sh.log.lock();
+                (l.last_seq, l.current)
+            };
+            p::put_u64s(
+                &mut ss.out,
+                op::STATUS_REPLY,
+                &[current, store.oldest_rollback_block(), last_seq],
+            );
+        }
+        Frame::Set { block, entries, .. } if need(Role::Write) => {
+            let ops: Vec<(&[u8], &[u8])> = p::entries(entries, ss.kw).collect();
+            // The SET body (block, count, entries) is the event's body as is.
+            let set_body = body;
+            let _w = sh.write.lock();
+            let prev = store.current_block();
+            match store.set(block, &ops) {
+                Ok(()) => {
+                    let seq = store.last_commit();
+                    let mut f = Vec::with_capacity(set_body.len() + 21);
+                    p::put_ev_block(&mut f, seq, prev, set_body);
+                    publish(sh, seq, block, f);
+                    sh.counters.blocks.fetch_add(1, Relaxed);
+                    p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
+                }
+                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+            }
+        }
+        Frame::Pop { block, key } if need(Role::Write) => {
+            let _w = sh.write.lock();
+            let prev = store.current_block();
+            match store.pop(block, key) {
+                Ok(old) => {
+                    let seq = store.last_commit();
+                    let mut b = Vec::new();
+                    b.extend_from_slice(&block.to_le_bytes());
+                    b.extend_from_slice(&1u32.to_le_bytes());
+                    b.extend_from_slice(key);
+                    b.extend_from_slice(&0u16.to_le_bytes());
+                    let mut f = Vec::new();
+                    p::put_ev_block(&mut f, seq, prev, &b);
+                    publish(sh, seq, block, f);
+                    sh.counters.blocks.fetch_add(1, Relaxed);
+                    p::put_popped(&mut ss.out, block, seq, old.as_deref());
+                }
+                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+            }
+        }
+        Frame::Rollback { target } if need(Role::Write) => {
+            let _w = sh.write.lock();
+            let prev = store.current_block();
+            let seq_before = store.last_commit();
+            match store.rollback(target) {
+                Ok(()) => {
+                    let now = store.current_block();
+                    let seq = store.last_commit();
+                    if seq != seq_before {
+                        let mut f = Vec::new();
+                        p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
+                        publish(sh, seq, now, f);
+                    }
+                    p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
+                }
+                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+            }
+        }
+        Frame::Subscribe {
+            from_seq,
+            from_block,
+        } if need(Role::Follow) => {
+            return Next::Subscribe {
+                from_seq,
+                from_block,
+            };
+        }
+        Frame::Set { .. }
+        | Frame::Pop { .. }
+        | Frame::Rollback { .. }
+        | Frame::Subscribe { .. } => {
+            let msg = format!("a {role} session may not send {}", p::name_of(ty));
+            send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
+        }
+        _ => {
+            let msg = format!("{} is not a request", p::name_of(ty));
+            send_error(sh, &mut ss.out, ErrorCode::UnknownType, &msg);
+        }
+    }
+    Next::Continue
+}
+
+fn publish(sh: &Shared, seq: u64, after: u64, frame: Vec<u8>) {
+    let mut l = sh.log.lock();
+    l.last_seq = seq;
+    l.current = after;
+    push_event(
+        &mut l,
+        &sh.cfg,
+        Event {
+            seq,
+            frame: Arc::new(frame),
+        },
+    );
+    drop(l);
+    sh.log_cv.notify_all();
+}
+
+/// Streams events after `from_seq` until the client goes away or the server
+/// stops. The client's claimed position is checked against the history.
+fn subscribe(
+    sh: &Shared,
+    s: &mut Stream,
+    out: &mut Vec<u8>,
+    from_seq: u64,
+    from_block: u64,
+) -> io::Result<()> {
+    let check = {
+        let l = sh.log.lock();
+        if from_seq > l.last_seq {
+            Err((
+                ErrorCode::HistoryDiverged,
+                format!(
+                    "the follower is at event {from_seq} (block {from_block}) but the writer's history ends at event {} (block {}): the follower does not follow this writer's history (a writer that lost blocks in a crash?)",
+                    l.last_seq, l.current
+                ),
+            ))
+        } else if from_seq == l.last_seq {
+            if from_block == l.current {
+                Ok(())
+            } else {
+                Err((
+                    ErrorCode::HistoryDiverged,
+                    format!(
+                        "the follower is at event {from_seq} with block {from_block}, the writer at the same event has block {}",
+                        l.current
+                    ),
+                ))
+            }
+        } else if from_seq + 1 < l.first_seq() {
+            Err((
+                ErrorCode::HistoryUnavailable,
+                format!(
+                    "the follower needs events from {} on, but the writer keeps events {}..={} only; seed the follower with a copy of the writer's data directory",
+                    from_seq + 1,
+                    l.first_seq(),
+                    l.last_seq
+                ),
+            ))
+        } else {
+            let next = &l.events[(from_seq + 1 - l.first_seq()) as usize];
+            let prev = p::split_frame(&next.frame, u32::MAX)
+                .ok()
+                .flatten()
+                .and_then(|(_, b, _)| b.get(8..16))
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+            if prev == Some(from_block) {
+                Ok(())
+            } else {
+                Err((
+                    ErrorCode::HistoryDiverged,
+                    format!(
+                        "the follower is at event {from_seq} with block {from_block}, the writer's event {} follows block {}",
+                        from_seq + 1,
+                        prev.unwrap_or(0)
+                    ),
+                ))
+            }
+        }
+    };
+    if let Err((code, msg)) = check {
+        send_error(sh, out, code, &msg);
+        s.write_all(out)?;
+        return s.flush();
+    }
+    sh.counters.subscribers_active.fetch_add(1, Relaxed);
+    struct Dec<'a>(&'a AtomicUsize);
+    impl Drop for Dec<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Relaxed);
+        }
+    }
+    let _dec = Dec(&sh.counters.subscribers_active);
+    tracing::info!(from_seq, from_block, "subscription started");
+    let mut sent = from_seq;
+    let mut batch: Vec<Arc<Vec<u8>>> = Vec::new();
+    loop {
+        {
+            let mut l = sh.log.lock();
+            loop {
+                if sh.stopping.load(Relaxed) {
+                    return Ok(());
+                }
+                if l.last_seq > sent {
+                    break;
+                }
+                if sh.log_cv.wait_for(&mut l, sh.cfg.heartbeat).timed_out() {
+                    out.clear();
+                    p::put_u64s(out, op::HEARTBEAT, &[l.last_seq, l.current]);
+                    break;
+                }
+            }
+            if l.last_seq > sent {
+                if sent + 1 < l.first_seq() {
+                    let msg = format!(
+                        "this subscriber fell behind: it needs event {} but the writer keeps {}..={} only",
+                        sent + 1,
+                        l.first_seq(),
+                        l.last_seq
+                    );
+                    drop(l);
+                    out.clear();
+                    send_error(sh, out, ErrorCode::HistoryUnavailable, &msg);
+                    s.write_all(out)?;
+                    return s.flush();
+                }
+                let first = (sent + 1 - l.first_seq()) as usize;
+                batch.extend(
+                    l.events
+                        .iter()
+                        .skip(first)
+                        .take(64)
+                        .map(|e| e.frame.clone()),
+                );
+                sent = l
+                    .events
+                    .get(first + batch.len() - 1)
+                    .map_or(sent, |e| e.seq);
+            }
+        }
+        // A client that stops reading blocks this write until the write
+        // timeout, then the subscription ends.
+        if !out.is_empty() {
+            s.write_all(out)?;
+            out.clear();
+        }
+        for f in batch.drain(..) {
+            sh.counters.bytes_out.fetch_add(f.len() as u64, Relaxed);
+            sh.counters.events_sent.fetch_add(1, Relaxed);
+            s.write_all(&f)?;
+        }
+        s.flush()?;
+    }
+}
+
+fn metrics_text(sh: &Shared) -> String {
+    use std::fmt::Write as _;
+    let m = sh.store.metrics();
+    let c = &sh.counters;
+    let mut t = String::new();
+    let mut g = |name: &str, kind: &str, help: &str, v: f64| {
+        let _ = writeln!(
+            t,
+            "# HELP memfs_store_{name} {help}\n# TYPE memfs_store_{name} {kind}\nmemfs_store_{name} {v}"
+        );
+    };
+    g("block", "gauge", "Current block.", m.block as f64);
+    g(
+        "oldest_rollback_block",
+        "gauge",
+        "Oldest block a rollback can reach.",
+        sh.store.oldest_rollback_block() as f64,
+    );
+    g(
+        "blocks_total",
+        "counter",
+        "Blocks applied since start.",
+        m.blocks as f64,
+    );
+    g(
+        "ops_total",
+        "counter",
+        "Operations applied since start.",
+        m.ops as f64,
+    );
+    g(
+        "rollbacks_total",
+        "counter",
+        "Rollbacks since start.",
+        m.rollbacks as f64,
+    );
+    g(
+        "block_latency_p50_seconds",
+        "gauge",
+        "Block latency, median.",
+        m.latency_p50_us as f64 / 1e6,
+    );
+    g(
+        "block_latency_p99_seconds",
+        "gauge",
+        "Block latency, 99th percentile.",
+        m.latency_p99_us as f64 / 1e6,
+    );
+    g(
+        "pending_blocks",
+        "gauge",
+        "Blocks committed but not yet durable.",
+        m.pending_blocks as f64,
+    );
+    g(
+        "durable_commit",
+        "gauge",
+        "Last durable journal commit.",
+        m.durable_commit as f64,
+    );
+    g("fsyncs_total", "counter", "fsync calls.", m.fsyncs as f64);
+    g(
+        "journal_bytes",
+        "gauge",
+        "Journal bytes on disk.",
+        m.journal_bytes as f64,
+    );
+    g(
+        "snapshots_total",
+        "counter",
+        "Snapshots written.",
+        m.snapshots_written as f64,
+    );
+    g("entries", "gauge", "Live keys.", m.entries as f64);
+    g(
+        "table_bytes",
+        "gauge",
+        "Memory of the tables.",
+        m.table_bytes as f64,
+    );
+    g(
+        "window_blocks",
+        "gauge",
+        "Blocks in the rollback window.",
+        m.window_blocks as f64,
+    );
+    g(
+        "healthy",
+        "gauge",
+        "1 when the store accepts writes.",
+        if m.health == "ok" { 1.0 } else { 0.0 },
+    );
+    g(
+        "connections_active",
+        "gauge",
+        "Open connections.",
+        c.connections_active.load(Relaxed) as f64,
+    );
+    g(
+        "connections_total",
+        "counter",
+        "Connections accepted.",
+        c.connections_total.load(Relaxed) as f64,
+    );
+    g(
+        "connections_rejected_total",
+        "counter",
+        "Connections refused at the limit.",
+        c.connections_rejected.load(Relaxed) as f64,
+    );
+    g(
+        "subscribers_active",
+        "gauge",
+        "Open subscriptions.",
+        c.subscribers_active.load(Relaxed) as f64,
+    );
+    g(
+        "requests_total",
+        "counter",
+        "Frames received.",
+        c.requests.load(Relaxed) as f64,
+    );
+    g(
+        "gets_total",
+        "counter",
+        "Keys read.",
+        c.gets.load(Relaxed) as f64,
+    );
+    g(
+        "events_sent_total",
+        "counter",
+        "Events sent to subscribers.",
+        c.events_sent.load(Relaxed) as f64,
+    );
+    g(
+        "bytes_in_total",
+        "counter",
+        "Bytes received.",
+        c.bytes_in.load(Relaxed) as f64,
+    );
+    g(
+        "bytes_out_total",
+        "counter",
+        "Bytes sent.",
+        c.bytes_out.load(Relaxed) as f64,
+    );
+    {
+        let l = sh.log.lock();
+        g(
+            "event_seq",
+            "gauge",
+            "Sequence number of the last event.",
+            l.last_seq as f64,
+        );
+        g(
+            "event_history_first",
+            "gauge",
+            "First event kept for subscribers.",
+            l.first_seq() as f64,
+        );
+    }
+    let _ = writeln!(
+        t,
+        "# HELP memfs_store_errors_total Error frames sent, by code.\n# TYPE memfs_store_errors_total counter"
+    );
+    for code in ErrorCode::ALL {
+        let _ = writeln!(
+            t,
+            "memfs_store_errors_total{{code=\"{}\"}} {}",
+            code.name(),
+            c.errors(code)
+        );
+    }
+    t
+}
+
+/// Serves `GET /metrics` (Prometheus text) and `GET /health` on `addr`
+/// until the server stops. Returns the bound address.
+pub fn serve_metrics(
+    handle: ShutdownHandle,
+    addr: &str,
+) -> Result<(SocketAddr, JoinHandle<()>), ServerError> {
+    let l = TcpListener::bind(addr).map_err(|source| ServerError::Bind {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let local = l.local_addr()?;
+    l.set_nonblocking(true)?;
+    let t = std::thread::Builder::new()
+        .name("store-metrics".into())
+        .spawn(move || {
+            while !handle.shared.stopping.load(Relaxed) {
+                match l.accept() {
+                    Ok((s, _)) => {
+                        let _ = http_reply(&handle, s);
+                    }
+                    // The listener is non-blocking so that the loop sees a stop.
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        })?;
+    Ok((local, t))
+}
+
+fn http_reply(h: &ShutdownHandle, mut s: TcpStream) -> io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut buf = [0u8; 2048];
+    let mut n = 0;
+    while n < buf.len() {
+        let k = s.read(&mut buf[n..])?;
+        if k == 0 {
+            break;
+        }
+        n += k;
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
+            || buf[..n].windows(2).any(|w| w == b"\n\n")
+        {
+            break;
+        }
+    }
+    let req = String::from_utf8_lossy(&buf[..n]);
+    let path = req.split_whitespace().nth(1).unwrap_or("");
+    let (status, body) = match path {
+        "/metrics" => ("200 OK", metrics_text(&h.shared)),
+        "/health" | "/healthz" => {
+            let health = h.health();
+            if health == "ok" {
+                ("200 OK", "ok\n".to_string())
+            } else {
+                ("503 Service Unavailable", format!("{health}\n"))
+            }
+        }
+        _ => ("404 Not Found", "try /metrics or /health\n".to_string()),
+    };
+    write!(
+        s,
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    s.flush()
+}

@@ -1,0 +1,310 @@
+//! Follower equality with real processes (the release `memfs` binary): a
+//! writer server and a follower; random blocks and rollbacks; the follower
+//! and then the writer are SIGKILLed and restarted midway. At the end both
+//! stores hold the same keys and values at the same block.
+//!
+//! Needs `cargo build --release --bin memfs` (scripts/test builds it first);
+//! `MEMFS_BIN` overrides the path.
+
+mod net;
+
+use memfs_store::Store;
+use memfs_store::net::client::{Client, ClientConfig};
+use memfs_store::net::protocol::Role;
+use net::key;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+fn memfs_bin() -> PathBuf {
+    let p = std::env::var_os("MEMFS_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/memfs")
+        });
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --release --bin memfs` first (or set MEMFS_BIN)",
+        p.display()
+    );
+    p
+}
+
+/// A child process killed and reaped on drop; its stdout lines on a channel.
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+}
+
+impl Proc {
+    fn spawn(args: &[&str]) -> Proc {
+        let mut child = Command::new(memfs_bin())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, lines }
+    }
+
+    /// Waits (up to 60 s) for a stdout line satisfying `f`.
+    fn wait_line(&self, what: &str, mut f: impl FnMut(&str) -> bool) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) if f(&l) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no line {what}: {e}"),
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn writer(dir: &Path, port: u16) -> Proc {
+    let p = Proc::spawn(&[
+        "store",
+        "serve",
+        "--dir",
+        dir.to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    p.wait_line("serving", |l| l.starts_with("serving"));
+    p
+}
+
+fn follower(addr: &str, dir: &Path) -> Proc {
+    Proc::spawn(&["store", "follow", addr, "--dir", dir.to_str().unwrap()])
+}
+
+fn work(addr: &str, rng: &mut StdRng, steps: usize) -> u64 {
+    let mut w = Client::connect(ClientConfig::new(addr, Role::Write)).unwrap();
+    for _ in 0..steps {
+        let st = w.status().unwrap();
+        if rng.random_range(0..5) == 0 && st.current > st.oldest {
+            w.rollback(rng.random_range(st.oldest..st.current)).unwrap();
+        } else {
+            let ops: Vec<([u8; 8], Vec<u8>)> = (0..rng.random_range(1..40))
+                .map(|_| {
+                    (
+                        key(rng.random_range(0..200)),
+                        vec![rng.random::<u8>(); rng.random_range(0..20)],
+                    )
+                })
+                .collect();
+            w.set(st.current + rng.random_range(1..3), &ops).unwrap();
+        }
+    }
+    w.status().unwrap().last_seq
+}
+
+fn contents(dir: &Path) -> (u64, u64, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let s = Store::open(dir).unwrap();
+    let mut m = BTreeMap::new();
+    s.for_each(|k, v| {
+        m.insert(k.to_vec(), v.to_vec());
+    });
+    let r = (s.current_block(), s.last_commit(), m);
+    s.close().unwrap();
+    r
+}
+
+#[test]
+fn follower_equality_with_sigkill_of_follower_and_writer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("writer");
+    let fdir = tmp.path().join("replica");
+    let st = Command::new(memfs_bin())
+        .args([
+            "store",
+            "create",
+            "--dir",
+            wdir.to_str().unwrap(),
+            "--key-width",
+            "8",
+            "--rollback-window",
+            "10",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut rng = StdRng::seed_from_u64(42);
+    let mut w = writer(&wdir, port);
+    let mut f = follower(&addr, &fdir);
+    work(&addr, &mut rng, 40);
+    f.kill();
+    work(&addr, &mut rng, 40);
+    let f = follower(&addr, &fdir);
+    work(&addr, &mut rng, 20);
+    w.kill();
+    // The follower keeps retrying while the writer is down.
+    let w = writer(&wdir, port);
+    let last = work(&addr, &mut rng, 40);
+    f.wait_line("caught up", |l| {
+        l.starts_with(&format!("caught up at event {last} "))
+    });
+    let mut f = f;
+    assert!(f.terminate().success());
+    let mut w = w;
+    assert!(w.terminate().success());
+    let (wb, wc, wm) = contents(&wdir);
+    let (fb, fc, fm) = contents(&fdir);
+    assert_eq!((wb, wc), (fb, fc));
+    assert_eq!(wc, last);
+    assert!(!wm.is_empty());
+    assert!(wm == fm, "the replica's keys differ from the writer's");
+}
+
+#[test]
+fn cli_remote_forms_and_wrong_credentials() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("w");
+    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
+    assert!(
+        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let auth = tmp.path().join("auth");
+    std::fs::write(&auth, "w:secret:write\nr:rs:read\n").unwrap();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Proc::spawn(&[
+        "store",
+        "serve",
+        "--dir",
+        wdir.to_str().unwrap(),
+        "--listen",
+        &addr,
+        "--auth",
+        auth.to_str().unwrap(),
+    ]);
+    w.wait_line("serving", |l| l.starts_with("serving"));
+    let o = run(&[
+        "store",
+        "set",
+        "--remote",
+        &addr,
+        "--user",
+        "w",
+        "--token",
+        "secret",
+        "0102030405060708=aabb",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "block 1: 1 operations applied\n"
+    );
+    let o = run(&[
+        "store",
+        "get",
+        "--remote",
+        &addr,
+        "--user",
+        "r",
+        "--token",
+        "rs",
+        "0102030405060708",
+        "0000000000000000",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "0102030405060708\taabb\n0000000000000000\t(absent)\n"
+    );
+    // Wrong token, and a reader that tries to write: clear errors, non-zero exit.
+    let o = run(&[
+        "store",
+        "get",
+        "--remote",
+        &addr,
+        "--user",
+        "r",
+        "--token",
+        "bad",
+        "0102030405060708",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("authentication failed"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run(&[
+        "store", "rollback", "--remote", &addr, "--user", "r", "--token", "rs", "--to", "0",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("does not allow"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = run(&[
+        "store", "rollback", "--remote", &addr, "--user", "w", "--token", "secret", "--to", "0",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "rolled back from block 1 to block 0\n"
+    );
+    let mut w = w;
+    assert!(w.terminate().success());
+    // The local form reads the same store.
+    let o = run(&[
+        "store",
+        "get",
+        "--dir",
+        wdir.to_str().unwrap(),
+        "0102030405060708",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "0102030405060708\t(absent)\n"
+    );
+}

@@ -1,0 +1,282 @@
+//! Followers in process: equality with the writer across random blocks and
+//! rollbacks and a follower restart; refusal of streams that skip an event
+//! or do not continue the replica's history.
+
+mod net;
+
+use memfs_store::net::follower::{self, FollowError, FollowerConfig, Progress};
+use memfs_store::net::protocol::{self as p, ErrorCode, Role, Welcome};
+use memfs_store::net::server::ServerConfig;
+use memfs_store::{Durability, Store};
+use net::{TestServer, create_store, key, poll_until};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+struct Follower {
+    stop: Arc<AtomicBool>,
+    progress: Arc<Progress>,
+    thread: Option<JoinHandle<Result<(), FollowError>>>,
+}
+
+impl Follower {
+    fn start(srv_cfg: memfs_store::net::client::ClientConfig, dir: &Path) -> Follower {
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let cfg = FollowerConfig {
+            client: srv_cfg,
+            dir: dir.to_path_buf(),
+            durability: Durability::None,
+            threads: 1,
+            max_backoff: Duration::from_millis(200),
+            on_caught_up: None,
+        };
+        let (s, pr) = (stop.clone(), progress.clone());
+        let thread = Some(std::thread::spawn(move || follower::follow(cfg, &s, &pr)));
+        Follower {
+            stop,
+            progress,
+            thread,
+        }
+    }
+
+    fn finish(mut self) -> Result<(), FollowError> {
+        self.stop.store(true, Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn contents(dir: &Path) -> (u64, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let s = Store::open(dir).unwrap();
+    let mut m = BTreeMap::new();
+    s.for_each(|k, v| {
+        m.insert(k.to_vec(), v.to_vec());
+    });
+    let b = s.current_block();
+    s.close().unwrap();
+    (b, m)
+}
+
+fn random_work(w: &mut memfs_store::net::client::Client, rng: &mut StdRng, steps: usize) {
+    for _ in 0..steps {
+        let st = w.status().unwrap();
+        if rng.random_range(0..6) == 0 && st.current > st.oldest {
+            w.rollback(rng.random_range(st.oldest..st.current)).unwrap();
+        } else {
+            let ops: Vec<([u8; 8], Vec<u8>)> = (0..rng.random_range(1..20))
+                .map(|_| {
+                    (
+                        key(rng.random_range(0..50)),
+                        vec![rng.random::<u8>(); rng.random_range(0..30)],
+                    )
+                })
+                .collect();
+            w.set(st.current + rng.random_range(1..3), &ops).unwrap();
+        }
+    }
+}
+
+#[test]
+fn follower_equals_writer_across_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("writer");
+    let fdir = tmp.path().join("replica");
+    create_store(&wdir, 6);
+    let srv = TestServer::start(&wdir, ServerConfig::default(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    random_work(&mut w, &mut rng, 30);
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 30);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    poll_until("the follower catches up", || pr.seq.load(Relaxed) == last);
+    f.finish().unwrap();
+    // Stopped, then more work, then a fresh follower process resumes.
+    random_work(&mut w, &mut rng, 40);
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 20);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    poll_until("the follower catches up again", || {
+        pr.seq.load(Relaxed) == last
+    });
+    f.finish().unwrap();
+    // The writer moves on and restarts while the follower is away: the
+    // events it missed come from the restarted writer's journal.
+    random_work(&mut w, &mut rng, 25);
+    drop(w);
+    srv.stop();
+    let srv = TestServer::start(&wdir, ServerConfig::default(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 5);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    poll_until("the follower catches up after the writer restarted", || {
+        pr.seq.load(Relaxed) == last
+    });
+    f.finish().unwrap();
+    drop(w);
+    srv.stop();
+    assert_eq!(contents(&wdir), contents(&fdir));
+}
+
+#[test]
+fn follower_ahead_of_writer_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("writer");
+    let fdir = tmp.path().join("replica");
+    create_store(&wdir, 6);
+    let srv = TestServer::start(&wdir, ServerConfig::default(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    for b in 1..=5 {
+        w.set(b, &[(key(b), b"v")]).unwrap();
+    }
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    let pr = f.progress.clone();
+    poll_until("the follower catches up", || pr.seq.load(Relaxed) == 5);
+    f.finish().unwrap();
+    drop(w);
+    srv.stop();
+    // A different writer history: 3 blocks only, other values.
+    let w2 = tmp.path().join("writer2");
+    create_store(&w2, 6);
+    let srv = TestServer::start(&w2, ServerConfig::default(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    for b in 1..=3 {
+        w.set(b, &[(key(b), b"other")]).unwrap();
+    }
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    let e = f.finish_when_done();
+    let FollowError::Client(c) = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(c.code(), Some(ErrorCode::HistoryDiverged), "{e}");
+    assert!(
+        e.to_string().contains("ahead") || e.to_string().contains("history"),
+        "{e}"
+    );
+    // The replica is untouched.
+    let (b, m) = contents(&fdir);
+    assert_eq!((b, m.len()), (5, 5));
+}
+
+impl Follower {
+    /// Waits for the follower to stop by itself (with an error).
+    fn finish_when_done(mut self) -> FollowError {
+        let t = self.thread.take().unwrap();
+        poll_until("the follower stops", || t.is_finished());
+        t.join().unwrap().expect_err("the follower should refuse")
+    }
+}
+
+/// A fake writer that sends the given frames after the subscription.
+fn fake_writer(frames: Vec<Vec<u8>>) -> (String, JoinHandle<()>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut buf = [0u8; 256];
+        let _ = s.read(&mut buf); // HELLO
+        let mut out = Vec::new();
+        p::put_welcome(
+            &mut out,
+            &Welcome {
+                version: p::VERSION,
+                key_width: 8,
+                shards: 4,
+                rollback_window: 6,
+                current: 9,
+                oldest: 0,
+                last_seq: 9,
+                max_frame: p::DEFAULT_MAX_FRAME,
+                max_batch: p::DEFAULT_MAX_BATCH,
+            },
+        );
+        s.write_all(&out).unwrap();
+        let _ = s.read(&mut buf); // SUBSCRIBE
+        for f in frames {
+            if s.write_all(&f).is_err() {
+                return;
+            }
+        }
+        // Hold the connection until the follower hangs up.
+        let _ = s.read(&mut buf);
+    });
+    (addr, t)
+}
+
+fn ev_block(seq: u64, prev: u64, block: u64) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(&block.to_le_bytes());
+    body.extend_from_slice(&1u32.to_le_bytes());
+    body.extend_from_slice(&key(block));
+    body.extend_from_slice(&1u16.to_le_bytes());
+    body.push(1);
+    let mut f = Vec::new();
+    p::put_ev_block(&mut f, seq, prev, &body);
+    f
+}
+
+fn follow_fake(frames: Vec<Vec<u8>>, dir: PathBuf) -> FollowError {
+    let (addr, t) = fake_writer(frames);
+    let cfg = memfs_store::net::client::ClientConfig::new(addr, Role::Follow);
+    let f = Follower::start(cfg, &dir);
+    let e = f.finish_when_done();
+    t.join().unwrap();
+    e
+}
+
+#[test]
+fn stream_that_skips_an_event_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let e = follow_fake(vec![ev_block(1, 0, 1), ev_block(3, 1, 2)], dir.clone());
+    assert!(
+        matches!(
+            e,
+            FollowError::Skipped {
+                expected: 2,
+                got: 3
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("skips"), "{e}");
+    // Block 1 was applied, nothing after.
+    assert_eq!(contents(&dir).0, 1);
+}
+
+#[test]
+fn stream_that_does_not_continue_the_history_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let e = follow_fake(vec![ev_block(1, 0, 4), ev_block(2, 3, 5)], dir.clone());
+    assert!(matches!(e, FollowError::Diverged(_)), "{e}");
+    assert!(e.to_string().contains("replica is at block 4"), "{e}");
+    assert_eq!(contents(&dir).0, 4);
+    // A block id that does not increase is refused too.
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("r");
+    let e = follow_fake(vec![ev_block(1, 0, 4), ev_block(2, 4, 4)], dir.clone());
+    assert!(matches!(e, FollowError::Diverged(_)), "{e}");
+    assert!(e.to_string().contains("strictly increase"), "{e}");
+    assert_eq!(contents(&dir).0, 4);
+}
