@@ -197,27 +197,36 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
+/// Runs redis-benchmark; returns [requests/s, avg, min, p50, p95, p99, max]
+/// (latencies in ms) from its summary (custom commands such as MGET ignore
+/// `--csv`, so the summary text is parsed).
 fn redis_csv(args: &[String]) -> Result<Vec<f64>> {
     let out = Command::new("redis-benchmark")
         .args(args)
-        .arg("--csv")
         .stdin(Stdio::null())
         .output()
         .context("redis-benchmark (apt-get install redis-tools)")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-    let line = text
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "\n");
+    let rps = text
         .lines()
-        .find(|l| !l.starts_with("\"test\"") && l.contains(','))
-        .with_context(|| format!("no result from redis-benchmark: {text}"))?;
-    line.split(',')
-        .skip(1)
-        .map(|f| {
-            f.trim_matches('"')
-                .parse::<f64>()
-                .context("redis-benchmark output")
-        })
-        .collect()
+        .find_map(|l| l.trim().strip_prefix("throughput summary:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .with_context(|| format!("no throughput in redis-benchmark's output: {text}"))?;
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.contains("avg") || !l.contains("p99"));
+    lines.next();
+    let lat: Vec<f64> = lines
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    if lat.len() != 6 {
+        bail!("no latency summary in redis-benchmark's output: {text}");
+    }
+    Ok(std::iter::once(rps).chain(lat).collect())
 }
 
 fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
