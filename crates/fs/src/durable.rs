@@ -206,6 +206,9 @@ pub struct OpenReport {
     pub last_commit: u64,
     /// A rollback interrupted by a crash and finished now.
     pub finished_rollback: Option<u64>,
+    /// The manifest's checkpoint could not be loaded: why, and what was
+    /// used instead (an older checkpoint, or the journal from commit 1).
+    pub fell_back: Option<String>,
 }
 
 impl std::fmt::Display for OpenReport {
@@ -247,6 +250,9 @@ impl std::fmt::Display for OpenReport {
         }
         if let Some(c) = self.finished_rollback {
             write!(f, "; finished an interrupted rollback to commit {c}")?;
+        }
+        if let Some(why) = &self.fell_back {
+            write!(f, "; WARNING: {why}")?;
         }
         Ok(())
     }
@@ -493,6 +499,99 @@ fn load_checkpoint(dir: &Path, c: &SnapshotRef, fs: &Fs) -> Result<ImageInfo> {
     Ok(info)
 }
 
+/// Loads the newest checkpoint that passes validation: the manifest's, or,
+/// if that one is damaged, the newest older one in HISTORY from which the
+/// journal still continues, or none if the journal starts at commit 1.
+/// Returns the tree, the checkpoint used, its info, and the damaged one
+/// with the reason.
+#[allow(clippy::type_complexity)]
+fn load_base(
+    dir: &Path,
+    config: Config,
+    named: Option<SnapshotRef>,
+) -> Result<(
+    Fs,
+    Option<SnapshotRef>,
+    Option<ImageInfo>,
+    Option<(SnapshotRef, String)>,
+)> {
+    let Some(named) = named else {
+        return Ok((Fs::new(config), None, None, None));
+    };
+    let fs = Fs::new(config);
+    let err = match load_checkpoint(dir, &named, &fs) {
+        Ok(info) => return Ok((fs, Some(named), Some(info), None)),
+        Err(e) => e,
+    };
+    let journal_from = recovery::list_segments(dir)?.first().map(|s| s.0);
+    let reachable = |c: u64| journal_from.is_some_and(|f| f <= c + 1);
+    let older: Vec<CheckpointEntry> = History::load(dir)
+        .map(|h| h.checkpoints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.commit < named.commit && reachable(c.commit))
+        .rev()
+        .collect();
+    for c in older {
+        let r = SnapshotRef {
+            commit: c.commit,
+            required_end: c.required_end,
+        };
+        let fs = Fs::new(config);
+        match load_checkpoint(dir, &r, &fs) {
+            Ok(info) => return Ok((fs, Some(r), Some(info), Some((named, err.to_string())))),
+            Err(e) => tracing::error!("older checkpoint is damaged too: {e}"),
+        }
+    }
+    if reachable(0) {
+        return Ok((Fs::new(config), None, None, Some((named, err.to_string()))));
+    }
+    Err(err)
+}
+
+/// After recovering around a damaged checkpoint: write a good one, then set
+/// the damaged file aside (`.damaged`, for inspection) so that nothing
+/// points to it. Failures only delay this to the next open.
+fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
+    let dir = shared.path.as_path();
+    let r = (|| -> Result<()> {
+        {
+            let _g = shared.admin.lock();
+            let mut h = History::load(dir)?;
+            h.checkpoints.retain(|c| c.commit != bad.commit);
+            h.save(dir)?;
+        }
+        if checkpoint(fs, shared)?.is_none() {
+            return Err(Error::Invalid("no checkpoint was written".into()));
+        }
+        let name = snapshot_file_name(bad.commit);
+        std::fs::rename(dir.join(&name), dir.join(format!("{name}.damaged")))
+            .map_err(|e| Error::Invalid(format!("cannot set {name} aside: {e}")))?;
+        Ok(())
+    })();
+    match r {
+        Ok(()) => tracing::warn!(
+            "replaced damaged checkpoint {} (kept as .damaged)",
+            snapshot_file_name(bad.commit)
+        ),
+        Err(e) => tracing::error!("could not replace the damaged checkpoint yet: {e}"),
+    }
+}
+
+/// Reads a just-written checkpoint back through the loader's checks.
+fn validate_checkpoint(path: &Path, want: &ImageInfo) -> Result<()> {
+    let mut r = SnapshotReader::open(path)
+        .map_err(|e| image_err(path, format!("cannot be read back: {e}")))?;
+    let got = image::validate_image(&mut r).map_err(|e| image_err(path, e))?;
+    if got != *want {
+        return Err(image_err(
+            path,
+            format!("read back as {got:?}, written as {want:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Rebuilds the state at `upto` (or the newest) from `base` and the journal,
 /// without opening the journal for writing. For `log`-like readers, fsck and
 /// rollback previews.
@@ -547,11 +646,18 @@ impl DurableFs {
         };
         report.finished_rollback = finish_rollback(path)?;
         let manifest = Manifest::load(path)?;
-        let fs = Fs::new(config);
         let t0 = Instant::now();
-        let base = manifest.as_ref().and_then(|m| m.snapshot);
-        if let Some(b) = &base {
-            report.checkpoint = Some(load_checkpoint(path, b, &fs)?);
+        let named = manifest.as_ref().and_then(|m| m.snapshot);
+        let (fs, base, info, damaged) = load_base(path, config, named)?;
+        report.checkpoint = info;
+        if let Some((bad, why)) = &damaged {
+            let msg = format!(
+                "checkpoint {} is damaged ({why}); recovered from {} and the journal instead",
+                snapshot_file_name(bad.commit),
+                base.map_or("commit 0".to_string(), |b| snapshot_file_name(b.commit))
+            );
+            tracing::error!("{msg}");
+            report.fell_back = Some(msg);
         }
         report.load_time = t0.elapsed();
         let jopts = JournalOptions {
@@ -564,16 +670,18 @@ impl DurableFs {
             fs.apply(&m);
             Ok(())
         })?;
-        if let Some(b) = &base
-            && jrep.last_commit < b.required_end
-        {
-            return Err(Error::Invalid(format!(
-                "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
-                path.display(),
-                jrep.last_commit,
-                b.commit,
-                b.required_end
-            )));
+        // A damaged checkpoint was published, so the journal was durable
+        // through its required end: the fallback must reach that far too.
+        for b in base.iter().chain(damaged.iter().map(|(b, _)| b)) {
+            if jrep.last_commit < b.required_end {
+                return Err(Error::Invalid(format!(
+                    "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
+                    path.display(),
+                    jrep.last_commit,
+                    b.commit,
+                    b.required_end
+                )));
+            }
         }
         fs.finish_rebuild(jrep.last_commit);
         report.last_commit = jrep.last_commit;
@@ -599,6 +707,9 @@ impl DurableFs {
             // The root's attributes (times, owner) exist from the start but
             // no commit records them: an empty checkpoint at commit 0 does.
             checkpoint(&fs, &shared)?;
+        }
+        if let Some((bad, _)) = damaged {
+            replace_damaged(&fs, &shared, bad);
         }
         let checkpointer = {
             let fs = fs.clone();
@@ -800,6 +911,13 @@ fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
     }
     shared.journal.wait_durable(info.required_end)?;
     let path = w.finish()?;
+    // Read back before it replaces anything: an image this build cannot load
+    // must never become the one a restart depends on.
+    if let Err(e) = validate_checkpoint(&path, &info) {
+        tracing::error!("new checkpoint failed validation, keeping the previous one: {e}");
+        let _ = memfs_journal::dir::remove_file(dir, &snapshot_file_name(commit));
+        return Err(e);
+    }
     let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
     history.checkpoints.push(CheckpointEntry {
         commit,
@@ -909,9 +1027,16 @@ fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> {
     }
     // With no checkpoint at or before the horizon, nothing can go: the
     // journal from commit 1 is what rebuilds it.
-    let Some(base) = h.base_for(horizon) else {
+    let Some(mut base) = h.base_for(horizon) else {
         return Ok((0, 0));
     };
+    // The checkpoint before the newest always stays, with the journal since
+    // it: if the newest is ever found damaged, a restart falls back to it.
+    if let Some(prev) = h.checkpoints.iter().rev().nth(1)
+        && prev.commit < base.commit
+    {
+        base = *prev;
+    }
     let doomed: Vec<CheckpointEntry> = h
         .checkpoints
         .iter()
