@@ -376,6 +376,9 @@ impl History {
 thread_local! {
     /// The last commit this thread recorded and has not waited for yet.
     static PENDING: Cell<u64> = const { Cell::new(0) };
+    /// Journal space this thread reserved for the operation it is running
+    /// (with the journal it belongs to), not yet used by a commit.
+    static RESERVED: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
 struct Shared {
@@ -402,17 +405,59 @@ struct JournalRecorder {
 impl JournalRecorder {
     fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
         if !self.shared.failed.swap(true, Ordering::AcqRel) {
-            tracing::error!("journal {what} failed, every further change fails with EIO: {e}");
+            tracing::error!(
+                "journal {what} failed; the file system is now read-only (EROFS for every change, reads still served): {e}"
+            );
         }
         Errno::EIO
+    }
+
+    /// Gives back what this thread reserved and no commit used.
+    fn release_reserved(&self) {
+        let key = Arc::as_ptr(&self.shared) as usize;
+        let (k, n) = RESERVED.with(|r| r.replace((0, 0)));
+        if n > 0 && k == key {
+            self.shared.journal.release(n);
+        }
     }
 }
 
 impl Recorder for JournalRecorder {
+    fn admit(&self, bytes: u64) -> std::result::Result<(), Errno> {
+        if self.shared.closed.load(Ordering::Acquire) || self.shared.failed.load(Ordering::Acquire)
+        {
+            return Err(Errno(libc::EROFS));
+        }
+        // A reservation left by an earlier operation of this thread that
+        // failed before committing.
+        self.release_reserved();
+        match self.shared.journal.reserve(bytes) {
+            Ok(n) => {
+                RESERVED.with(|r| r.set((Arc::as_ptr(&self.shared) as usize, n)));
+                Ok(())
+            }
+            Err(memfs_journal::Error::NoSpace { source, .. }) => {
+                tracing::debug!("journal reservation refused: {source}");
+                Err(Errno::ENOSPC)
+            }
+            Err(e) => Err(self.fail("space reservation", e)),
+        }
+    }
+
     fn record(&self, m: &Mutation<'_>) -> std::result::Result<u64, Errno> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Errno(libc::EROFS));
         }
+        let key = Arc::as_ptr(&self.shared) as usize;
+        let reserved = RESERVED.with(|r| {
+            let (k, n) = r.get();
+            if k == key {
+                r.set((0, 0));
+                n
+            } else {
+                0
+            }
+        });
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -420,8 +465,8 @@ impl Recorder for JournalRecorder {
             let mut buf = b.borrow_mut();
             buf.clear();
             match crate::codec::encode(m, &mut buf) {
-                Some(data) => self.shared.journal.append_vectored(&[&buf, data]),
-                None => self.shared.journal.append_vectored(&[&buf]),
+                Some(data) => self.shared.journal.append_reserved(&[&buf, data], reserved),
+                None => self.shared.journal.append_reserved(&[&buf], reserved),
             }
         });
         let id = r.map_err(|e| self.fail("append", e))?;
@@ -430,6 +475,7 @@ impl Recorder for JournalRecorder {
     }
 
     fn settle(&self) -> std::result::Result<(), Errno> {
+        self.release_reserved();
         let id = PENDING.with(|p| p.replace(0));
         if id == 0 {
             return Ok(());
@@ -748,6 +794,20 @@ impl DurableFs {
 
     pub fn durable_commit(&self) -> u64 {
         self.shared.journal.durable_commit()
+    }
+
+    /// Why the file system turned read-only (the journal failed), if it did.
+    pub fn read_only_reason(&self) -> Option<String> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.shared
+                .journal
+                .stats()
+                .failed
+                .unwrap_or_else(|| "a journal operation failed".into()),
+        )
     }
 
     pub fn journal_stats(&self) -> memfs_journal::JournalStats {
