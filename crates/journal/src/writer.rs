@@ -271,6 +271,14 @@ impl Journal {
         Ok(id)
     }
 
+    /// [`Journal::commit_vectored`] for a commit that reserved `reserved`
+    /// bytes with [`Journal::reserve`].
+    pub fn commit_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<CommitId> {
+        let id = self.append_reserved(parts, reserved)?;
+        self.complete(id)?;
+        Ok(id)
+    }
+
     /// The first half of a commit: takes the next id and queues the frame,
     /// without any I/O (it may only wait for queue space in async modes).
     /// For callers that append while holding their own locks and do the
