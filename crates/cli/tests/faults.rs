@@ -25,7 +25,6 @@ impl Server {
             .arg("--data-dir")
             .arg(data)
             .stdin(Stdio::null())
-            .stderr(Stdio::piped())
             .spawn()
             .expect("start memfs");
         let mut s = Server {
@@ -36,10 +35,7 @@ impl Server {
             if let Some(c) = s.child.as_mut()
                 && let Some(status) = c.try_wait().unwrap()
             {
-                let mut err = String::new();
-                use std::io::Read;
-                let _ = c.stderr.take().unwrap().read_to_string(&mut err);
-                panic!("memfs exited before mounting ({status}): {err}");
+                panic!("memfs exited before mounting ({status})");
             }
             is_mount_point(mp)
         });
@@ -47,8 +43,11 @@ impl Server {
     }
 
     /// Waits for the server to exit by itself and checks it exited cleanly.
+    /// Its mount is gone: the mount point may already hold the next one,
+    /// which the guard must leave alone.
     fn wait(mut self) {
         let status = self.child.take().unwrap().wait().unwrap();
+        self.mp = PathBuf::new();
         assert!(status.success(), "memfs server exited with {status}");
     }
 }
@@ -59,7 +58,7 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if is_mount_point(&self.mp) {
+        if !self.mp.as_os_str().is_empty() && is_mount_point(&self.mp) {
             let _ = nix::mount::umount2(&self.mp, nix::mount::MntFlags::MNT_DETACH);
         }
     }
@@ -76,6 +75,8 @@ fn mount_right_after_plain_umount_takes_the_data_directory_over() {
         if let Some(p) = previous.take() {
             p.wait();
         }
+        // The exiting server must not have taken the new mount down with it.
+        assert!(is_mount_point(&mpp), "round {round}: the new mount is gone");
         // Everything written before survived the takeover.
         for r in 0..round {
             let got = std::fs::read(mpp.join(format!("f{r}"))).unwrap();

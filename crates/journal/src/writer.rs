@@ -458,9 +458,27 @@ impl Journal {
                         s.1 = s.1.max(target);
                     }
                 }
-                // The spare being renamed or the segment rotated meanwhile:
-                // look again.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound && !is_new => {}
+                // The spare was renamed or the segment rotated meanwhile:
+                // look again (a file that vanished otherwise is an error).
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && !is_new
+                        && g.append_file != path
+                        && g.next_spare.as_ref().is_none_or(|s| s.0 != path) => {}
+                // The current segment is not created yet (an unreserved
+                // frame rotated without a spare): write it out, look again.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && !is_new
+                        && g.append_file == path
+                        && !g.segments.iter().any(|s| s.1 == path) =>
+                {
+                    if g.flushing {
+                        inner.durable_cv.wait(&mut g);
+                    } else {
+                        flush(inner, &mut g, false)?;
+                    }
+                }
                 Err(e) => {
                     if is_new {
                         let _ = inner.storage.remove_file(&path);
