@@ -445,7 +445,7 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     let (fs, durable, report) = match &settings.durable {
         None => (Arc::new(Fs::new(settings.config)), None, None),
         Some((dir, opts)) => {
-            let (d, report) = memfs_durable::DurableFs::open(dir, settings.config, opts.clone())
+            let (d, report) = open_taking_over(dir, settings.config, opts)
                 .with_context(|| format!("cannot open data directory {}", dir.display()))?;
             let d = Arc::new(d);
             (d.fs().clone(), Some(d), Some(report.to_string()))
@@ -577,6 +577,64 @@ fn mount_source(mp: &Path) -> Option<String> {
         // Optional fields end at "-"; then type, source.
         let dash = f.iter().position(|x| *x == "-")?;
         f.get(dash + 2).map(|s| unescape_mount_path(s))
+    })
+}
+
+/// How long a new mount waits for the exiting server of its data directory.
+const TAKEOVER_WAIT: Duration = Duration::from_secs(30);
+
+/// Opens `dir`; if another process holds it but no mount serves it any more
+/// (a server unmounted with plain umount(8), still writing its final
+/// checkpoint), waits for that server to let go, for at most
+/// [`TAKEOVER_WAIT`]. A directory that is still mounted is refused at once.
+fn open_taking_over(
+    dir: &Path,
+    config: memfs_fs::Config,
+    opts: &memfs_durable::Options,
+) -> anyhow::Result<(memfs_durable::DurableFs, memfs_durable::OpenReport)> {
+    use memfs_durable::{DurableFs, Error, journal};
+    let deadline = std::time::Instant::now() + TAKEOVER_WAIT;
+    loop {
+        let err = match DurableFs::open(dir, config, opts.clone()) {
+            Ok(r) => return Ok(r),
+            Err(e @ Error::Journal(journal::Error::Locked { .. })) => e,
+            Err(e) => return Err(e.into()),
+        };
+        if served_by_a_mount(dir) {
+            return Err(anyhow::Error::new(err)
+                .context(format!("{} is mounted by another memfs", dir.display())));
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(anyhow::Error::new(err).context(format!(
+                "no memfs mount serves it, but its holder did not let go within {}s",
+                TAKEOVER_WAIT.as_secs()
+            )));
+        }
+        tracing::info!(
+            "{} is held by a server that is no longer mounted; waiting for it to exit",
+            dir.display()
+        );
+        // Polling a lock another process holds: there is nothing to wait on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether some mount's source is `dir` (a durable memfs names its data
+/// directory there).
+fn served_by_a_mount(dir: &Path) -> bool {
+    let Ok(canon) = dir.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(dash) = f.iter().position(|x| *x == "-") else {
+            return false;
+        };
+        f.get(dash + 2)
+            .is_some_and(|s| Path::new(&unescape_mount_path(s)) == canon)
     })
 }
 

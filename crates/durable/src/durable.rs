@@ -204,6 +204,9 @@ pub struct OpenReport {
     pub last_commit: u64,
     /// A rollback interrupted by a crash and finished now.
     pub finished_rollback: Option<u64>,
+    /// The manifest's checkpoint could not be loaded: why, and what was
+    /// used instead (an older checkpoint, or the journal from commit 1).
+    pub fell_back: Option<String>,
 }
 
 impl std::fmt::Display for OpenReport {
@@ -245,6 +248,9 @@ impl std::fmt::Display for OpenReport {
         }
         if let Some(c) = self.finished_rollback {
             write!(f, "; finished an interrupted rollback to commit {c}")?;
+        }
+        if let Some(why) = &self.fell_back {
+            write!(f, "; WARNING: {why}")?;
         }
         Ok(())
     }
@@ -368,6 +374,9 @@ impl History {
 thread_local! {
     /// The last commit this thread recorded and has not waited for yet.
     static PENDING: Cell<u64> = const { Cell::new(0) };
+    /// Journal space this thread reserved for the operation it is running
+    /// (with the journal it belongs to), not yet used by a commit.
+    static RESERVED: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
 }
 
 struct Shared {
@@ -394,17 +403,59 @@ struct JournalRecorder {
 impl JournalRecorder {
     fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
         if !self.shared.failed.swap(true, Ordering::AcqRel) {
-            tracing::error!("journal {what} failed, every further change fails with EIO: {e}");
+            tracing::error!(
+                "journal {what} failed; the file system is now read-only (EROFS for every change, reads still served): {e}"
+            );
         }
         Errno::EIO
+    }
+
+    /// Gives back what this thread reserved and no commit used.
+    fn release_reserved(&self) {
+        let key = Arc::as_ptr(&self.shared) as usize;
+        let (k, n) = RESERVED.with(|r| r.replace((0, 0)));
+        if n > 0 && k == key {
+            self.shared.journal.release(n);
+        }
     }
 }
 
 impl Recorder for JournalRecorder {
+    fn admit(&self, bytes: u64) -> std::result::Result<(), Errno> {
+        if self.shared.closed.load(Ordering::Acquire) || self.shared.failed.load(Ordering::Acquire)
+        {
+            return Err(Errno(libc::EROFS));
+        }
+        // A reservation left by an earlier operation of this thread that
+        // failed before committing.
+        self.release_reserved();
+        match self.shared.journal.reserve(bytes) {
+            Ok(n) => {
+                RESERVED.with(|r| r.set((Arc::as_ptr(&self.shared) as usize, n)));
+                Ok(())
+            }
+            Err(memfs_journal::Error::NoSpace { source, .. }) => {
+                tracing::debug!("journal reservation refused: {source}");
+                Err(Errno::ENOSPC)
+            }
+            Err(e) => Err(self.fail("space reservation", e)),
+        }
+    }
+
     fn record(&self, m: &Mutation<'_>) -> std::result::Result<u64, Errno> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Errno(libc::EROFS));
         }
+        let key = Arc::as_ptr(&self.shared) as usize;
+        let reserved = RESERVED.with(|r| {
+            let (k, n) = r.get();
+            if k == key {
+                r.set((0, 0));
+                n
+            } else {
+                0
+            }
+        });
         thread_local! {
             static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
@@ -412,8 +463,8 @@ impl Recorder for JournalRecorder {
             let mut buf = b.borrow_mut();
             buf.clear();
             match crate::codec::encode(m, &mut buf) {
-                Some(data) => self.shared.journal.append_vectored(&[&buf, data]),
-                None => self.shared.journal.append_vectored(&[&buf]),
+                Some(data) => self.shared.journal.append_reserved(&[&buf, data], reserved),
+                None => self.shared.journal.append_reserved(&[&buf], reserved),
             }
         });
         let id = r.map_err(|e| self.fail("append", e))?;
@@ -422,6 +473,7 @@ impl Recorder for JournalRecorder {
     }
 
     fn settle(&self) -> std::result::Result<(), Errno> {
+        self.release_reserved();
         let id = PENDING.with(|p| p.replace(0));
         if id == 0 {
             return Ok(());
@@ -491,6 +543,99 @@ fn load_checkpoint(dir: &Path, c: &SnapshotRef, fs: &Fs) -> Result<ImageInfo> {
     Ok(info)
 }
 
+/// Loads the newest checkpoint that passes validation: the manifest's, or,
+/// if that one is damaged, the newest older one in HISTORY from which the
+/// journal still continues, or none if the journal starts at commit 1.
+/// Returns the tree, the checkpoint used, its info, and the damaged one
+/// with the reason.
+#[allow(clippy::type_complexity)]
+fn load_base(
+    dir: &Path,
+    config: Config,
+    named: Option<SnapshotRef>,
+) -> Result<(
+    Fs,
+    Option<SnapshotRef>,
+    Option<ImageInfo>,
+    Option<(SnapshotRef, String)>,
+)> {
+    let Some(named) = named else {
+        return Ok((Fs::new(config), None, None, None));
+    };
+    let fs = Fs::new(config);
+    let err = match load_checkpoint(dir, &named, &fs) {
+        Ok(info) => return Ok((fs, Some(named), Some(info), None)),
+        Err(e) => e,
+    };
+    let journal_from = recovery::list_segments(dir)?.first().map(|s| s.0);
+    let reachable = |c: u64| journal_from.is_some_and(|f| f <= c + 1);
+    let older: Vec<CheckpointEntry> = History::load(dir)
+        .map(|h| h.checkpoints)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.commit < named.commit && reachable(c.commit))
+        .rev()
+        .collect();
+    for c in older {
+        let r = SnapshotRef {
+            commit: c.commit,
+            required_end: c.required_end,
+        };
+        let fs = Fs::new(config);
+        match load_checkpoint(dir, &r, &fs) {
+            Ok(info) => return Ok((fs, Some(r), Some(info), Some((named, err.to_string())))),
+            Err(e) => tracing::error!("older checkpoint is damaged too: {e}"),
+        }
+    }
+    if reachable(0) {
+        return Ok((Fs::new(config), None, None, Some((named, err.to_string()))));
+    }
+    Err(err)
+}
+
+/// After recovering around a damaged checkpoint: write a good one, then set
+/// the damaged file aside (`.damaged`, for inspection) so that nothing
+/// points to it. Failures only delay this to the next open.
+fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
+    let dir = shared.path.as_path();
+    let r = (|| -> Result<()> {
+        {
+            let _g = shared.admin.lock();
+            let mut h = History::load(dir)?;
+            h.checkpoints.retain(|c| c.commit != bad.commit);
+            h.save(dir)?;
+        }
+        if checkpoint(fs, shared)?.is_none() {
+            return Err(Error::Invalid("no checkpoint was written".into()));
+        }
+        let name = snapshot_file_name(bad.commit);
+        std::fs::rename(dir.join(&name), dir.join(format!("{name}.damaged")))
+            .map_err(|e| Error::Invalid(format!("cannot set {name} aside: {e}")))?;
+        Ok(())
+    })();
+    match r {
+        Ok(()) => tracing::warn!(
+            "replaced damaged checkpoint {} (kept as .damaged)",
+            snapshot_file_name(bad.commit)
+        ),
+        Err(e) => tracing::error!("could not replace the damaged checkpoint yet: {e}"),
+    }
+}
+
+/// Reads a just-written checkpoint back through the loader's checks.
+fn validate_checkpoint(path: &Path, want: &ImageInfo) -> Result<()> {
+    let mut r = SnapshotReader::open(path)
+        .map_err(|e| image_err(path, format!("cannot be read back: {e}")))?;
+    let got = image::validate_image(&mut r).map_err(|e| image_err(path, e))?;
+    if got != *want {
+        return Err(image_err(
+            path,
+            format!("read back as {got:?}, written as {want:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Rebuilds the state at `upto` (or the newest) from `base` and the journal,
 /// without opening the journal for writing. For `log`-like readers, fsck and
 /// rollback previews.
@@ -545,11 +690,18 @@ impl DurableFs {
         };
         report.finished_rollback = finish_rollback(path)?;
         let manifest = Manifest::load(path)?;
-        let fs = Fs::new(config);
         let t0 = Instant::now();
-        let base = manifest.as_ref().and_then(|m| m.snapshot);
-        if let Some(b) = &base {
-            report.checkpoint = Some(load_checkpoint(path, b, &fs)?);
+        let named = manifest.as_ref().and_then(|m| m.snapshot);
+        let (fs, base, info, damaged) = load_base(path, config, named)?;
+        report.checkpoint = info;
+        if let Some((bad, why)) = &damaged {
+            let msg = format!(
+                "checkpoint {} is damaged ({why}); recovered from {} and the journal instead",
+                snapshot_file_name(bad.commit),
+                base.map_or("commit 0".to_string(), |b| snapshot_file_name(b.commit))
+            );
+            tracing::error!("{msg}");
+            report.fell_back = Some(msg);
         }
         report.load_time = t0.elapsed();
         let jopts = JournalOptions {
@@ -562,16 +714,18 @@ impl DurableFs {
             fs.apply(&m);
             Ok(())
         })?;
-        if let Some(b) = &base
-            && jrep.last_commit < b.required_end
-        {
-            return Err(Error::Invalid(format!(
-                "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
-                path.display(),
-                jrep.last_commit,
-                b.commit,
-                b.required_end
-            )));
+        // A damaged checkpoint was published, so the journal was durable
+        // through its required end: the fallback must reach that far too.
+        for b in base.iter().chain(damaged.iter().map(|(b, _)| b)) {
+            if jrep.last_commit < b.required_end {
+                return Err(Error::Invalid(format!(
+                    "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
+                    path.display(),
+                    jrep.last_commit,
+                    b.commit,
+                    b.required_end
+                )));
+            }
         }
         fs.finish_rebuild(jrep.last_commit);
         report.last_commit = jrep.last_commit;
@@ -597,6 +751,9 @@ impl DurableFs {
             // The root's attributes (times, owner) exist from the start but
             // no commit records them: an empty checkpoint at commit 0 does.
             checkpoint(&fs, &shared)?;
+        }
+        if let Some((bad, _)) = damaged {
+            replace_damaged(&fs, &shared, bad);
         }
         let checkpointer = {
             let fs = fs.clone();
@@ -635,6 +792,20 @@ impl DurableFs {
 
     pub fn durable_commit(&self) -> u64 {
         self.shared.journal.durable_commit()
+    }
+
+    /// Why the file system turned read-only (the journal failed), if it did.
+    pub fn read_only_reason(&self) -> Option<String> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.shared
+                .journal
+                .stats()
+                .failed
+                .unwrap_or_else(|| "a journal operation failed".into()),
+        )
     }
 
     pub fn journal_stats(&self) -> memfs_journal::JournalStats {
@@ -798,6 +969,13 @@ fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
     }
     shared.journal.wait_durable(info.required_end)?;
     let path = w.finish()?;
+    // Read back before it replaces anything: an image this build cannot load
+    // must never become the one a restart depends on.
+    if let Err(e) = validate_checkpoint(&path, &info) {
+        tracing::error!("new checkpoint failed validation, keeping the previous one: {e}");
+        let _ = memfs_journal::dir::remove_file(dir, &snapshot_file_name(commit));
+        return Err(e);
+    }
     let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
     history.checkpoints.push(CheckpointEntry {
         commit,
@@ -907,9 +1085,16 @@ fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> {
     }
     // With no checkpoint at or before the horizon, nothing can go: the
     // journal from commit 1 is what rebuilds it.
-    let Some(base) = h.base_for(horizon) else {
+    let Some(mut base) = h.base_for(horizon) else {
         return Ok((0, 0));
     };
+    // The checkpoint before the newest always stays, with the journal since
+    // it: if the newest is ever found damaged, a restart falls back to it.
+    if let Some(prev) = h.checkpoints.iter().rev().nth(1)
+        && prev.commit < base.commit
+    {
+        base = *prev;
+    }
     let doomed: Vec<CheckpointEntry> = h
         .checkpoints
         .iter()

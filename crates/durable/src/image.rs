@@ -186,6 +186,16 @@ fn read_var(r: &mut dyn Read, buf: &mut Vec<u8>, wide: bool) -> Result<(), Strin
 /// Reads an image into `fs` (a fresh file system). Errors say what is wrong;
 /// the caller adds the file and offset.
 pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String> {
+    read_image_into(Some(fs), r)
+}
+
+/// Parses and checks a whole image without building a tree: what a new
+/// checkpoint must pass before it replaces the previous one.
+pub(crate) fn validate_image(r: &mut dyn Read) -> Result<ImageInfo, String> {
+    read_image_into(None, r)
+}
+
+fn read_image_into(fs: Option<&Fs>, r: &mut dyn Read) -> Result<ImageInfo, String> {
     let mut buf = Vec::new();
     read_n(r, &mut buf, 24)?;
     if &buf[..8] != IMAGE_MAGIC {
@@ -196,7 +206,9 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
         ..Default::default()
     };
     let next_ino = u64::from_le_bytes(buf[16..24].try_into().expect("8"));
-    fs.raise_next_ino(next_ino);
+    if let Some(fs) = fs {
+        fs.raise_next_ino(next_ino);
+    }
     let mut pages = 0u64;
     let mut nodes = 0u64;
     loop {
@@ -218,13 +230,15 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
                 let attr = c.attr()?;
                 let parent = c.u64()?;
                 let target = c.bytes16()?;
-                fs.install_node(&attr, parent.max(1), target);
                 let nx = c.u16()?;
                 let mut xs = Vec::with_capacity(nx as usize);
                 for _ in 0..nx {
                     xs.push((c.bytes16()?, c.bytes32()?));
                 }
-                fs.apply_xattrs(attr.ino, xs.into_iter());
+                if let Some(fs) = fs {
+                    fs.install_node(&attr, parent.max(1), target);
+                    fs.apply_xattrs(attr.ino, xs.into_iter());
+                }
                 nodes += 1;
             }
             R_ENTRIES => {
@@ -253,16 +267,21 @@ pub(crate) fn read_image(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String>
                     let kind = kind_from(c.u8()?)?;
                     entries.push((name, ino, kind));
                 }
-                fs.apply_entries(dir, entries.into_iter());
+                if let Some(fs) = fs {
+                    fs.apply_entries(dir, entries.into_iter());
+                }
             }
             R_PAGES => {
                 read_n(r, &mut buf, 16 + PAGE_SIZE)?;
                 let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
                 let idx = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
-                if idx >= memfs_fs::MAX_FILE_SIZE / PAGE_SIZE as u64 {
+                // The last valid byte is MAX_FILE_SIZE - 1; its page must load.
+                if idx > (memfs_fs::MAX_FILE_SIZE - 1) / PAGE_SIZE as u64 {
                     return Err(format!("page index {idx} beyond the largest file"));
                 }
-                fs.apply_pages(ino, idx, &buf[16..]);
+                if let Some(fs) = fs {
+                    fs.apply_pages(ino, idx, &buf[16..]);
+                }
                 pages += 1;
             }
             R_END => {

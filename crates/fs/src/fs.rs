@@ -32,6 +32,9 @@ use crate::xattr::{self, Xattrs};
 use crate::{Errno, Result};
 
 const PAGE: u64 = PAGE_SIZE as u64;
+/// The largest journal record of an operation, not counting its names'
+/// and data's bytes: four attribute blocks, two names, framing.
+const META_RECORD: u64 = 1024;
 
 /// One directory entry as `readdir` returns it.
 #[derive(Debug, Clone, Copy)]
@@ -168,6 +171,16 @@ impl Fs {
                 self.commit.fetch_max(id, Ordering::AcqRel);
                 Ok(())
             }
+        }
+    }
+
+    /// Before an operation changes anything: lets the recorder make sure its
+    /// commit (at most `bytes`) can be stored, so that a full disk fails the
+    /// operation (ENOSPC) instead of leaving memory ahead of the journal.
+    fn admit(&self, bytes: u64) -> Result<()> {
+        match &self.recorder {
+            Some(r) => r.admit(bytes),
+            None => Ok(()),
         }
     }
 
@@ -349,6 +362,7 @@ impl Fs {
     }
 
     pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.admit(META_RECORD)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let now = Timespec::now();
@@ -471,6 +485,7 @@ impl Fs {
         symlink: Option<&[u8]>,
         take_ref: bool,
     ) -> Result<Attr> {
+        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64))?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
@@ -614,6 +629,7 @@ impl Fs {
 
     /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        self.admit(META_RECORD)?;
         check_new_name(newname)?;
         let inode = self.get(ino)?;
         if inode.kind == FileType::Directory {
@@ -657,6 +673,7 @@ impl Fs {
     }
 
     fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        self.admit(META_RECORD)?;
         check_name(name)?;
         if want_dir && name == b"." {
             return Err(Errno::EINVAL);
@@ -732,6 +749,7 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        self.admit(META_RECORD)?;
         check_name(name)?;
         check_name(newname)?;
         if is_dot(name) || is_dot(newname) {
@@ -1056,6 +1074,7 @@ impl Fs {
     /// Writes `data` at `off` (at the end of file with `append`); returns the
     /// count written, which is all of it or an error.
     pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
+        self.admit(META_RECORD + data.len() as u64)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let (meta, file) = st.file_mut(Errno::EINVAL)?;
@@ -1112,6 +1131,7 @@ impl Fs {
     }
 
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        self.admit(META_RECORD)?;
         if len == 0 {
             return Err(Errno::EINVAL);
         }
@@ -1322,6 +1342,7 @@ impl Fs {
     // ---- extended attributes -----------------------------------------------------------
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        self.admit(META_RECORD + (name.len() + value.len()) as u64)?;
         xattr::check_name(name)?;
         let inode = self.get(ino)?;
         if name.starts_with(b"user.")
@@ -1374,6 +1395,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        self.admit(META_RECORD + name.len() as u64)?;
         xattr::check_name(name)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();

@@ -120,6 +120,13 @@ pub trait Recorder: Send + Sync {
     /// `EIO`.
     fn record(&self, mutation: &Mutation<'_>) -> Result<u64, crate::Errno>;
 
+    /// Called before an operation changes anything, with a bound on its
+    /// record's size: an error (ENOSPC) fails the operation untouched.
+    fn admit(&self, bytes: u64) -> Result<(), crate::Errno> {
+        let _ = bytes;
+        Ok(())
+    }
+
     /// Called by the operation's caller once its locks are dropped: waits
     /// until what this thread recorded is as durable as the mode promises.
     fn settle(&self) -> Result<(), crate::Errno> {

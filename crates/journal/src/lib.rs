@@ -71,6 +71,14 @@ pub enum Error {
     Invalid(String),
     #[error("the journal failed earlier and refuses further commits: {0}")]
     Failed(String),
+    /// Space for the commit could not be reserved: nothing was written and
+    /// the journal keeps working (a later reservation may succeed).
+    #[error("no space left in {path} to journal this commit: {source}")]
+    NoSpace {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("replay callback rejected commit {commit}: {reason}")]
     Apply { commit: CommitId, reason: String },
 }

@@ -100,6 +100,11 @@ struct Sim {
     inodes: BTreeMap<u64, Inode>,
     dirs: BTreeMap<PathBuf, Dir>,
     locks: BTreeSet<PathBuf>,
+    /// One-shot faults: the next operation of that kind fails with that
+    /// errno and changes nothing; the disk goes on working.
+    fail_write: Option<i32>,
+    fail_sync: Option<i32>,
+    fail_alloc: Option<i32>,
 }
 
 fn eio() -> io::Error {
@@ -208,6 +213,14 @@ impl Sim {
     /// caller applies the change to the volatile state, then fails).
     fn begin(&mut self, kind: Kind) -> io::Result<bool> {
         self.check()?;
+        let fault = match kind {
+            Kind::Write => self.fail_write.take(),
+            Kind::Sync => self.fail_sync.take(),
+            Kind::Meta => None,
+        };
+        if let Some(errno) = fault {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         self.ops += 1;
         match kind {
             Kind::Write => self.writes += 1,
@@ -464,6 +477,23 @@ impl SimStorage {
         self.gate.state.lock().1
     }
 
+    /// Makes the next file write fail with `errno` (e.g. `ENOSPC`, `EIO`),
+    /// changing nothing; later operations work.
+    pub fn fail_next_write(&self, errno: i32) {
+        self.st.lock().fail_write = Some(errno);
+    }
+
+    /// Makes the next file or directory sync fail with `errno`.
+    pub fn fail_next_sync(&self, errno: i32) {
+        self.st.lock().fail_sync = Some(errno);
+    }
+
+    /// Makes the next space preallocation (`StorageFile::allocate`) fail
+    /// with `errno`: a full disk, as the journal's reservations see it.
+    pub fn fail_next_alloc(&self, errno: i32) {
+        self.st.lock().fail_alloc = Some(errno);
+    }
+
     /// Crashes now: every further operation fails with `EIO`.
     pub fn crash_now(&self) {
         self.st.lock().crashed = true;
@@ -615,6 +645,15 @@ impl StorageFile for SimFile {
         let s = self.st.lock();
         s.check()?;
         Ok(s.inodes[&self.ino].current.len() as u64)
+    }
+
+    fn allocate(&mut self, _len: u64) -> io::Result<()> {
+        let mut s = self.st.lock();
+        s.check()?;
+        match s.fail_alloc.take() {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
     }
 }
 

@@ -50,6 +50,13 @@ pub trait StorageFile: Read + Write + Seek + Send + Sync + Debug {
     fn is_empty(&self) -> io::Result<bool> {
         Ok(self.len()? == 0)
     }
+    /// Allocates disk space for bytes `0..len` without changing the length
+    /// (`fallocate(FALLOC_FL_KEEP_SIZE)`): later writes there cannot fail
+    /// for lack of space. The default (no preallocation) does nothing.
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        let _ = len;
+        Ok(())
+    }
 }
 
 /// A held data-directory lock; released when dropped.
@@ -134,6 +141,20 @@ impl StorageFile for RealFile {
     fn len(&self) -> io::Result<u64> {
         self.0.metadata().map(|m| m.len())
     }
+    fn allocate(&mut self, len: u64) -> io::Result<()> {
+        use nix::fcntl::{FallocateFlags, fallocate};
+        let len = i64::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc_efbig()))?;
+        match fallocate(&self.0, FallocateFlags::FALLOC_FL_KEEP_SIZE, 0, len) {
+            Ok(()) => Ok(()),
+            // A file system without fallocate: no guarantee, but no failure.
+            Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+            Err(e) => Err(io::Error::from(e)),
+        }
+    }
+}
+
+fn libc_efbig() -> i32 {
+    nix::errno::Errno::EFBIG as i32
 }
 
 #[derive(Debug)]

@@ -64,10 +64,15 @@ const NONE_FLUSH_BYTES: usize = 4 << 20;
 const MAX_QUEUED_BYTES: usize = 16 << 20;
 
 struct Chunk {
-    /// Start a new segment (whose first commit is this) before writing `buf`.
-    new_segment: Option<u64>,
+    /// Start a new segment (whose first commit is this) before writing `buf`,
+    /// in the preallocated spare file given, if any.
+    new_segment: Option<(u64, Option<PathBuf>)>,
     buf: Vec<u8>,
 }
+
+/// Preallocated files are grown in steps of this much (or what a single
+/// reservation needs, if more).
+const ALLOC_STEP: u64 = 1 << 20;
 
 struct Segment {
     file: Box<dyn StorageFile>,
@@ -92,6 +97,17 @@ struct State {
     /// Size the current segment will have once pending bytes are written.
     logical_seg_len: u64,
     segments: Vec<(u64, PathBuf)>,
+    /// Space reservations (see [`Journal::reserve`]), all as seen by appends:
+    /// the file the current segment's frames go to (a spare not yet renamed
+    /// while a rotation is being written), and how much of it is allocated.
+    append_file: PathBuf,
+    alloc_end: u64,
+    /// Bytes reserved and not yet appended or released.
+    reserved: u64,
+    /// A preallocated file for the next segment, and its allocated size.
+    next_spare: Option<(PathBuf, u64)>,
+    spare_seq: u64,
+    allocating: bool,
     error: Option<String>,
     shutdown: bool,
     fsyncs: u64,
@@ -180,6 +196,8 @@ impl Journal {
                 (Segment { file, path: p }, len)
             }
         };
+        remove_stale_spares(st, &path);
+        let append_file = segments.last().map(|s| s.1.clone()).unwrap_or_default();
         let state = State {
             pending: VecDeque::new(),
             spare: Vec::new(),
@@ -194,6 +212,12 @@ impl Journal {
             seg: Some(seg),
             logical_seg_len: len,
             segments,
+            append_file,
+            alloc_end: 0,
+            reserved: 0,
+            next_spare: None,
+            spare_seq: 0,
+            allocating: false,
             error: None,
             shutdown: false,
             fsyncs: 0,
@@ -247,6 +271,14 @@ impl Journal {
         Ok(id)
     }
 
+    /// [`Journal::commit_vectored`] for a commit that reserved `reserved`
+    /// bytes with [`Journal::reserve`].
+    pub fn commit_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<CommitId> {
+        let id = self.append_reserved(parts, reserved)?;
+        self.complete(id)?;
+        Ok(id)
+    }
+
     /// The first half of a commit: takes the next id and queues the frame,
     /// without any I/O (it may only wait for queue space in async modes).
     /// For callers that append while holding their own locks and do the
@@ -255,6 +287,13 @@ impl Journal {
     /// later flush) runs, the commit is not even written in `sync` and
     /// `relaxed` modes.
     pub fn append_vectored(&self, parts: &[&[u8]]) -> Result<CommitId> {
+        self.append_reserved(parts, 0)
+    }
+
+    /// [`Journal::append_vectored`] for a commit that reserved `reserved`
+    /// bytes with [`Journal::reserve`]: the reservation is used up by this
+    /// append (in the same critical section, so the space stays counted).
+    pub fn append_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<CommitId> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > format::MAX_PAYLOAD {
             return Err(Error::Invalid(format!(
@@ -287,13 +326,21 @@ impl Journal {
             && g.logical_seg_len + frame_len > inner.opts.segment_size;
         if rotate || g.pending.is_empty() {
             let buf = g.spare.pop().unwrap_or_default();
-            g.pending.push_back(Chunk {
-                new_segment: rotate.then_some(id),
-                buf,
-            });
+            let mut new_segment = None;
             if rotate {
+                // The new segment goes into the preallocated spare, whose
+                // space the reservations were counted against.
+                let spare = g.next_spare.take();
+                let (file, alloc) = match &spare {
+                    Some((p, n)) => (p.clone(), *n),
+                    None => (inner.dir.join(format::segment_file_name(id)), 0),
+                };
+                g.append_file = file;
+                g.alloc_end = alloc;
+                new_segment = Some((id, spare.map(|s| s.0)));
                 g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
             }
+            g.pending.push_back(Chunk { new_segment, buf });
         }
         let mut hdr16 = [0u8; 16];
         hdr16[0..4].copy_from_slice(&format::FRAME_MAGIC);
@@ -309,11 +356,156 @@ impl Journal {
         }
         g.pending_bytes += FRAME_HEADER_LEN + len;
         g.logical_seg_len += frame_len;
+        if reserved > 0 {
+            g.reserved = g.reserved.saturating_sub(reserved);
+            inner.space_cv.notify_all();
+        }
         g.last_appended = id;
         if mode.is_async() && (!g.gathering || g.last_appended - g.written >= group_size(mode)) {
             inner.work_cv.notify_one();
         }
         Ok(id)
+    }
+
+    /// Reserves journal space for a commit of up to `payload` bytes before
+    /// the caller changes anything: the space is preallocated on disk
+    /// (`fallocate`), so the commit's write cannot fail for lack of space.
+    /// Returns the amount reserved, to pass to [`Journal::append_reserved`]
+    /// or [`Journal::release`]. Fails with [`Error::NoSpace`] (nothing
+    /// changed; retry later) when the disk is full.
+    ///
+    /// Safe under group commit: the sum of outstanding reservations always
+    /// fits either in the current segment's allocated tail or, wholly, in
+    /// the preallocated spare the next rotation renames into place, so every
+    /// reserved frame lands in allocated space in whatever order the
+    /// reservers append.
+    pub fn reserve(&self, payload: u64) -> Result<u64> {
+        let inner = &*self.inner;
+        let need = payload + FRAME_HEADER_LEN as u64;
+        let hdr = SEGMENT_HEADER_LEN as u64;
+        let seg_size = inner.opts.segment_size;
+        let mut g = inner.state.lock();
+        loop {
+            if let Some(e) = &g.error {
+                return Err(Error::Failed(e.clone()));
+            }
+            let want = g.reserved + need;
+            // Reservations that together exceed a segment could span two
+            // rotations: one at a time then.
+            if hdr + want > seg_size && g.reserved > 0 {
+                inner.space_cv.wait(&mut g);
+                continue;
+            }
+            // Frames land in the current segment while they fit in
+            // `segment_size`, else in the spare. A reservation is granted
+            // when every order of appends lands in allocated space.
+            let in_cur = g.logical_seg_len + want <= seg_size;
+            let fits = if in_cur {
+                g.alloc_end >= g.logical_seg_len + want
+            } else {
+                g.alloc_end >= seg_size && g.next_spare.as_ref().is_some_and(|s| hdr + want <= s.1)
+            };
+            if fits {
+                g.reserved = want;
+                return Ok(need);
+            }
+            if g.allocating {
+                inner.space_cv.wait(&mut g);
+                continue;
+            }
+            g.allocating = true;
+            let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
+            let (path, target, is_new) = if grow_cur {
+                let t = if in_cur {
+                    (g.logical_seg_len + want + ALLOC_STEP).min(seg_size)
+                } else {
+                    seg_size
+                };
+                (g.append_file.clone(), t, false)
+            } else {
+                let t = (hdr + want + ALLOC_STEP).min(seg_size).max(hdr + want);
+                match &g.next_spare {
+                    Some((p, _)) => (p.clone(), t, false),
+                    None => {
+                        g.spare_seq += 1;
+                        let name = format!("journal-spare-{}.tmp", g.spare_seq);
+                        (inner.dir.join(name), t, true)
+                    }
+                }
+            };
+            let r = MutexGuard::unlocked(&mut g, || -> std::io::Result<()> {
+                let mode = if is_new {
+                    OpenMode::CreateTruncate
+                } else {
+                    OpenMode::Write
+                };
+                let mut f = inner.storage.open(&path, mode)?;
+                f.allocate(target)
+            });
+            g.allocating = false;
+            inner.space_cv.notify_all();
+            match r {
+                Ok(()) => {
+                    if grow_cur {
+                        if g.append_file == path {
+                            g.alloc_end = g.alloc_end.max(target);
+                        }
+                    } else if is_new {
+                        g.next_spare = Some((path, target));
+                    } else if let Some(s) = g.next_spare.as_mut()
+                        && s.0 == path
+                    {
+                        s.1 = s.1.max(target);
+                    }
+                }
+                // The spare was renamed or the segment rotated meanwhile:
+                // look again (a file that vanished otherwise is an error).
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && !is_new
+                        && g.append_file != path
+                        && g.next_spare.as_ref().is_none_or(|s| s.0 != path) => {}
+                // The current segment is not created yet (an unreserved
+                // frame rotated without a spare): write it out, look again.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && !is_new
+                        && g.append_file == path
+                        && !g.segments.iter().any(|s| s.1 == path) =>
+                {
+                    if g.flushing {
+                        inner.durable_cv.wait(&mut g);
+                    } else {
+                        flush(inner, &mut g, false)?;
+                    }
+                }
+                Err(e) => {
+                    if is_new {
+                        let _ = inner.storage.remove_file(&path);
+                    }
+                    return Err(match e.raw_os_error() {
+                        Some(c)
+                            if c == nix::errno::Errno::ENOSPC as i32
+                                || c == nix::errno::Errno::EDQUOT as i32 =>
+                        {
+                            Error::NoSpace { path, source: e }
+                        }
+                        _ => Error::Io { path, source: e },
+                    });
+                }
+            }
+        }
+    }
+
+    /// Gives back a reservation that no commit used (the operation failed
+    /// before it changed anything).
+    pub fn release(&self, reserved: u64) {
+        if reserved == 0 {
+            return;
+        }
+        let mut g = self.inner.state.lock();
+        g.reserved = g.reserved.saturating_sub(reserved);
+        self.inner.space_cv.notify_all();
     }
 
     /// The second half of a commit appended with [`Journal::append_vectored`]:
@@ -455,10 +647,27 @@ impl Drop for Journal {
 }
 
 fn create_segment(st: &dyn Storage, dir: &Path, first: u64) -> Result<Segment> {
+    create_segment_in(st, dir, first, None)
+}
+
+/// Creates segment `first`, in the preallocated (empty) `spare` if given:
+/// renamed into place, its allocated space takes the header and the frames.
+fn create_segment_in(
+    st: &dyn Storage,
+    dir: &Path,
+    first: u64,
+    spare: Option<&Path>,
+) -> Result<Segment> {
     let path = dir.join(format::segment_file_name(first));
-    let mut file = st
-        .open(&path, OpenMode::CreateTruncate)
-        .map_err(io_err(&path))?;
+    if let Some(s) = spare {
+        st.rename(s, &path).map_err(io_err(s))?;
+    }
+    let mode = if spare.is_some() {
+        OpenMode::Write
+    } else {
+        OpenMode::CreateTruncate
+    };
+    let mut file = st.open(&path, mode).map_err(io_err(&path))?;
     file.write_all(&format::encode_segment_header(first))
         .map_err(io_err(&path))?;
     // The header is made durable before the name: otherwise a crash after the
@@ -468,6 +677,16 @@ fn create_segment(st: &dyn Storage, dir: &Path, first: u64) -> Result<Segment> {
     // The name must be durable before any commit in the file is called durable.
     crate::dir::sync_dir_with(st, dir)?;
     Ok(Segment { file, path })
+}
+
+/// Spares of an earlier run (a crash between allocating and using one).
+fn remove_stale_spares(st: &dyn Storage, dir: &Path) {
+    for name in st.read_dir(dir).unwrap_or_default() {
+        let n = name.to_string_lossy();
+        if n.starts_with("journal-spare-") && n.ends_with(".tmp") {
+            let _ = st.remove_file(&dir.join(&*n));
+        }
+    }
 }
 
 fn relaxed_due(inner: &Inner, g: &State) -> bool {
@@ -528,6 +747,13 @@ fn flush(inner: &Inner, g: &mut MutexGuard<'_, State>, sync: bool) -> Result<()>
     });
     g.seg = Some(seg);
     g.flushing = false;
+    for c in &chunks {
+        if let Some((first, Some(spare))) = &c.new_segment
+            && g.append_file == *spare
+        {
+            g.append_file = inner.dir.join(format::segment_file_name(*first));
+        }
+    }
     g.segments.extend(new_segments);
     for mut c in chunks {
         // Reuse keeps appends from reallocating; the cap keeps one burst
@@ -575,12 +801,12 @@ fn write_out(
     new_segments: &mut Vec<(u64, PathBuf)>,
 ) -> Result<()> {
     for c in chunks.iter() {
-        if let Some(first) = c.new_segment {
+        if let Some((first, spare)) = &c.new_segment {
             // The old segment is made durable before the new one starts, so
             // the durable prefix never has holes whatever the mode.
             seg.file.sync_data().map_err(io_err(&seg.path))?;
-            *seg = create_segment(st, dir, first)?;
-            new_segments.push((first, seg.path.clone()));
+            *seg = create_segment_in(st, dir, *first, spare.as_deref())?;
+            new_segments.push((*first, seg.path.clone()));
         }
         seg.file.write_all(&c.buf).map_err(io_err(&seg.path))?;
     }

@@ -597,6 +597,19 @@ impl Store {
             redo.extend_from_slice(v);
         }
         let header = codec::block_header(block);
+        // Space first: a block that cannot be journaled is refused before
+        // anything changes, and the store stays at the previous block.
+        let reserved = match w.journal.reserve((header.len() + redo.len()) as u64) {
+            Ok(n) => n,
+            Err(e) => {
+                recycle(&mut w, vec![redo]);
+                let e = StoreError::from(e);
+                if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
+                    self.shared.fail(&e);
+                }
+                return Err(e);
+            }
+        };
         let overlap = ops.len() >= PARALLEL_MIN_OPS
             && matches!(
                 w.opts.durability,
@@ -605,7 +618,7 @@ impl Store {
         let journal = w.journal.clone();
         let (res, undo) = if overlap {
             std::thread::scope(|sc| {
-                let h = sc.spawn(|| journal.commit_vectored(&[&header, &redo]));
+                let h = sc.spawn(|| journal.commit_reserved(&[&header, &redo], reserved));
                 let undo = apply_ops(&self.shared, &mut w, ops);
                 let res = h.join().unwrap_or_else(|_| {
                     Err(memfs_journal::Error::Failed(
@@ -616,7 +629,7 @@ impl Store {
             })
         } else {
             let undo = apply_ops(&self.shared, &mut w, ops);
-            (journal.commit_vectored(&[&header, &redo]), undo)
+            (journal.commit_reserved(&[&header, &redo], reserved), undo)
         };
         recycle(&mut w, vec![redo]);
         if let Err(e) = res {
