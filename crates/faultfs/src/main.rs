@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -131,6 +131,10 @@ fn attr(ino: u64, m: &std::fs::Metadata) -> FileAttr {
         FileType::Directory
     } else if ft.is_symlink() {
         FileType::Symlink
+    } else if ft.is_socket() {
+        FileType::Socket
+    } else if ft.is_fifo() {
+        FileType::NamedPipe
     } else {
         FileType::RegularFile
     };
@@ -408,6 +412,35 @@ impl Filesystem for FaultFs {
                 &p,
                 std::fs::Permissions::from_mode(mode & !umask & 0o7777),
             );
+            self.entry(&p)
+        })();
+        match r {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // memfs binds its control socket in the data directory.
+        let r = (|| {
+            let p = self.child(parent, name)?;
+            self.fault(Op::Create)?;
+            if self.disk_full() {
+                return Err(Errno::ENOSPC);
+            }
+            let kind = nix::sys::stat::SFlag::from_bits_truncate(mode & libc::S_IFMT);
+            let perm = nix::sys::stat::Mode::from_bits_truncate(mode & !umask & 0o7777);
+            nix::sys::stat::mknod(&p, kind, perm, u64::from(rdev))
+                .map_err(|e| Errno::from_i32(e as i32))?;
             self.entry(&p)
         })();
         match r {
