@@ -181,6 +181,8 @@ pub struct Plan {
     pub full: bool,
     pub calls: [u64; 7],
     pub failed: [u64; 7],
+    /// Bytes the `crash` commands cut off, in total.
+    pub crash_cut: u64,
 }
 
 fn xorshift(s: &mut u64) -> u64 {
@@ -245,7 +247,12 @@ impl Plan {
                 self.failed[o as usize]
             ));
         }
-        s.push_str(&format!("rules={} full={}\n", self.rules.len(), self.full));
+        s.push_str(&format!(
+            "rules={} full={} crash_cut={}\n",
+            self.rules.len(),
+            self.full,
+            self.crash_cut
+        ));
         s
     }
 }

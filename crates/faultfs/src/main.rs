@@ -272,17 +272,24 @@ impl FaultFs {
     fn crash(&self) {
         let synced = self.synced.lock().clone();
         let inodes = self.inodes.lock();
+        let mut cut = 0;
         for (ino, len) in synced {
             let Some(p) = inodes.paths.get(&ino) else {
                 continue;
             };
-            if let Ok(f) = OpenOptions::new().write(true).open(p)
-                && f.metadata().is_ok_and(|m| m.len() > len)
-                && let Err(e) = f.set_len(len)
-            {
-                tracing::warn!("crash: cannot cut {}: {e}", p.display());
+            let Ok(f) = OpenOptions::new().write(true).open(p) else {
+                continue;
+            };
+            let cur = f.metadata().map(|m| m.len()).unwrap_or(0);
+            if cur > len {
+                match f.set_len(len) {
+                    Ok(()) => cut += cur - len,
+                    Err(e) => tracing::warn!("crash: cannot cut {}: {e}", p.display()),
+                }
             }
         }
+        tracing::info!("crash: cut {cut} unsynced bytes");
+        self.plan.lock().crash_cut += cut;
     }
 
     fn note_seen(&self, ino: u64, len: u64) {
