@@ -184,7 +184,12 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             size: s.fio_size.into(),
             runtime,
             bs: vec!["4k".into(), "1m".into()],
-            direct: true,
+            // Verified runs only direct, to keep `bench all` short.
+            direct: if verify {
+                vec![true]
+            } else {
+                vec![true, false]
+            },
             verify,
             json: scratch.join("fio.json"),
             baseline: bench_fio::Baseline::Tmpfs,
@@ -197,14 +202,22 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             id: if verify { "fio-verify" } else { "fio-direct" }.into(),
             title: format!(
                 "fio randrw 4 KiB and 1 MiB, direct{}, memfs against tmpfs",
-                if verify { ", md5 verified" } else { "" }
+                if verify {
+                    ", md5 verified"
+                } else {
+                    " and buffered"
+                }
             ),
             command: format!(
-                "memfs bench fio --size {} --runtime {runtime} --bs 4k,1m --direct{}",
+                "memfs bench fio --size {} --runtime {runtime} --bs 4k,1m --direct {}",
                 s.fio_size,
-                if verify { " --verify" } else { "" }
+                if verify {
+                    "true --verify"
+                } else {
+                    "true,false"
+                }
             ),
-            estimate: 4.0 * (runtime as f64 + 2.0) * s.repeat as f64,
+            estimate: if verify { 4.0 } else { 8.0 } * (runtime as f64 + 2.0) * s.repeat as f64,
             needs: &[Need::Fuse, Need::Fio],
             repeat: s.repeat,
             run: Box::new(move || bench_fio::report(&args)),

@@ -85,6 +85,9 @@ fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
 
+/// The file capability xattr, dropped with setuid when an unprivileged caller writes.
+const SECURITY_CAPABILITY: &[u8] = b"security.capability";
+
 /// Clears setuid, and setgid where it means "run as group" (group-exec set).
 fn kill_priv(perm: u16) -> u16 {
     let mut p = perm;
@@ -1094,14 +1097,30 @@ impl Fs {
         let now = Timespec::now();
         meta.mtime = now;
         meta.ctime = now;
+        // The FUSE adapter negotiates HANDLE_KILLPRIV_V2, so the kernel leaves
+        // to us what it would otherwise do with a GETXATTR round trip before
+        // every write: drop setuid/setgid and the file capability.
+        let mut dropped_caps = false;
         if ctx.uid != 0 {
             meta.perm = kill_priv(meta.perm);
+            if let Some(xs) = meta.xattrs.as_mut() {
+                dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
+                if xs.is_empty() {
+                    meta.xattrs = None;
+                }
+            }
         }
         self.log(|| Mutation::Write {
             attr: st.attr(ino, inode.kind),
             offset: off,
             data,
         })?;
+        if dropped_caps {
+            self.log(|| Mutation::RemoveXattr {
+                attr: st.attr(ino, inode.kind),
+                name: SECURITY_CAPABILITY,
+            })?;
+        }
         Ok(data.len())
     }
 

@@ -368,6 +368,22 @@ fn chown_and_write_clear_setuid_and_setgid() {
     assert_eq!(fs.getattr(f).unwrap().perm, 0o755);
 }
 
+/// The FUSE adapter negotiates HANDLE_KILLPRIV_V2: the engine, not the
+/// kernel, drops a file capability when an unprivileged caller writes.
+#[test]
+fn unprivileged_write_drops_the_file_capability() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o755).ino;
+    fs.setxattr(f, b"security.capability", b"cap", XattrMode::Any)
+        .unwrap();
+    fs.setxattr(f, b"user.k", b"v", XattrMode::Any).unwrap();
+    fs.write(C, f, 0, b"x", false).unwrap();
+    assert_eq!(fs.getxattr(f, b"security.capability").unwrap(), b"cap");
+    fs.write(USER, f, 0, b"x", false).unwrap();
+    assert_eq!(fs.getxattr(f, b"security.capability"), Err(Errno::ENODATA));
+    assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"v");
+}
+
 // ---- limits ------------------------------------------------------------------------------
 
 #[test]

@@ -188,6 +188,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         io_uring: opts.io_uring,
         engine_locks: opts.locks == LockMode::Engine,
         any_locks: AtomicBool::new(false),
+        no_opendir: AtomicBool::new(false),
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     Ok(Mounted { session })
@@ -234,6 +235,8 @@ pub struct MemFuse {
     engine_locks: bool,
     /// Whether any handle ever locked: keeps the map out of the release path until then.
     any_locks: AtomicBool,
+    /// The kernel accepted NO_OPENDIR_SUPPORT: OPENDIR is declined.
+    no_opendir: AtomicBool,
 }
 
 fn err(e: Errno) -> fuser::Errno {
@@ -355,11 +358,24 @@ impl Filesystem for MemFuse {
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_EXPORT_SUPPORT,
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // Asynchronous direct I/O is sent as it comes (libaio, io_uring)
+            // instead of one request at a time per caller.
+            InitFlags::FUSE_ASYNC_DIO,
+            // Without it, the kernel asks for security.capability (a GETXATTR
+            // round trip, under the inode lock) before every write; the engine
+            // drops setuid/setgid and the capability itself.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            // OPENDIR and RELEASEDIR carry nothing the engine needs.
+            InitFlags::FUSE_NO_OPENDIR_SUPPORT,
         ];
         let engine = self.engine_locks.then_some(InitFlags::FUSE_POSIX_LOCKS);
         for f in wanted.into_iter().chain(engine) {
-            if let Err(missing) = config.add_capabilities(f) {
-                tracing::debug!("kernel lacks capability {missing:?}");
+            match config.add_capabilities(f) {
+                Ok(()) if f == InitFlags::FUSE_NO_OPENDIR_SUPPORT => {
+                    self.no_opendir.store(true, Ordering::Relaxed)
+                }
+                Ok(()) => {}
+                Err(missing) => tracing::debug!("kernel lacks capability {missing:?}"),
             }
         }
         if self.io_uring
@@ -651,6 +667,11 @@ impl Filesystem for MemFuse {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // With NO_OPENDIR_SUPPORT negotiated, this answer makes the kernel stop
+        // sending OPENDIR and RELEASEDIR; older kernels treat ENOSYS as an error.
+        if self.no_opendir.load(Ordering::Relaxed) {
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         match self.fs.getattr(ino.0) {
             Ok(a) if a.kind == FileType::Directory => {
                 reply.opened(FileHandle(0), FopenFlags::empty())

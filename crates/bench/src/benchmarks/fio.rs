@@ -35,10 +35,11 @@ pub struct Args {
     /// Block sizes to run, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "4k,1m")]
     pub bs: Vec<String>,
-    /// O_DIRECT I/O (fio -direct=1); `--direct=false` for buffered I/O.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set,
-          num_args = 0..=1, default_missing_value = "true")]
-    pub direct: bool,
+    /// O_DIRECT I/O (fio -direct=1), buffered (`--direct=false`) or both
+    /// (`--direct true,false`, the default: all four figures in one run).
+    #[arg(long, value_delimiter = ',', default_value = "true,false",
+          action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub direct: Vec<bool>,
     /// Verify what was written (fio -verify=md5 --do_verify=1 --verify_fatal=1).
     #[arg(long)]
     pub verify: bool,
@@ -370,11 +371,15 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     }
     // Declared before the mount: its data directory outlives it.
     let durable = crate::common::DurableSubject::new(args.durability.as_deref())?;
+    if args.direct.is_empty() {
+        bail!("--direct needs true, false or both");
+    }
     let jobs = args
         .bs
         .iter()
-        .map(|bs| {
-            let mut job = FioJob::new(bs, size, args.runtime, args.direct, args.verify)?;
+        .flat_map(|bs| args.direct.iter().map(move |&direct| (bs, direct)))
+        .map(|(bs, direct)| {
+            let mut job = FioJob::new(bs, size, args.runtime, direct, args.verify)?;
             job.fsync = durable.as_ref().is_some_and(|d| d.is_sync());
             job.tag = durable.as_ref().map(|d| d.label());
             Ok(job)
