@@ -94,16 +94,26 @@ fn init_tracing() {
         .try_init();
 }
 
-/// mount(8) runs `memfs SOURCE MOUNTPOINT -o OPTIONS` for `-t fuse.memfs` and
-/// `memfs#SOURCE` entries in /etc/fstab: treat that as `memfs mount`.
+/// mount(8) (through mount.fuse3) runs `memfs SOURCE MOUNTPOINT -o OPTIONS`
+/// for `-t fuse.memfs` and fstab entries: treat that as `memfs mount`, with
+/// SOURCE as the device column of /proc/mounts (like tmpfs) and no output on
+/// success. Without a source (`memfs MOUNTPOINT -o OPTIONS`) it is a mount too.
 fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let is_command = |a: &std::ffi::OsStr| {
         let s = a.to_string_lossy();
         s.starts_with('-') || Cli::command().find_subcommand(&*s).is_some() || s == "help"
     };
     if args.len() >= 3 && !is_command(&args[1]) {
-        args.remove(1); // the source ("memfs"): there is no device
-        args.insert(1, "mount".into());
+        if args[2].to_string_lossy().starts_with('-') {
+            args.insert(1, "mount".into());
+            args.insert(2, "--helper-source=".into());
+        } else {
+            let source = args.remove(1);
+            let mut flag = std::ffi::OsString::from("--helper-source=");
+            flag.push(source);
+            args.insert(1, "mount".into());
+            args.insert(2, flag);
+        }
     }
     args
 }

@@ -464,11 +464,20 @@ fn fuse_mount_sys(
 
     // Default name is "/dev/fuse", then use the subtype, and lastly prefer the name
     let mut source = DevFuse::PATH;
+    // memfs patch: the subtype goes into the type as libfuse does
+    // ("fuse.SUBTYPE"), so /proc/mounts shows it and mount(8) finds the
+    // mount helper for remounts.
+    #[cfg(target_os = "linux")]
+    let mut fstype = "fuse".to_string();
     if let Some(MountOption::Subtype(subtype)) = options
         .iter()
         .find(|x| matches!(**x, MountOption::Subtype(_)))
     {
         source = subtype;
+        #[cfg(target_os = "linux")]
+        {
+            fstype = format!("fuse.{subtype}");
+        }
     }
     if let Some(MountOption::FSName(name)) = options
         .iter()
@@ -481,7 +490,7 @@ fn fuse_mount_sys(
     let result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(fstype.as_str()),
         flags,
         Some(mount_options.as_str()),
     );
