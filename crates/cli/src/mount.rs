@@ -154,7 +154,6 @@ const IGNORED_OPTIONS: &[&str] = &[
     "rootmode",
     "blksize",
     "max_read",
-    "subtype",
     // Atime policies beyond atime/noatime: applied by `remount` (mount(2)
     // flags); at mount time the kernel's default (relatime) stands.
     "nodiratime",
@@ -242,6 +241,7 @@ impl MountArgs {
                 "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
                 "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
                 "fsname" => fuse.fsname = need()?.to_string(),
+                "subtype" => fuse.subtype = need()?.to_string(),
                 "data_dir" => data_dir = Some(PathBuf::from(need()?)),
                 "durability" => durability = Some(need()?.to_string()),
                 "checkpoint_interval" => interval = Some(need()?.to_string()),

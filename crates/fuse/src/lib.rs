@@ -58,6 +58,10 @@ pub struct MountOptions {
     pub io_uring: bool,
     /// Name shown as the source in /proc/mounts.
     pub fsname: String,
+    /// The type is `fuse.SUBTYPE` in /proc/mounts (so that mount(8) finds the
+    /// helper for `mount -o remount`); empty: plain `fuse`, as fstests'
+    /// `FSTYP=fuse` expects.
+    pub subtype: String,
     /// Further mount options passed to the kernel as they are.
     pub extra: Vec<String>,
 }
@@ -77,6 +81,7 @@ impl Default for MountOptions {
             locks: LockMode::Kernel,
             io_uring: false,
             fsname: "memfs".into(),
+            subtype: "memfs".into(),
             extra: Vec::new(),
         }
     }
@@ -146,12 +151,14 @@ impl Mounted {
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
     let mut mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
-        MountOption::Subtype("memfs".into()),
         MountOption::DefaultPermissions,
         // Like tmpfs: device nodes and setuid programs work unless the user says otherwise.
         MountOption::Dev,
         MountOption::Suid,
     ];
+    if !opts.subtype.is_empty() {
+        mount_options.push(MountOption::Subtype(opts.subtype.clone()));
+    }
     for o in &opts.extra {
         let o = kernel_option(o);
         // A later flag overrides an earlier one (nodev after the default dev).
