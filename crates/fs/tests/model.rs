@@ -485,6 +485,10 @@ impl Model {
         let Ok(p) = self.node(parent) else {
             return Some(err(Errno::ENOENT));
         };
+        if name == b"." {
+            // Any node: how the kernel decodes file handles.
+            return Some(Ok(parent));
+        }
         let Some(e) = p.entries() else {
             return Some(err(Errno::ENOTDIR));
         };

@@ -283,6 +283,19 @@ fn ctx(req: &Request) -> Ctx {
     }
 }
 
+/// Whether the process `pid` has `gid` among its supplementary groups (as
+/// libfuse's fuse_req_getgroups, from /proc). A process that is gone or
+/// invisible counts as not in the group: the safe answer for privilege drops.
+fn caller_in_group(pid: u32, gid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+}
+
 fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
     t.map(|t| match t {
         TimeOrNow::Now => SetTime::Now,
@@ -867,7 +880,7 @@ impl Filesystem for MemFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -875,8 +888,13 @@ impl Filesystem for MemFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = FallocateMode::from_bits(mode)
-            .and_then(|m| self.fs.fallocate(ino.0, offset, length, m));
+        // The kernel leaves killing setuid/setgid on fallocate to us.
+        let pid = req.pid();
+        let in_group = move |gid| caller_in_group(pid, gid);
+        let r = FallocateMode::from_bits(mode).and_then(|m| {
+            self.fs
+                .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m)
+        });
         Self::empty(reply, self.settled(r));
     }
 
