@@ -285,6 +285,11 @@ impl Fs {
             // longer holds by looking up "." in it.
             let inode = self.get(parent)?;
             let attr = inode.state.read().attr(parent, inode.kind);
+            if attr.nlink == 0 {
+                // Removed, kept only for a holder (or the journal): a handle
+                // to it is stale, as on tmpfs.
+                return Err(Errno::ENOENT);
+            }
             if take_ref {
                 inode.nlookup.fetch_add(1, Ordering::AcqRel);
             }

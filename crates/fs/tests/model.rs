@@ -486,7 +486,10 @@ impl Model {
             return Some(err(Errno::ENOENT));
         };
         if name == b"." {
-            // Any node: how the kernel decodes file handles.
+            // Any node: how the kernel decodes file handles; a removed one is stale.
+            if self.nlink(parent) == 0 {
+                return Some(err(Errno::ENOENT));
+            }
             return Some(Ok(parent));
         }
         let Some(e) = p.entries() else {
