@@ -95,22 +95,25 @@ fn init_tracing() {
         .try_init();
 }
 
-/// mount(8) runs `memfs SOURCE MOUNTPOINT -o OPTIONS` for `-t fuse.memfs` and
-/// `memfs#SOURCE` entries in /etc/fstab: treat that as `memfs mount`.
+/// mount(8) (through mount.fuse3) runs `memfs SOURCE MOUNTPOINT -o OPTIONS`
+/// for `-t fuse.memfs` and fstab entries: treat that as `memfs mount`, with
+/// SOURCE as the device column of /proc/mounts (like tmpfs) and no output on
+/// success. Without a source (`memfs MOUNTPOINT -o OPTIONS`) it is a mount too.
 fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
     let is_command = |a: &std::ffi::OsStr| {
         let s = a.to_string_lossy();
         s.starts_with('-') || Cli::command().find_subcommand(&*s).is_some() || s == "help"
     };
     if args.len() >= 3 && !is_command(&args[1]) {
-        // There is no device: the source is only the name /proc/mounts and
-        // `df` show (the fsname). Given first, so an explicit -o fsname= wins.
-        let source = args.remove(1);
-        args.insert(1, "mount".into());
-        let name = source.to_string_lossy();
-        if name != "memfs" && !name.is_empty() && !name.contains(',') {
-            args.insert(2, "-o".into());
-            args.insert(3, format!("fsname={name}").into());
+        if args[2].to_string_lossy().starts_with('-') {
+            args.insert(1, "mount".into());
+            args.insert(2, "--helper-source=".into());
+        } else {
+            let source = args.remove(1);
+            let mut flag = std::ffi::OsString::from("--helper-source=");
+            flag.push(source);
+            args.insert(1, "mount".into());
+            args.insert(2, flag);
         }
     }
     args

@@ -74,6 +74,10 @@ pub struct MountArgs {
     /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
+    /// Set when mount(8) runs memfs as its helper: the source argument (the
+    /// device column of /proc/mounts); the helper prints nothing on success.
+    #[arg(long, hide = true, value_name = "SOURCE")]
+    pub helper_source: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,6 +95,8 @@ struct Settings {
     fuse: MountOptions,
     /// The data directory and its options; `None`: a pure in-memory mount.
     durable: Option<(PathBuf, memfs_durable::Options)>,
+    /// `-o remount`: change the running mount's flags to these instead of mounting.
+    remount: Option<nix::mount::MsFlags>,
 }
 
 fn parse_size(s: &str) -> anyhow::Result<u64> {
@@ -140,6 +146,23 @@ fn parse_secs(name: &str, s: &str) -> anyhow::Result<Duration> {
 /// Options that /etc/fstab and mount(8) pass along but that mean nothing here.
 const IGNORED_OPTIONS: &[&str] = &[
     "defaults",
+    // mount.fuse3 and the kernel add these; memfs always checks permissions
+    // in the kernel.
+    "default_permissions",
+    "user_id",
+    "group_id",
+    "rootmode",
+    "blksize",
+    "max_read",
+    // Atime policies beyond atime/noatime: applied by `remount` (mount(2)
+    // flags); at mount time the kernel's default (relatime) stands.
+    "nodiratime",
+    "diratime",
+    "nostrictatime",
+    "iversion",
+    "noiversion",
+    "mand",
+    "nomand",
     "auto",
     "noauto",
     "user",
@@ -180,6 +203,13 @@ impl MountArgs {
         if let Some(l) = &self.locks {
             fuse.locks = parse_locks("--locks", l)?;
         }
+        let mut remount = false;
+        if let Some(src) = &self.helper_source
+            && !src.is_empty()
+            && !src.contains([',', ' ', '\t', '\n', '\\'])
+        {
+            fuse.fsname = src.clone();
+        }
         for opt in self
             .options
             .iter()
@@ -211,10 +241,12 @@ impl MountArgs {
                 "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
                 "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
                 "fsname" => fuse.fsname = need()?.to_string(),
+                "subtype" => fuse.subtype = need()?.to_string(),
                 "data_dir" => data_dir = Some(PathBuf::from(need()?)),
                 "durability" => durability = Some(need()?.to_string()),
                 "checkpoint_interval" => interval = Some(need()?.to_string()),
                 "retention" => retention = Some(need()?.to_string()),
+                "remount" => remount = true,
                 k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
                 "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime"
                 | "noatime" | "sync" | "async" | "dirsync" => fuse.extra.push(opt.to_string()),
@@ -224,6 +256,8 @@ impl MountArgs {
         if fuse.threads == 0 {
             bail!("--threads must be at least 1");
         }
+        let remount =
+            remount.then(|| remount_flags(self.options.iter().flat_map(|o| o.split(','))));
         let mut config = Config::default();
         if let Some(s) = size {
             config.capacity = s;
@@ -268,6 +302,7 @@ impl MountArgs {
             config,
             fuse,
             durable,
+            remount,
         })
     }
 }
@@ -357,12 +392,79 @@ fn preflight(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     Ok(canon)
 }
 
+/// The mount(2) flags that `-o remount,...` asks for. mount(8) passes the
+/// whole option set (the current ones merged with the new), and the kernel
+/// replaces the mount's flags with these; with no atime option it keeps the
+/// current atime policy.
+fn remount_flags<'a>(opts: impl Iterator<Item = &'a str>) -> nix::mount::MsFlags {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT;
+    for o in opts {
+        let (set, clear) = match o {
+            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
+            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
+            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
+            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
+            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
+            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
+            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
+            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
+            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
+            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
+            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
+            "lazytime" => (MsFlags::MS_LAZYTIME, MsFlags::empty()),
+            "nolazytime" => (MsFlags::empty(), MsFlags::MS_LAZYTIME),
+            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
+            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
+            "noatime" => (
+                MsFlags::MS_NOATIME,
+                MsFlags::MS_RELATIME | MsFlags::MS_STRICTATIME,
+            ),
+            "relatime" => (
+                MsFlags::MS_RELATIME,
+                MsFlags::MS_NOATIME | MsFlags::MS_STRICTATIME,
+            ),
+            "strictatime" => (
+                MsFlags::MS_STRICTATIME,
+                MsFlags::MS_NOATIME | MsFlags::MS_RELATIME,
+            ),
+            "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
+            _ => (MsFlags::empty(), MsFlags::empty()),
+        };
+        flags = (flags - clear) | set;
+    }
+    flags
+}
+
+/// `mount -o remount,...`: the kernel changes a FUSE mount's flags itself
+/// (read-only is enforced by the VFS before a request reaches memfs), so the
+/// helper only has to make the mount(2) call that mount(8) left to it.
+fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> anyhow::Result<()> {
+    if !is_mounted(mountpoint) {
+        bail!(
+            "{} is not mounted: nothing to remount",
+            mountpoint.display()
+        );
+    }
+    if !is_root() {
+        bail!(
+            "remounting {} needs root (fusermount3 cannot remount)",
+            mountpoint.display()
+        );
+    }
+    nix::mount::mount::<str, Path, str, str>(None, mountpoint, None, flags, None)
+        .with_context(|| format!("cannot remount {}", mountpoint.display()))
+}
+
 pub fn run_mount(args: MountArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
+    if let Some(flags) = settings.remount {
+        return remount(&args.mountpoint, flags);
+    }
     let mountpoint = preflight(&args.mountpoint)?;
     let notify = std::env::var_os(NOTIFY_ENV).is_some();
     if !args.foreground && !notify {
-        return spawn_background(&mountpoint, &settings);
+        return spawn_background(&mountpoint, &settings, args.helper_source.is_some());
     }
     let result = serve(&mountpoint, settings, notify);
     if notify && let Err(e) = &result {
@@ -376,7 +478,7 @@ pub fn run_mount(args: MountArgs) -> anyhow::Result<()> {
 
 /// Starts a server process in its own session and waits until it reports
 /// that the mount is usable (or why it is not).
-fn spawn_background(mountpoint: &Path, settings: &Settings) -> anyhow::Result<()> {
+fn spawn_background(mountpoint: &Path, settings: &Settings, quiet: bool) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the memfs executable")?;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut child = Command::new(exe)
@@ -393,6 +495,9 @@ fn spawn_background(mountpoint: &Path, settings: &Settings) -> anyhow::Result<()
     BufReader::new(out).read_line(&mut line).ok();
     let line = line.trim();
     if let Some(rest) = line.strip_prefix("ready") {
+        if quiet {
+            return Ok(());
+        }
         let c = settings.config;
         let what = match &settings.durable {
             None => "in memory".to_string(),

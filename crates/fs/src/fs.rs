@@ -88,6 +88,21 @@ fn is_dot(name: &[u8]) -> bool {
 /// The file capability xattr, dropped with setuid when an unprivileged caller writes.
 const SECURITY_CAPABILITY: &[u8] = b"security.capability";
 
+/// Clears setuid and setgid as Linux does when a caller without CAP_FSETID
+/// modifies a file (`setattr_should_drop_suidgid`): setuid always; setgid when
+/// it means "run as group" (group-exec set) or when the caller is not in the
+/// file's group. `in_group` is asked only when it decides.
+fn kill_priv_of(perm: u16, gid: u32, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> u16 {
+    if ctx.uid == 0 {
+        return perm;
+    }
+    let mut p = kill_priv(perm);
+    if p & libc::S_ISGID as u16 != 0 && ctx.gid != gid && !in_group(gid) {
+        p &= !(libc::S_ISGID as u16);
+    }
+    p
+}
+
 /// Clears setuid, and setgid where it means "run as group" (group-exec set).
 fn kill_priv(perm: u16) -> u16 {
     let mut p = perm;
@@ -286,6 +301,22 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
+        if name == b"." {
+            // Of any kind of node, not only directories: the kernel decodes a
+            // file handle (open_by_handle_at, NFS export) of an inode it no
+            // longer holds by looking up "." in it.
+            let inode = self.get(parent)?;
+            let attr = inode.state.read().attr(parent, inode.kind);
+            if attr.nlink == 0 {
+                // Removed, kept only for a holder (or the journal): a handle
+                // to it is stale, as on tmpfs.
+                return Err(Errno::ENOENT);
+            }
+            if take_ref {
+                inode.nlookup.fetch_add(1, Ordering::AcqRel);
+            }
+            return Ok(attr);
+        }
         let dir = self.get(parent)?;
         let st = dir.state.read();
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
@@ -431,6 +462,11 @@ impl Fs {
         }
         if let Some(t) = set.ctime {
             st.meta.ctime = t;
+        }
+        if *set == SetAttr::default() {
+            // chown(f, -1, -1) reaches us as a change of nothing: it still
+            // changes ctime, as on tmpfs.
+            st.meta.ctime = now;
         }
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::SetAttr { attr })?;
@@ -1150,6 +1186,22 @@ impl Fs {
     }
 
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: FallocateMode) -> Result<()> {
+        self.fallocate_as(Ctx::ROOT, &|_| true, ino, off, len, mode)
+    }
+
+    /// `fallocate` on behalf of `ctx`: like a write, a caller without
+    /// CAP_FSETID loses setuid, and setgid unless it is in the file's group
+    /// (`in_group(gid)`: its supplementary groups, which only the caller's
+    /// side knows) and group-exec is off.
+    pub fn fallocate_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        off: u64,
+        len: u64,
+        mode: FallocateMode,
+    ) -> Result<()> {
         self.admit(META_RECORD)?;
         if len == 0 {
             return Err(Errno::EINVAL);
@@ -1181,6 +1233,7 @@ impl Fs {
         }
         meta.mtime = now;
         meta.ctime = now;
+        meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
         self.log(|| Mutation::Fallocate {
             attr: st.attr(ino, inode.kind),
             offset: off,

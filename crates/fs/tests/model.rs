@@ -485,6 +485,13 @@ impl Model {
         let Ok(p) = self.node(parent) else {
             return Some(err(Errno::ENOENT));
         };
+        if name == b"." {
+            // Any node: how the kernel decodes file handles; a removed one is stale.
+            if self.nlink(parent) == 0 {
+                return Some(err(Errno::ENOENT));
+            }
+            return Some(Ok(parent));
+        }
         let Some(e) = p.entries() else {
             return Some(err(Errno::ENOTDIR));
         };

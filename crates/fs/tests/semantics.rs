@@ -1130,3 +1130,111 @@ fn rename_errors_and_link_counts() {
     assert_eq!(fs.lookup_noref(a, b"victim").unwrap().ino, f);
     assert_eq!(fs.lookup_noref(b, b"..").unwrap().ino, ROOT_INO);
 }
+
+/// Linux drops setgid on fallocate, punch-hole and zero-range by a caller
+/// outside the file's group even without group-exec (xfstests 683-685), keeps
+/// it for a member when group-exec is off, and never touches root's.
+#[test]
+fn fallocate_kills_setgid_of_non_members() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o666).ino;
+    fs.write(C, f, 0, &vec![1u8; 3 * PAGE_SIZE], false).unwrap();
+    let mode_of = |fs: &Fs| fs.getattr(f).unwrap().perm;
+    let modes = [
+        FallocateMode::ALLOCATE,
+        FallocateMode::from_bits(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE).unwrap(),
+        FallocateMode::from_bits(libc::FALLOC_FL_ZERO_RANGE).unwrap(),
+    ];
+    let not_member = |_gid: u32| false;
+    let member = |gid: u32| gid == 0;
+    for m in modes {
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o6666),
+                ..Default::default()
+            },
+        );
+        fs.fallocate_as(USER, &not_member, f, 0, P, m).unwrap();
+        assert_eq!(
+            mode_of(&fs),
+            0o666,
+            "{m:?}: non-member loses setuid and setgid"
+        );
+
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o2666),
+                ..Default::default()
+            },
+        );
+        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        assert_eq!(
+            mode_of(&fs),
+            0o2666,
+            "{m:?}: a member keeps setgid without group-exec"
+        );
+
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o2676),
+                ..Default::default()
+            },
+        );
+        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        assert_eq!(
+            mode_of(&fs),
+            0o676,
+            "{m:?}: group-exec setgid goes even for a member"
+        );
+
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o6777),
+                ..Default::default()
+            },
+        );
+        fs.fallocate_as(C, &not_member, f, 0, P, m).unwrap();
+        assert_eq!(mode_of(&fs), 0o6777, "{m:?}: root keeps both");
+    }
+}
+
+/// chown(f, -1, -1) reaches the engine as a setattr of nothing; like tmpfs it
+/// still updates ctime (and nothing else).
+#[test]
+fn empty_setattr_updates_ctime() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    age(&fs, &[f]);
+    fs.setattr(C, f, &SetAttr::default()).unwrap();
+    assert_eq!(changed(&fs, f), (false, false, true));
+}
+
+/// The kernel decodes a file handle of an inode it no longer holds by looking
+/// up "." in it (and ".." for a directory's parent): both must answer for any
+/// existing inode, files included.
+#[test]
+fn dot_lookup_answers_for_any_inode() {
+    let fs = fs();
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o755).ino;
+    let f = mkfile(&fs, C, d, "f", 0o644).ino;
+    assert_eq!(fs.lookup(f, b".").unwrap().ino, f);
+    fs.forget(f, 1);
+    assert_eq!(fs.lookup(d, b".").unwrap().ino, d);
+    fs.forget(d, 1);
+    assert_eq!(fs.lookup(d, b"..").unwrap().ino, ROOT_INO);
+    assert_eq!(fs.lookup(f, b".."), Err(Errno::ENOTDIR));
+    fs.unlink(d, b"f").unwrap();
+    assert_eq!(
+        fs.lookup(f, b".").map(|a| a.ino),
+        Err(Errno::ENOENT),
+        "gone once unlinked and forgotten"
+    );
+}

@@ -62,6 +62,10 @@ pub struct MountOptions {
     pub io_uring: bool,
     /// Name shown as the source in /proc/mounts.
     pub fsname: String,
+    /// The type is `fuse.SUBTYPE` in /proc/mounts (so that mount(8) finds the
+    /// helper for `mount -o remount`); empty: plain `fuse`, as fstests'
+    /// `FSTYP=fuse` expects.
+    pub subtype: String,
     /// Further mount options passed to the kernel as they are.
     pub extra: Vec<String>,
 }
@@ -81,6 +85,7 @@ impl Default for MountOptions {
             locks: LockMode::Kernel,
             io_uring: false,
             fsname: "memfs".into(),
+            subtype: "memfs".into(),
             extra: Vec::new(),
         }
     }
@@ -150,12 +155,14 @@ impl Mounted {
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
     let mut mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
-        MountOption::Subtype("memfs".into()),
         MountOption::DefaultPermissions,
         // Like tmpfs: device nodes and setuid programs work unless the user says otherwise.
         MountOption::Dev,
         MountOption::Suid,
     ];
+    if !opts.subtype.is_empty() {
+        mount_options.push(MountOption::Subtype(opts.subtype.clone()));
+    }
     for o in &opts.extra {
         let o = kernel_option(o);
         // A later flag overrides an earlier one (nodev after the default dev).
@@ -281,6 +288,19 @@ fn ctx(req: &Request) -> Ctx {
         gid: req.gid(),
         pid: req.pid(),
     }
+}
+
+/// Whether the process `pid` has `gid` among its supplementary groups (as
+/// libfuse's fuse_req_getgroups, from /proc). A process that is gone or
+/// invisible counts as not in the group: the safe answer for privilege drops.
+fn caller_in_group(pid: u32, gid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
 fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
@@ -885,7 +905,7 @@ impl Filesystem for MemFuse {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -893,8 +913,13 @@ impl Filesystem for MemFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = FallocateMode::from_bits(mode)
-            .and_then(|m| self.fs.fallocate(ino.0, offset, length, m));
+        // The kernel leaves killing setuid/setgid on fallocate to us.
+        let pid = req.pid();
+        let in_group = move |gid| caller_in_group(pid, gid);
+        let r = FallocateMode::from_bits(mode).and_then(|m| {
+            self.fs
+                .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m)
+        });
         Self::empty(reply, self.settled(r));
     }
 

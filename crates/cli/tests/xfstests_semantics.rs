@@ -1,0 +1,283 @@
+//! Mounted tests of what xfstests (issue 14) holds memfs to: setgid cleared
+//! by fallocate for callers outside the group, chown(f, -1, -1) updating
+//! ctime, and the mount(8) helper conventions (silent, source as fsname,
+//! fuse.memfs type, generic options, remount ro/rw).
+
+mod common;
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{Mount, memfs_bin, poll_until};
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Runs `op` on `path` in a child process with uid and gid 65534 and no
+/// supplementary groups; returns the child's errno (0: success).
+fn as_nobody(path: &Path, op: fn(libc::c_int) -> libc::c_int) -> i32 {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: the child calls only async-signal-safe functions (setgroups,
+    // setgid, setuid, open, the operation, _exit) before exiting, as required
+    // after fork in a multithreaded process; the parent only waits for it.
+    unsafe {
+        let pid = libc::fork();
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setgid(65534) != 0
+                || libc::setuid(65534) != 0
+            {
+                libc::_exit(100);
+            }
+            let fd = libc::open(c.as_ptr(), libc::O_RDWR);
+            if fd < 0 {
+                libc::_exit(101);
+            }
+            let r = op(fd);
+            libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
+        }
+        let mut status = 0;
+        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        assert!(libc::WIFEXITED(status), "child died: {status}");
+        libc::WEXITSTATUS(status)
+    }
+}
+
+fn falloc_plain(fd: libc::c_int) -> libc::c_int {
+    // SAFETY: fd is an open descriptor of the child; plain syscall.
+    unsafe { libc::fallocate(fd, 0, 0, 4096) }
+}
+
+fn falloc_punch(fd: libc::c_int) -> libc::c_int {
+    // SAFETY: as above.
+    unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            0,
+            4096,
+        )
+    }
+}
+
+fn falloc_zero(fd: libc::c_int) -> libc::c_int {
+    // SAFETY: as above.
+    unsafe { libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 0, 4096) }
+}
+
+#[test]
+fn fallocate_by_non_member_clears_setgid() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch users");
+        return;
+    }
+    let m = Mount::with_args(&["--allow-other"]);
+    let f = m.p("f");
+    std::fs::write(&f, vec![7u8; 3 * 4096]).unwrap();
+    for (name, op) in [
+        ("allocate", falloc_plain as fn(_) -> _),
+        ("punch hole", falloc_punch),
+        ("zero range", falloc_zero),
+    ] {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6666)).unwrap();
+        assert_eq!(as_nobody(&f, op), 0, "{name} as nobody");
+        let mode = std::fs::metadata(&f).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o666, "{name}: setuid and setgid are cleared");
+    }
+    // Root (CAP_FSETID) keeps them.
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6666)).unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
+    nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, 4096).unwrap();
+    assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o6666);
+}
+
+#[test]
+fn chown_to_nothing_updates_ctime() {
+    let m = Mount::new();
+    let f = m.p("f");
+    std::fs::write(&f, b"x").unwrap();
+    let before = std::fs::metadata(&f).unwrap();
+    let before = (before.ctime(), before.ctime_nsec());
+    // Wait for the clock to pass the ctime, so that "updated" is visible.
+    poll_until("the clock to move past ctime", || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        (now.as_secs() as i64, now.subsec_nanos() as i64) > before
+    });
+    std::os::unix::fs::chown(&f, None, None).unwrap();
+    let after = std::fs::metadata(&f).unwrap();
+    assert!(
+        (after.ctime(), after.ctime_nsec()) > before,
+        "chown(f, -1, -1) updates ctime"
+    );
+}
+
+/// Unmounts (lazily) in every path.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn mountinfo_line(mp: &Path) -> Option<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let want = mp.to_string_lossy().into_owned();
+    info.lines()
+        .find(|l| l.split(' ').nth(4) == Some(want.as_str()))
+        .map(str::to_string)
+}
+
+#[test]
+fn mount_helper_conventions_and_remount() {
+    if !is_root() {
+        eprintln!("skipped: remount needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().canonicalize().unwrap();
+    // mount(8) through mount.fuse3 runs `memfs SOURCE MOUNTPOINT -o OPTIONS`.
+    let out = Command::new(memfs_bin())
+        .arg("helper_src")
+        .arg(&mp)
+        .args([
+            "-o",
+            "rw,nodiratime,noatime,_netdev,x-systemd.foo,defaults,size=64M,dev,suid",
+        ])
+        .output()
+        .unwrap();
+    let _guard = Unmount(mp.clone());
+    assert!(
+        out.status.success(),
+        "helper mount: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "the helper prints nothing on success"
+    );
+    let line = mountinfo_line(&mp).expect("mounted");
+    let fields: Vec<&str> = line.split(" - ").nth(1).unwrap().split(' ').collect();
+    assert_eq!(fields[0], "fuse.memfs", "type: {line}");
+    assert_eq!(
+        fields[1], "helper_src",
+        "source is the device column: {line}"
+    );
+
+    std::fs::write(mp.join("f"), b"data").unwrap();
+    let remount = |opts: &str| {
+        let out = Command::new(memfs_bin())
+            .arg("helper_src")
+            .arg(&mp)
+            .args(["-o", opts])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "remount {opts}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty());
+    };
+    remount("ro,noatime,remount,user_id=0,group_id=0,default_permissions,dev,suid");
+    let err = std::fs::write(mp.join("g"), b"x").unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::EROFS),
+        "read-only after remount"
+    );
+    assert_eq!(
+        std::fs::read(mp.join("f")).unwrap(),
+        b"data",
+        "contents kept"
+    );
+    remount("rw,remount");
+    std::fs::write(mp.join("g"), b"x").expect("writable again");
+    assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"data");
+
+    let bad = Command::new(memfs_bin())
+        .arg("helper_src")
+        .arg(&mp)
+        .args(["-o", "remount,bogus_option"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "unknown options are still refused");
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("bogus_option"));
+}
+
+/// A file handle from name_to_handle_at(2).
+struct Handle {
+    buf: Vec<u64>,
+}
+
+fn name_to_handle(path: &Path) -> Handle {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // Room for MAX_HANDLE_SZ (128) bytes after the header, 8-byte aligned.
+    let mut buf = vec![0u64; (8 + 128) / 8];
+    let fh = buf.as_mut_ptr() as *mut libc::file_handle;
+    let mut mount_id = 0;
+    // SAFETY: `fh` points to a zeroed, aligned buffer large enough for the
+    // header and MAX_HANDLE_SZ bytes, whose size handle_bytes announces.
+    let r = unsafe {
+        (*fh).handle_bytes = 128;
+        libc::name_to_handle_at(libc::AT_FDCWD, c.as_ptr(), fh, &mut mount_id, 0)
+    };
+    assert_eq!(
+        r,
+        0,
+        "name_to_handle_at: {}",
+        std::io::Error::last_os_error()
+    );
+    Handle { buf }
+}
+
+fn open_by_handle(mount: &std::fs::File, h: &mut Handle) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let fh = h.buf.as_mut_ptr() as *mut libc::file_handle;
+    // SAFETY: `fh` is a handle filled in by name_to_handle_at in a buffer
+    // that outlives the call; the returned descriptor is owned by the File.
+    let fd = unsafe { libc::open_by_handle_at(mount.as_raw_fd(), fh, libc::O_RDONLY) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd) })
+}
+
+/// Handles stay valid after the kernel drops its caches (it then looks up
+/// "." in the inode number the handle carries), and go stale once the file
+/// is gone.
+#[test]
+fn file_handles_survive_cache_drops() {
+    if !is_root() {
+        eprintln!("skipped: open_by_handle_at and drop_caches need root");
+        return;
+    }
+    let m = Mount::new();
+    std::fs::create_dir(m.p("d")).unwrap();
+    std::fs::write(m.p("d/f"), b"handle data").unwrap();
+    let mut hf = name_to_handle(&m.p("d/f"));
+    let mut hd = name_to_handle(&m.p("d"));
+    let mount_fd = std::fs::File::open(m.path()).unwrap();
+    std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
+    let f = open_by_handle(&mount_fd, &mut hf).expect("file handle after drop_caches");
+    assert_eq!(std::io::read_to_string(f).unwrap(), "handle data");
+    let d = open_by_handle(&mount_fd, &mut hd).expect("directory handle after drop_caches");
+    assert!(d.metadata().unwrap().is_dir());
+    drop(d);
+    std::fs::remove_file(m.p("d/f")).unwrap();
+    std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
+    let err = open_by_handle(&mount_fd, &mut hf).unwrap_err();
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ESTALE),
+        "a removed file's handle is stale"
+    );
+}
