@@ -165,22 +165,32 @@ mod tests {
 
     #[test]
     fn mount_helper_source_becomes_the_fsname() {
-        assert_eq!(
-            helper(&["memfs", "memfs", "/mnt/x", "-o", "size=1G"]),
-            ["memfs", "mount", "/mnt/x", "-o", "size=1G"]
-        );
+        // mount(8)'s source travels as --helper-source, which makes the
+        // mount quiet and names it in the device column.
         assert_eq!(
             helper(&["memfs", "scratch", "/mnt/x", "-o", "size=1G"]),
             [
                 "memfs",
                 "mount",
-                "-o",
-                "fsname=scratch",
+                "--helper-source=scratch",
                 "/mnt/x",
                 "-o",
                 "size=1G"
             ]
         );
+        // No source: `memfs MOUNTPOINT -o OPTIONS` is a helper mount too.
+        assert_eq!(
+            helper(&["memfs", "/mnt/x", "-o", "size=1G"]),
+            [
+                "memfs",
+                "mount",
+                "--helper-source=",
+                "/mnt/x",
+                "-o",
+                "size=1G"
+            ]
+        );
+        // Commands are left alone.
         assert_eq!(
             helper(&["memfs", "mount", "/mnt/x"]),
             ["memfs", "mount", "/mnt/x"]
