@@ -40,12 +40,21 @@ fn a_mount_has_type_fuse_memfs() {
     m.unmount();
 }
 
+/// mount(8) runs its helpers with a PATH of its own (the caller's is not
+/// passed on), so `memfs` must be installed where that PATH looks, as
+/// `scripts/setup` leaves it. Where it is not, the test links it for its
+/// own duration; the tests that do so run one at a time.
+const SYSTEM_MEMFS: &str = "/usr/local/bin/memfs";
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A mount point and a PATH directory holding `memfs`; detaches whatever is
 /// still mounted at the end, also when the test panics (the server exits
-/// once its mount is gone).
+/// once its mount is gone), and removes a `memfs` link it installed.
 struct Helper {
     mountpoint: tempfile::TempDir,
     bin: tempfile::TempDir,
+    installed: Option<PathBuf>,
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Helper {
@@ -77,7 +86,20 @@ impl Helper {
             .tempdir()
             .expect("tempdir");
         std::os::unix::fs::symlink(memfs_bin(), bin.path().join("memfs")).expect("symlink memfs");
-        Some(Helper { mountpoint, bin })
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let system = PathBuf::from(SYSTEM_MEMFS);
+        let installed = if std::fs::symlink_metadata(&system).is_err() {
+            std::os::unix::fs::symlink(memfs_bin(), &system).expect("link /usr/local/bin/memfs");
+            Some(system)
+        } else {
+            None
+        };
+        Some(Helper {
+            mountpoint,
+            bin,
+            installed,
+            _serial: serial,
+        })
     }
 
     fn path(&self) -> PathBuf {
@@ -136,6 +158,9 @@ impl Drop for Helper {
         let path = self.mountpoint.path().to_path_buf();
         if is_mount_point(&path) {
             let _ = nix::mount::umount2(&path, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if let Some(link) = self.installed.take() {
+            let _ = std::fs::remove_file(link);
         }
     }
 }
