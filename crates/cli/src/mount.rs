@@ -11,6 +11,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use memfs_fs::{Config, Fs};
 use memfs_fuse::MountOptions;
+use memfs_fuse::mounts::unescape_mount_path;
+pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
 
 /// Set in the background server process: its standard output is a pipe on
 /// which it reports the outcome of mounting to the process that started it.
@@ -307,53 +309,12 @@ impl MountArgs {
     }
 }
 
-/// Mount points currently mounted, from /proc/self/mountinfo (octal escapes decoded).
-fn mount_points() -> Vec<PathBuf> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_mount_path(p)))
-        .collect()
-}
-
-fn unescape_mount_path(p: &str) -> String {
-    let b = p.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-pub fn is_mounted(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    mount_points().contains(&canon)
-}
-
 fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/bin"), PathBuf::from("/bin")])
         .map(|d| d.join(name))
         .find(|p| p.is_file())
-}
-
-pub fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
 }
 
 /// Everything that can be checked before mounting, with messages a user can act on.
@@ -632,21 +593,6 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         }
     }
     result
-}
-
-/// Detaches a mount now; the kernel finishes when its last user leaves.
-pub fn lazy_unmount(mp: &Path) {
-    if is_root() {
-        let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
-    } else {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg("-z")
-            .arg(mp)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {

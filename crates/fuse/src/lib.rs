@@ -10,6 +10,8 @@
 //! durable mount is the same `Fs` with a recorder installed, so this crate
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
+pub mod mounts;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
