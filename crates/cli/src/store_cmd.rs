@@ -203,6 +203,21 @@ enum Cmd {
         /// Threads applying a block.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Also serve the replica read-only (get, multi_get, status) on HOST:PORT.
+        #[arg(long)]
+        listen: Option<String>,
+        /// Certificate chain (PEM) of the --listen server.
+        #[arg(long, requires_all = ["tls_key", "listen"])]
+        tls_cert: Option<PathBuf>,
+        /// Private key (PEM) of the --listen server.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Allow plain TCP on a non-loopback --listen address.
+        #[arg(long, conflicts_with = "tls_cert", requires = "listen")]
+        insecure: bool,
+        /// Credentials of the --listen server (as for `serve --auth`).
+        #[arg(long, requires = "listen")]
+        auth: Option<String>,
     },
     /// Write a snapshot now (and prune the journal behind it).
     Snapshot {
@@ -433,11 +448,35 @@ pub fn run(args: Args) -> Result<()> {
             conn,
             durability,
             threads,
+            listen,
+            tls_cert,
+            tls_key,
+            insecure,
+            auth,
         } => {
             let durability: Durability =
                 durability.parse().map_err(|e: String| anyhow::anyhow!(e))?;
             let stop = Arc::new(AtomicBool::new(false));
-            on_signals(&stop, None)?;
+            let replica = follower::Replica::new();
+            let reads = match &listen {
+                Some(l) => {
+                    let cfg = server_config(
+                        server::ServerConfig::default(),
+                        tls_cert.zip(tls_key).as_ref(),
+                        insecure,
+                        auth.as_deref(),
+                    )?;
+                    let srv = server::Server::bind_replica(replica.clone(), l, cfg)?;
+                    println!("serving the replica read-only on {}", srv.local_addr());
+                    let h = srv.handle();
+                    let t = std::thread::Builder::new()
+                        .name("replica-server".into())
+                        .spawn(move || srv.run())?;
+                    Some((h, t))
+                }
+                None => None,
+            };
+            on_signals(&stop, reads.as_ref().map(|(h, _)| h.clone()))?;
             let cfg = follower::FollowerConfig {
                 client: conn.config(&addr, Role::Follow)?,
                 dir: dir.dir,
@@ -452,7 +491,13 @@ pub fn run(args: Args) -> Result<()> {
                 })),
             };
             let progress = follower::Progress::default();
-            follower::follow(cfg, &stop, &progress)?;
+            let r = follower::follow_into(cfg, &replica, &stop, &progress);
+            if let Some((h, t)) = reads {
+                h.shutdown();
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("the replica server panicked"))??;
+            }
+            r?;
             println!(
                 "follower stopped at event {} (block {})",
                 progress.seq.load(std::sync::atomic::Ordering::Relaxed),
@@ -555,24 +600,34 @@ struct ServeArgs {
     cfg: server::ServerConfig,
 }
 
-fn serve(a: ServeArgs) -> Result<()> {
-    let mut cfg = a.cfg;
-    cfg.insecure = a.insecure;
-    if let Some((cert, key)) = &a.tls {
+/// TLS, --insecure and --auth on top of `cfg`.
+fn server_config(
+    mut cfg: server::ServerConfig,
+    tls: Option<&(PathBuf, PathBuf)>,
+    insecure: bool,
+    auth: Option<&str>,
+) -> Result<server::ServerConfig> {
+    cfg.insecure = insecure;
+    if let Some((cert, key)) = tls {
         cfg.tls = Some(memfs_store::net::server_tls(cert, key)?);
     }
-    if let Some(spec) = &a.auth {
+    if let Some(spec) = auth {
         let p = std::path::Path::new(spec);
         let text = if p.exists() {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
         } else if spec.contains(':') {
-            spec.clone()
+            spec.to_string()
         } else {
             bail!("--auth {spec}: no such file (nor USER:TOKEN:ROLE entries)");
         };
         let auth = Auth::parse(&text).map_err(|e| anyhow::anyhow!("--auth {spec}: {e}"))?;
         cfg.auth = Some(Arc::new(auth));
     }
+    Ok(cfg)
+}
+
+fn serve(a: ServeArgs) -> Result<()> {
+    let cfg = server_config(a.cfg, a.tls.as_ref(), a.insecure, a.auth.as_deref())?;
     let store =
         Store::open(&a.dir).with_context(|| format!("opening the store in {}", a.dir.display()))?;
     let srv = server::Server::bind(store, &a.listen, cfg)?;

@@ -117,6 +117,8 @@ pub struct Client {
     inbuf: Vec<u8>,
     start: usize,
     end: usize,
+    /// `[type][body]` of the last frame received, in `inbuf`.
+    last_frame: (usize, usize),
 }
 
 const PIPELINE_CHUNK: usize = 128;
@@ -131,6 +133,7 @@ impl Client {
             inbuf: vec![0u8; 64 << 10],
             start: 0,
             end: 0,
+            last_frame: (0, 0),
         };
         c.reconnect()?;
         Ok(c)
@@ -632,16 +635,42 @@ impl Subscription {
         self.c.welcome()
     }
 
+    /// A second handle on the socket, to shut it down from another thread
+    /// (which makes a blocked [`Subscription::next_event`] return an error).
+    pub fn socket(&self) -> Option<TcpStream> {
+        self.c.s.as_ref().and_then(|s| s.tcp().try_clone().ok())
+    }
+
+    /// Receives the next stream frame, checks it as [`Subscription::next_event`]
+    /// does, and copies its type and body into `frame` (`[type][body]`), so
+    /// that it can be handed to another thread; decode it there with
+    /// [`decode_event`].
+    pub fn next_frame(&mut self, frame: &mut Vec<u8>) -> Result<()> {
+        self.next_event()?;
+        let (start, end) = self.c.last_frame;
+        frame.clear();
+        frame.extend_from_slice(&self.c.inbuf[start..end]);
+        Ok(())
+    }
+
     /// Waits for the next event (a heartbeat comes every second or so when
     /// the writer is idle; silence beyond the I/O timeout is an error).
     pub fn next_event(&mut self) -> Result<Event<'_>> {
         let (ty, body) = self.c.recv()?;
         let kw = self.c.welcome.key_width as usize;
+        self.c.last_frame = (body.start - 1, body.end);
+        decode_event(ty, &self.c.inbuf[body], kw)
+    }
+}
+
+/// Decodes a stream frame's body (see [`Subscription::next_frame`]).
+pub fn decode_event(ty: u8, body: &[u8], kw: usize) -> Result<Event<'_>> {
+    {
         let lim = Limits {
             max_frame: u32::MAX,
             max_batch: u32::MAX,
         };
-        match p::parse(ty, &self.c.inbuf[body], kw, &lim) {
+        match p::parse(ty, body, kw, &lim) {
             Ok(Frame::EvBlock {
                 seq,
                 prev,

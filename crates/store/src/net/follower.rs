@@ -8,11 +8,13 @@
 //! it follows; the follower refuses one that skips a number or does not
 //! continue from its own block.
 
-use super::client::{Client, ClientConfig, ClientError, Event};
+use super::client::{Client, ClientConfig, ClientError, Event, Subscription, decode_event};
 use super::protocol::{self as p, ErrorCode, Role};
 use crate::{Durability, Store, StoreError, StoreOptions};
+use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 pub struct FollowerConfig {
@@ -42,6 +44,27 @@ pub enum FollowError {
     Skipped { expected: u64, got: u64 },
     #[error("the stream does not continue this replica's history: {0}")]
     Diverged(String),
+}
+
+/// The follower's store, shared with readers (a read-only server, see
+/// [`super::server::Server::bind_replica`]). The follower holds the write
+/// lock while it applies one event, so a reader sees the state after some
+/// whole event of the writer's history, never a block half applied.
+#[derive(Default)]
+pub struct Replica {
+    store: RwLock<Option<Store>>,
+}
+
+impl Replica {
+    pub fn new() -> Arc<Replica> {
+        Arc::new(Replica::default())
+    }
+
+    /// The store, read-locked (the follower waits until the guard is
+    /// dropped), or `None` before the follower has opened it.
+    pub fn read(&self) -> Option<MappedRwLockReadGuard<'_, Store>> {
+        RwLockReadGuard::try_map(self.store.read(), Option::as_ref).ok()
+    }
 }
 
 /// Where the replica is, for observers (tests, metrics).
@@ -76,13 +99,23 @@ pub fn follow(
     stop: &AtomicBool,
     progress: &Progress,
 ) -> Result<(), FollowError> {
+    follow_into(cfg, &Replica::new(), stop, progress)
+}
+
+/// [`follow`], keeping the store in `replica` so that others can read it
+/// meanwhile. The store is closed and removed from `replica` on return.
+pub fn follow_into(
+    cfg: FollowerConfig,
+    replica: &Replica,
+    stop: &AtomicBool,
+    progress: &Progress,
+) -> Result<(), FollowError> {
     let mut ccfg = cfg.client.clone();
     ccfg.role = Role::Follow;
     let serr = |source| FollowError::Store {
         dir: cfg.dir.clone(),
         source,
     };
-    let mut store: Option<Store> = None;
     let mut backoff = Duration::from_millis(50);
     let result = loop {
         if stop.load(Relaxed) {
@@ -98,7 +131,7 @@ pub fn follow(
             Err(e) => break Err(e.into()),
         };
         let w = *client.welcome();
-        if store.is_none() {
+        if replica.store.read().is_none() {
             let opts = StoreOptions {
                 key_width: w.key_width as usize,
                 shards: w.shards as usize,
@@ -108,21 +141,23 @@ pub fn follow(
                 ..Default::default()
             };
             match Store::open_or_create(&cfg.dir, opts) {
-                Ok(s) => store = Some(s),
+                Ok(s) => *replica.store.write() = Some(s),
                 Err(e) => break Err(serr(e)),
             }
         }
-        let st = store.as_ref().expect("opened");
-        let (seq, block) = (st.last_commit(), st.current_block());
+        let (seq, block) = {
+            let st = replica.read().expect("opened");
+            (st.last_commit(), st.current_block())
+        };
         progress.seq.store(seq, Relaxed);
         progress.block.store(block, Relaxed);
         tracing::info!(seq, block, writer_seq = w.last_seq, "follower: subscribing");
         let sub = client.subscribe(seq, block);
-        let r = sub.map_err(FollowError::from).and_then(|mut sub| {
+        let r = sub.map_err(FollowError::from).and_then(|sub| {
             progress.connected.store(true, Relaxed);
             let r = apply_stream(
-                st,
-                &mut sub,
+                replica,
+                sub,
                 stop,
                 progress,
                 &mut backoff,
@@ -143,6 +178,7 @@ pub fn follow(
     if let Err(e) = &result {
         tracing::error!(error = %e, "follower stopped");
     }
+    let store = replica.store.write().take();
     if let Some(s) = store {
         s.close().map_err(serr)?;
     }
@@ -157,37 +193,110 @@ fn pause(stop: &AtomicBool, backoff: &mut Duration, max: Duration) {
     *backoff = (*backoff * 2).min(max);
 }
 
+/// Frames received but not yet applied: the reader runs at most this far
+/// ahead of the applier (bounded memory: a few blocks).
+const READ_AHEAD: usize = 4;
+
+/// Applies the stream. A reader thread receives and checks the next frames
+/// while this thread applies the current one, so the transfer and decoding
+/// of block N+1 overlap the application of block N.
 fn apply_stream(
-    st: &Store,
-    sub: &mut super::client::Subscription,
+    replica: &Replica,
+    sub: Subscription,
     stop: &AtomicBool,
     progress: &Progress,
     backoff: &mut Duration,
     on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
 ) -> Result<(), FollowError> {
-    let kw = st.key_width();
+    let sock = sub.socket();
+    let (tx, rx) = mpsc::sync_channel::<Result<Vec<u8>, ClientError>>(READ_AHEAD);
+    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::scope(|sc| {
+        std::thread::Builder::new()
+            .name("follower-recv".into())
+            .spawn_scoped(sc, move || {
+                let mut sub = sub;
+                loop {
+                    let mut buf = free_rx.try_recv().unwrap_or_default();
+                    let r = sub.next_frame(&mut buf).map(|()| buf);
+                    let failed = r.is_err();
+                    if tx.send(r).is_err() || failed {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| {
+                FollowError::Client(ClientError::Io {
+                    addr: "follower-recv thread".into(),
+                    source: e,
+                })
+            })?;
+        let r = apply_frames(
+            replica,
+            &rx,
+            &free_tx,
+            stop,
+            progress,
+            backoff,
+            on_caught_up,
+        );
+        // Unblock the reader (it may wait for the next frame) and let it end.
+        if let Some(s) = &sock {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        drop(rx);
+        r
+    })
+}
+
+fn apply_frames(
+    replica: &Replica,
+    rx: &mpsc::Receiver<Result<Vec<u8>, ClientError>>,
+    free: &mpsc::Sender<Vec<u8>>,
+    stop: &AtomicBool,
+    progress: &Progress,
+    backoff: &mut Duration,
+    on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
+) -> Result<(), FollowError> {
+    let kw = replica.read().expect("opened").key_width();
     let mut reported = None;
     let diverged = |e: StoreError| FollowError::Diverged(e.to_string());
     loop {
         if stop.load(Relaxed) {
             return Ok(());
         }
-        let ev = sub.next_event()?;
+        let frame = match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(f) => f?,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(FollowError::Client(ClientError::Protocol(
+                    "the subscription reader stopped".into(),
+                )));
+            }
+        };
+        let ev = decode_event(frame[0], &frame[1..], kw)?;
         *backoff = Duration::from_millis(50);
         let (seq, prev) = match ev {
             Event::Heartbeat { last_seq, .. } => {
                 progress.writer_seq.store(last_seq, Relaxed);
-                let here = (st.last_commit(), st.current_block());
+                let here = {
+                    let st = replica.read().expect("opened");
+                    (st.last_commit(), st.current_block())
+                };
                 if last_seq == here.0 && reported != Some(here) {
                     reported = Some(here);
                     if let Some(f) = on_caught_up {
                         f(here.0, here.1);
                     }
                 }
+                let _ = free.send(frame);
                 continue;
             }
             Event::Block { seq, prev, .. } | Event::Rollback { seq, prev, .. } => (seq, prev),
         };
+        // Readers wait while this one event is applied.
+        let guard = replica.store.write();
+        let st = guard.as_ref().expect("opened");
         let last = st.last_commit();
         if seq != last + 1 {
             return Err(FollowError::Skipped {
@@ -226,5 +335,7 @@ fn apply_stream(
         progress.seq.store(seq, Relaxed);
         progress.block.store(st.current_block(), Relaxed);
         progress.writer_seq.fetch_max(seq, Relaxed);
+        drop(guard);
+        let _ = free.send(frame);
     }
 }

@@ -111,12 +111,16 @@ pub enum ErrorCode {
     ShuttingDown = 18,
     Internal = 19,
     HandshakeRequired = 20,
+    /// A write or a subscription sent to a follower's read-only replica.
+    ReadOnlyReplica = 21,
+    /// A follower's replica has no store yet (it has not reached the writer).
+    ReplicaNotReady = 22,
     /// Not a server code: a code this client does not know.
     Unknown = 0xFFFF,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::Malformed,
         ErrorCode::FrameTooLarge,
         ErrorCode::UnknownType,
@@ -137,6 +141,8 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::Internal,
         ErrorCode::HandshakeRequired,
+        ErrorCode::ReadOnlyReplica,
+        ErrorCode::ReplicaNotReady,
     ];
 
     pub fn from_u16(c: u16) -> ErrorCode {
@@ -169,6 +175,8 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Internal => "internal",
             ErrorCode::HandshakeRequired => "handshake_required",
+            ErrorCode::ReadOnlyReplica => "read_only_replica",
+            ErrorCode::ReplicaNotReady => "replica_not_ready",
             ErrorCode::Unknown => "unknown",
         }
     }

@@ -10,10 +10,11 @@
 //! connections cost a parked thread with a small stack each.
 
 use super::auth::Auth;
+use super::follower::Replica;
 use super::protocol::{self as p, ErrorCode, Frame, Limits, ProtoError, Role, Welcome, op};
 use super::{Stream, is_timeout};
 use crate::{Store, StoreError};
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -116,22 +117,45 @@ pub struct Counters {
     pub events_sent: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
-    errors: [AtomicU64; 21],
+    errors: [AtomicU64; 23],
 }
 
 impl Counters {
     fn error(&self, c: ErrorCode) {
-        let i = (c as usize).min(20);
+        let i = (c as usize).min(22);
         self.errors[i].fetch_add(1, Relaxed);
     }
 
     pub fn errors(&self, c: ErrorCode) -> u64 {
-        self.errors[(c as usize).min(20)].load(Relaxed)
+        self.errors[(c as usize).min(22)].load(Relaxed)
+    }
+}
+
+/// What a server serves: a store it owns (the writer), or a follower's
+/// replica, read-only, which the follower applies events to.
+enum Backing {
+    Owned(Store),
+    Replica(Arc<Replica>),
+}
+
+/// A store borrowed for one request.
+enum StoreRef<'a> {
+    Owned(&'a Store),
+    Replica(MappedRwLockReadGuard<'a, Store>),
+}
+
+impl std::ops::Deref for StoreRef<'_> {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        match self {
+            StoreRef::Owned(s) => s,
+            StoreRef::Replica(g) => g,
+        }
     }
 }
 
 struct Shared {
-    store: Store,
+    store: Backing,
     cfg: ServerConfig,
     /// Serialises writers: a block, its log event and its reply go together.
     write: Mutex<()>,
@@ -142,6 +166,33 @@ struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     counters: Counters,
     next_id: AtomicU64,
+}
+
+impl Shared {
+    /// The store, or `None` while a follower's replica has none yet. A
+    /// replica stays read-locked while the guard lives, so one request sees
+    /// the state after a whole event.
+    fn store(&self) -> Option<StoreRef<'_>> {
+        match &self.store {
+            Backing::Owned(s) => Some(StoreRef::Owned(s)),
+            Backing::Replica(r) => r.read().map(StoreRef::Replica),
+        }
+    }
+
+    fn is_replica(&self) -> bool {
+        matches!(self.store, Backing::Replica(_))
+    }
+
+    /// (last event, current block): the published position for a writer,
+    /// the replica's own for a follower.
+    fn position(&self, store: &Store) -> (u64, u64) {
+        if self.is_replica() {
+            (store.last_commit(), store.current_block())
+        } else {
+            let l = self.log.lock();
+            (l.last_seq, l.current)
+        }
+    }
 }
 
 /// A running server (see [`Server::bind`] and [`Server::run`]).
@@ -183,7 +234,10 @@ impl ShutdownHandle {
     }
 
     pub fn health(&self) -> String {
-        self.shared.store.metrics().health
+        match self.shared.store() {
+            Some(s) => s.metrics().health,
+            None => "the replica has no store yet".into(),
+        }
     }
 
     pub fn counters(&self) -> &Counters {
@@ -194,6 +248,21 @@ impl ShutdownHandle {
 impl Server {
     /// Takes the store and listens on `addr`.
     pub fn bind(store: Store, addr: &str, cfg: ServerConfig) -> Result<Server, ServerError> {
+        Server::bind_backing(Backing::Owned(store), addr, cfg)
+    }
+
+    /// Serves a follower's replica read-only: GET, MULTI_GET, STATUS and
+    /// PING; SET, POP, ROLLBACK and SUBSCRIBE get `ReadOnlyReplica`. The
+    /// follower keeps applying events to it meanwhile.
+    pub fn bind_replica(
+        replica: Arc<Replica>,
+        addr: &str,
+        cfg: ServerConfig,
+    ) -> Result<Server, ServerError> {
+        Server::bind_backing(Backing::Replica(replica), addr, cfg)
+    }
+
+    fn bind_backing(store: Backing, addr: &str, cfg: ServerConfig) -> Result<Server, ServerError> {
         let listener = TcpListener::bind(addr).map_err(|source| ServerError::Bind {
             addr: addr.to_string(),
             source,
@@ -202,19 +271,23 @@ impl Server {
         if cfg.tls.is_none() && !cfg.insecure && !local.ip().is_loopback() {
             return Err(ServerError::PlainNotLoopback(local));
         }
-        let last_seq = store.last_commit();
-        let current = store.current_block();
         let mut log = Log {
             events: VecDeque::new(),
             bytes: 0,
-            last_seq,
-            current,
+            last_seq: 0,
+            current: 0,
         };
-        seed_log(&store, &mut log, &cfg);
+        if let Backing::Owned(store) = &store {
+            log.last_seq = store.last_commit();
+            log.current = store.current_block();
+            seed_log(store, &mut log, &cfg);
+        }
+        let (block, last_seq) = (log.current, log.last_seq);
         tracing::info!(
             addr = %local,
             tls = cfg.tls.is_some(),
-            block = current,
+            replica = matches!(store, Backing::Replica(_)),
+            block,
             seq = last_seq,
             history_from = log.first_seq(),
             "store server listening"
@@ -337,15 +410,24 @@ impl Server {
                 let _ = t.join();
             }
         }
+        let Backing::Owned(store) = &self.shared.store else {
+            // The follower owns the replica and closes it.
+            tracing::info!("replica server stopped");
+            return Ok(());
+        };
         let _w = self.shared.write.lock();
-        self.shared.store.sync()?;
+        store.sync()?;
         tracing::info!(
-            block = self.shared.store.current_block(),
+            block = store.current_block(),
             "store synced; server stopped"
         );
         drop(_w);
         match Arc::try_unwrap(self.shared) {
-            Ok(sh) => sh.store.close()?,
+            Ok(Shared {
+                store: Backing::Owned(store),
+                ..
+            }) => store.close()?,
+            Ok(_) => {}
             // A stuck connection thread still holds it: the store is synced;
             // dropping the last reference closes it.
             Err(_) => tracing::warn!("a connection did not finish in time"),
@@ -647,7 +729,6 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
 
 fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     let lim = sh.cfg.limits;
-    let store = &sh.store;
     if ss.role.is_none() && ty != op::HELLO {
         send_error(
             sh,
@@ -665,6 +746,20 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             return if fatal { Next::Close } else { Next::Continue };
         }
     };
+    let Some(store) = sh.store() else {
+        send_error(
+            sh,
+            &mut ss.out,
+            ErrorCode::ReplicaNotReady,
+            "this follower has not reached the writer yet: its replica has no store",
+        );
+        return if ss.role.is_none() {
+            Next::Close
+        } else {
+            Next::Continue
+        };
+    };
+    let store = &*store;
     let Some(role) = ss.role else {
         let Frame::Hello {
             key_width,
@@ -699,10 +794,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
         }
         ss.role = Some(role);
         ss.kw = kw;
-        let (last_seq, current) = {
-            let l = sh.log.lock();
-            (l.last_seq, l.current)
-        };
+        let (last_seq, current) = sh.position(store);
         p::put_welcome(
             &mut ss.out,
             &Welcome {
@@ -719,7 +811,8 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
         );
         return Next::Continue;
     };
-    let need = |r: Role| -> bool { role == r };
+    let replica = sh.is_replica();
+    let need = |r: Role| -> bool { role == r && !replica };
     match frame {
         Frame::Hello { .. } => {
             send_error(sh, &mut ss.out, ErrorCode::Malformed, "HELLO sent twice");
@@ -753,10 +846,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             p::end(out, at);
         }
         Frame::Status => {
-            let (last_seq, current) = {
-                let l = sh.log.lock();
-                (l.last_seq, l.current)
-            };
+            let (last_seq, current) = sh.position(store);
             p::put_u64s(
                 &mut ss.out,
                 op::STATUS_REPLY,
@@ -832,8 +922,16 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
         | Frame::Pop { .. }
         | Frame::Rollback { .. }
         | Frame::Subscribe { .. } => {
-            let msg = format!("a {role} session may not send {}", p::name_of(ty));
-            send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
+            if replica {
+                let msg = format!(
+                    "this server is a follower's read-only replica: {} goes to the writer",
+                    p::name_of(ty)
+                );
+                send_error(sh, &mut ss.out, ErrorCode::ReadOnlyReplica, &msg);
+            } else {
+                let msg = format!("a {role} session may not send {}", p::name_of(ty));
+                send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
+            }
         }
         _ => {
             let msg = format!("{} is not a request", p::name_of(ty));
@@ -998,7 +1096,13 @@ fn subscribe(
 
 fn metrics_text(sh: &Shared) -> String {
     use std::fmt::Write as _;
-    let m = sh.store.metrics();
+    let Some(store) = sh.store() else {
+        return "# HELP memfs_store_healthy 1 when the store accepts writes.\n# TYPE memfs_store_healthy gauge\nmemfs_store_healthy 0\n".into();
+    };
+    let m = store.metrics();
+    let oldest = store.oldest_rollback_block();
+    let (last_seq, _) = sh.position(&store);
+    drop(store);
     let c = &sh.counters;
     let mut t = String::new();
     let mut g = |name: &str, kind: &str, help: &str, v: f64| {
@@ -1012,7 +1116,7 @@ fn metrics_text(sh: &Shared) -> String {
         "oldest_rollback_block",
         "gauge",
         "Oldest block a rollback can reach.",
-        sh.store.oldest_rollback_block() as f64,
+        oldest as f64,
     );
     g(
         "blocks_total",
@@ -1148,7 +1252,7 @@ fn metrics_text(sh: &Shared) -> String {
             "event_seq",
             "gauge",
             "Sequence number of the last event.",
-            l.last_seq as f64,
+            last_seq as f64,
         );
         g(
             "event_history_first",
