@@ -280,3 +280,145 @@ fn stream_that_does_not_continue_the_history_is_refused() {
     assert!(e.to_string().contains("strictly increase"), "{e}");
     assert_eq!(contents(&dir).0, 4);
 }
+
+/// A read-only server on a follower's replica, stopped by a Drop guard.
+struct ReplicaServer {
+    addr: std::net::SocketAddr,
+    handle: memfs_store::net::server::ShutdownHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ReplicaServer {
+    fn start(replica: Arc<follower::Replica>) -> ReplicaServer {
+        let srv = memfs_store::net::server::Server::bind_replica(
+            replica,
+            "127.0.0.1:0",
+            ServerConfig::default(),
+        )
+        .unwrap();
+        let (addr, handle) = (srv.local_addr(), srv.handle());
+        let thread = Some(std::thread::spawn(move || srv.run().expect("replica server")));
+        ReplicaServer {
+            addr,
+            handle,
+            thread,
+        }
+    }
+
+    fn client(&self, role: Role) -> Result<memfs_store::net::client::Client, ClientError> {
+        memfs_store::net::client::Client::connect(memfs_store::net::client::ClientConfig::new(
+            self.addr.to_string(),
+            role,
+        ))
+    }
+}
+
+impl Drop for ReplicaServer {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+use memfs_store::net::client::ClientError;
+
+/// Reads on a follower's replica see the state after whole events: every
+/// block writes the same value to all keys, so a read that mixes two values
+/// saw a block half applied.
+#[test]
+fn replica_serves_reads_of_whole_blocks_while_following() {
+    const KEYS: u64 = 512;
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("writer");
+    create_store(&wdir, 8);
+    let srv = TestServer::start(&wdir, ServerConfig::default(), None);
+    let replica = follower::Replica::new();
+    let rsrv = ReplicaServer::start(replica.clone());
+    // No store yet: a typed refusal.
+    let e = rsrv.client(Role::Read).err().expect("no store yet");
+    assert_eq!(e.code(), Some(ErrorCode::ReplicaNotReady), "{e}");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress = Arc::new(Progress::default());
+    let cfg = FollowerConfig {
+        client: srv.config("", "", Role::Follow),
+        dir: tmp.path().join("replica"),
+        durability: Durability::None,
+        threads: 2,
+        max_backoff: Duration::from_millis(200),
+        on_caught_up: None,
+    };
+    let f = {
+        let (s, pr, r) = (stop.clone(), progress.clone(), replica.clone());
+        std::thread::spawn(move || follower::follow_into(cfg, &r, &s, &pr))
+    };
+    struct StopOnDrop(Arc<AtomicBool>);
+    impl Drop for StopOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Relaxed);
+        }
+    }
+    let _stop_guard = StopOnDrop(stop.clone());
+    poll_until("the replica opens", || replica.read().is_some());
+
+    let keys: Vec<[u8; 8]> = (0..KEYS).map(key).collect();
+    let readers_done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (done, keys) = (readers_done.clone(), keys.clone());
+        let mut c = rsrv.client(Role::Read).unwrap();
+        std::thread::spawn(move || {
+            let (mut reads, mut seen) = (0u64, std::collections::BTreeSet::new());
+            while !done.load(Relaxed) {
+                let vals = c.multi_get(&keys).unwrap();
+                let first = vals[0].clone();
+                assert!(
+                    vals.iter().all(|v| *v == first),
+                    "a read mixed two blocks: {:?} and {:?}",
+                    first,
+                    vals.iter().find(|v| **v != first)
+                );
+                seen.insert(first);
+                reads += 1;
+            }
+            (reads, seen.len())
+        })
+    };
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    for b in 1..=60u64 {
+        let ops: Vec<([u8; 8], [u8; 8])> = keys.iter().map(|k| (*k, b.to_le_bytes())).collect();
+        w.set(b, &ops).unwrap();
+        if b % 10 == 0 {
+            w.rollback(b - 3).unwrap();
+        }
+    }
+    let last = w.status().unwrap().last_seq;
+    poll_until("the follower catches up", || {
+        progress.seq.load(Relaxed) == last
+    });
+    readers_done.store(true, Relaxed);
+    let (reads, distinct) = reader.join().unwrap();
+    assert!(reads > 0 && distinct >= 1, "{reads} reads, {distinct} states");
+
+    // The replica answers like the writer, and refuses writes.
+    let mut r = rsrv.client(Role::Read).unwrap();
+    assert_eq!(r.multi_get(&keys).unwrap(), w.multi_get(&keys).unwrap());
+    let (rs, ws) = (r.status().unwrap(), w.status().unwrap());
+    assert_eq!((rs.current, rs.last_seq), (ws.current, ws.last_seq));
+    let mut rw = rsrv.client(Role::Write).unwrap();
+    let e = rw.set(1000, &[(key(1), [1u8; 8])]).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::ReadOnlyReplica), "{e}");
+    let e = rw.rollback(ws.current - 1).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::ReadOnlyReplica), "{e}");
+    let e = rw.pop(1000, &key(1)).unwrap_err();
+    assert_eq!(e.code(), Some(ErrorCode::ReadOnlyReplica), "{e}");
+    assert_eq!(r.get(&key(1)).unwrap(), w.get(&key(1)).unwrap());
+
+    stop.store(true, Relaxed);
+    f.join().unwrap().unwrap();
+    assert!(replica.read().is_none(), "the follower closed the replica");
+    drop(rsrv);
+    drop(w);
+    srv.stop();
+}
