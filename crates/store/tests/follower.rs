@@ -297,7 +297,9 @@ impl ReplicaServer {
         )
         .unwrap();
         let (addr, handle) = (srv.local_addr(), srv.handle());
-        let thread = Some(std::thread::spawn(move || srv.run().expect("replica server")));
+        let thread = Some(std::thread::spawn(move || {
+            srv.run().expect("replica server")
+        }));
         ReplicaServer {
             addr,
             handle,
@@ -399,7 +401,10 @@ fn replica_serves_reads_of_whole_blocks_while_following() {
     });
     readers_done.store(true, Relaxed);
     let (reads, distinct) = reader.join().unwrap();
-    assert!(reads > 0 && distinct >= 1, "{reads} reads, {distinct} states");
+    assert!(
+        reads > 0 && distinct >= 1,
+        "{reads} reads, {distinct} states"
+    );
 
     // The replica answers like the writer, and refuses writes.
     let mut r = rsrv.client(Role::Read).unwrap();
@@ -421,4 +426,85 @@ fn replica_serves_reads_of_whole_blocks_while_following() {
     drop(rsrv);
     drop(w);
     srv.stop();
+}
+
+/// Waits until the follower applied event `last`; fails with the follower's
+/// error if it stopped.
+fn wait_caught_up(mut f: Follower, last: u64, what: &str) -> Follower {
+    let pr = f.progress.clone();
+    poll_until(what, || {
+        if f.thread.as_ref().unwrap().is_finished() {
+            let r = f.thread.take().unwrap().join().unwrap();
+            panic!("the follower stopped: {r:?}");
+        }
+        pr.seq.load(Relaxed) == last
+    });
+    f
+}
+
+/// A follower whose position is older than the writer's kept history gets a
+/// copy of the writer's files (snapshot + journal) and then the stream; the
+/// writer keeps writing, snapshotting and pruning during the transfer.
+#[test]
+fn follower_behind_the_history_gets_a_snapshot() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("writer");
+    let fdir = tmp.path().join("replica");
+    Store::create(
+        &wdir,
+        memfs_store::StoreOptions {
+            key_width: 8,
+            shards: 4,
+            threads: 1,
+            durability: Durability::None,
+            rollback_window: 4,
+            snapshot_interval: 7,
+            segment_size: 4096,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .close()
+    .unwrap();
+    let cfg = ServerConfig {
+        log_events: 8,
+        ..Default::default()
+    };
+    let srv = TestServer::start(&wdir, cfg.clone(), None);
+    let mut w = srv.client("", "", Role::Write).unwrap();
+    let mut rng = StdRng::seed_from_u64(11);
+    random_work(&mut w, &mut rng, 80);
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 30);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    let f = wait_caught_up(f, last, "the follower catches up");
+    assert!(pr.snapshots.load(Relaxed) >= 1, "no snapshot was installed");
+    f.finish().unwrap();
+    // Away while the writer moves past the history again: the existing
+    // replica is replaced by a newer copy.
+    random_work(&mut w, &mut rng, 40);
+    let f = Follower::start(srv.config("", "", Role::Follow), &fdir);
+    random_work(&mut w, &mut rng, 10);
+    let last = w.status().unwrap().last_seq;
+    let pr = f.progress.clone();
+    let f = wait_caught_up(f, last, "the follower catches up again");
+    assert!(pr.snapshots.load(Relaxed) >= 1, "no second snapshot");
+    f.finish().unwrap();
+    drop(w);
+    srv.stop();
+    assert_eq!(contents(&wdir), contents(&fdir));
+    let snaps = std::fs::read_dir(&wdir)
+        .unwrap()
+        .filter(|e| {
+            let n = e.as_ref().unwrap().file_name().into_string().unwrap();
+            n.starts_with("snapshot-") && n.ends_with(".snap")
+        })
+        .count();
+    assert!(
+        snaps >= 1,
+        "the writer never snapshotted: the test lost its point"
+    );
+    assert!(!tmp.path().join("replica.snapshot-incoming").exists());
+    assert!(!tmp.path().join("replica.snapshot-old").exists());
 }

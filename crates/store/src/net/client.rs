@@ -73,6 +73,12 @@ pub enum ClientError {
     Protocol(String),
     #[error("invalid request: {0}")]
     Invalid(String),
+    #[error("{path}: {source}")]
+    File {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
 }
 
 impl ClientError {
@@ -590,6 +596,81 @@ impl Client {
         p::put_u64s(&mut self.out, op::ROLLBACK, &[target]);
         self.send()?;
         Ok(self.done()?.0)
+    }
+
+    /// Asks for a copy of the store's files (a follow session) and writes
+    /// them into the directory `into`, each file synced; returns the number
+    /// of files and bytes. The server closes the connection afterwards.
+    pub fn fetch_snapshot(mut self, into: &std::path::Path) -> Result<(u32, u64)> {
+        use std::fs::{File, OpenOptions};
+        let ferr = |path: &std::path::Path, source: io::Error| ClientError::File {
+            path: path.display().to_string(),
+            source,
+        };
+        let finish = |cur: Option<(std::path::PathBuf, File, u64)>| -> Result<()> {
+            if let Some((path, f, left)) = cur {
+                if left != 0 {
+                    return Err(ClientError::Protocol(format!(
+                        "snapshot file {} ended {left} bytes short",
+                        path.display()
+                    )));
+                }
+                f.sync_all().map_err(|e| ferr(&path, e))?;
+            }
+            Ok(())
+        };
+        self.ensure_fresh()?;
+        p::put_empty(&mut self.out, op::SNAPSHOT);
+        self.send()?;
+        let lim = Limits {
+            max_frame: u32::MAX,
+            max_batch: u32::MAX,
+        };
+        let mut cur: Option<(std::path::PathBuf, File, u64)> = None;
+        let (mut files, mut bytes) = (0u32, 0u64);
+        loop {
+            let (ty, body) = self.recv()?;
+            match p::parse(ty, &self.inbuf[body], 0, &lim) {
+                Ok(Frame::SnapFile { size, name }) => {
+                    finish(cur.take())?;
+                    let path = into.join(name);
+                    let f = OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&path)
+                        .map_err(|e| ferr(&path, e))?;
+                    cur = Some((path, f, size));
+                    files += 1;
+                }
+                Ok(Frame::SnapData { data }) => {
+                    let Some((path, f, left)) = cur.as_mut() else {
+                        return Err(ClientError::Protocol("SNAP_DATA before SNAP_FILE".into()));
+                    };
+                    if data.len() as u64 > *left {
+                        return Err(ClientError::Protocol(format!(
+                            "more data than announced for {}",
+                            path.display()
+                        )));
+                    }
+                    f.write_all(data).map_err(|e| ferr(path, e))?;
+                    *left -= data.len() as u64;
+                    bytes += data.len() as u64;
+                }
+                Ok(Frame::SnapEnd {
+                    files: nf,
+                    bytes: nb,
+                }) => {
+                    finish(cur.take())?;
+                    if (nf, nb) != (files, bytes) {
+                        return Err(ClientError::Protocol(format!(
+                            "snapshot ended after {files} files and {bytes} bytes, the server sent {nf} and {nb}"
+                        )));
+                    }
+                    return Ok((files, bytes));
+                }
+                _ => return Err(self.unexpected(ty, "SNAP_FILE, SNAP_DATA or SNAP_END")),
+            }
+        }
     }
 
     /// Turns this connection into a subscription to the events after event

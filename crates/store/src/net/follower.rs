@@ -12,7 +12,7 @@ use super::client::{Client, ClientConfig, ClientError, Event, Subscription, deco
 use super::protocol::{self as p, ErrorCode, Role};
 use crate::{Durability, Store, StoreError, StoreOptions};
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -44,6 +44,120 @@ pub enum FollowError {
     Skipped { expected: u64, got: u64 },
     #[error("the stream does not continue this replica's history: {0}")]
     Diverged(String),
+    #[error("snapshot transfer into {dir}: {why}")]
+    Snapshot { dir: PathBuf, why: String },
+}
+
+/// Consecutive snapshot transfers after which a follower that still cannot
+/// subscribe gives up (the writer moves faster than a copy can be made).
+const MAX_SNAPSHOT_TRIES: u32 = 3;
+
+/// `DIR.snapshot-incoming` or `DIR.snapshot-old`, next to the replica.
+fn sibling(dir: &Path, what: &str) -> Result<PathBuf, FollowError> {
+    let name = dir.file_name().ok_or_else(|| FollowError::Snapshot {
+        dir: dir.to_path_buf(),
+        why: "the replica directory needs a name (not / or ..)".into(),
+    })?;
+    let mut n = name.to_os_string();
+    n.push(format!(".snapshot-{what}"));
+    Ok(dir.with_file_name(n))
+}
+
+/// Marks a completely received copy, before it replaces the replica.
+const COMPLETE: &str = ".complete";
+
+/// Finishes or undoes a replacement of the replica that a crash interrupted
+/// (see [`install_snapshot`]).
+fn recover_swap(dir: &Path) -> Result<(), FollowError> {
+    let incoming = sibling(dir, "incoming")?;
+    let old = sibling(dir, "old")?;
+    let io = |why: std::io::Error| FollowError::Snapshot {
+        dir: dir.to_path_buf(),
+        why: why.to_string(),
+    };
+    if incoming.exists() {
+        if !dir.exists() && incoming.join(COMPLETE).exists() {
+            std::fs::rename(&incoming, dir).map_err(io)?;
+        } else {
+            std::fs::remove_dir_all(&incoming).map_err(io)?;
+        }
+    }
+    if old.exists() {
+        if dir.exists() {
+            std::fs::remove_dir_all(&old).map_err(io)?;
+        } else {
+            std::fs::rename(&old, dir).map_err(io)?;
+        }
+    }
+    let _ = std::fs::remove_file(dir.join(COMPLETE));
+    Ok(())
+}
+
+/// Replaces the replica with a copy of the writer's files: received into
+/// `DIR.snapshot-incoming` (the old replica stays readable meanwhile), then,
+/// with readers held off, the old store is closed, the directories are
+/// swapped by renames and the copy is opened (which recovers it like any
+/// store after a crash). A crash at any point leaves either the old replica
+/// or the complete copy, found by [`recover_swap`] at the next start.
+fn install_snapshot(
+    ccfg: &ClientConfig,
+    dir: &Path,
+    opts: &StoreOptions,
+    replica: &Replica,
+) -> Result<(), FollowError> {
+    let incoming = sibling(dir, "incoming")?;
+    let old = sibling(dir, "old")?;
+    let io = |why: std::io::Error| FollowError::Snapshot {
+        dir: dir.to_path_buf(),
+        why: why.to_string(),
+    };
+    if incoming.exists() {
+        std::fs::remove_dir_all(&incoming).map_err(io)?;
+    }
+    std::fs::create_dir_all(&incoming).map_err(io)?;
+    let t0 = std::time::Instant::now();
+    let (files, bytes) = Client::connect(ccfg.clone())?.fetch_snapshot(&incoming)?;
+    std::fs::File::create(incoming.join(COMPLETE))
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    sync_dir(&incoming).map_err(io)?;
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    let mut g = replica.store.write();
+    if let Some(s) = g.take() {
+        s.close().map_err(|source| FollowError::Store {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    if dir.exists() {
+        std::fs::rename(dir, &old).map_err(io)?;
+    }
+    std::fs::rename(&incoming, dir).map_err(io)?;
+    if let Some(p) = parent {
+        sync_dir(p).map_err(io)?;
+    }
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(io)?;
+    }
+    std::fs::remove_file(dir.join(COMPLETE)).map_err(io)?;
+    let st = Store::open_or_create(dir, opts.clone()).map_err(|source| FollowError::Store {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    tracing::info!(
+        files,
+        bytes,
+        seq = st.last_commit(),
+        block = st.current_block(),
+        secs = t0.elapsed().as_secs_f64(),
+        "follower: installed a snapshot of the writer"
+    );
+    *g = Some(st);
+    Ok(())
+}
+
+fn sync_dir(p: &Path) -> std::io::Result<()> {
+    std::fs::File::open(p)?.sync_all()
 }
 
 /// The follower's store, shared with readers (a read-only server, see
@@ -75,6 +189,8 @@ pub struct Progress {
     /// The writer's last event number, from the latest event or heartbeat.
     pub writer_seq: AtomicU64,
     pub connected: AtomicBool,
+    /// Snapshots of the writer installed.
+    pub snapshots: AtomicU64,
 }
 
 fn fatal(e: &ClientError) -> bool {
@@ -117,6 +233,8 @@ pub fn follow_into(
         source,
     };
     let mut backoff = Duration::from_millis(50);
+    let mut snapshots = 0u32;
+    recover_swap(&cfg.dir)?;
     let result = loop {
         if stop.load(Relaxed) {
             break Ok(());
@@ -131,16 +249,19 @@ pub fn follow_into(
             Err(e) => break Err(e.into()),
         };
         let w = *client.welcome();
+        let opts = StoreOptions {
+            key_width: w.key_width as usize,
+            shards: w.shards as usize,
+            rollback_window: w.rollback_window,
+            durability: cfg.durability,
+            threads: cfg.threads,
+            ..Default::default()
+        };
         if replica.store.read().is_none() {
-            let opts = StoreOptions {
-                key_width: w.key_width as usize,
-                shards: w.shards as usize,
-                rollback_window: w.rollback_window,
-                durability: cfg.durability,
-                threads: cfg.threads,
-                ..Default::default()
-            };
-            match Store::open_or_create(&cfg.dir, opts) {
+            if let Err(e) = recover_swap(&cfg.dir) {
+                break Err(e);
+            }
+            match Store::open_or_create(&cfg.dir, opts.clone()) {
                 Ok(s) => *replica.store.write() = Some(s),
                 Err(e) => break Err(serr(e)),
             }
@@ -166,8 +287,28 @@ pub fn follow_into(
             progress.connected.store(false, Relaxed);
             r
         });
+        if progress.seq.load(Relaxed) > seq {
+            snapshots = 0;
+        }
         match r {
             Ok(()) => break Ok(()),
+            Err(FollowError::Client(e))
+                if e.code() == Some(ErrorCode::HistoryUnavailable)
+                    && snapshots < MAX_SNAPSHOT_TRIES =>
+            {
+                snapshots += 1;
+                tracing::info!(error = %e, "follower: the writer no longer has the events this replica needs; fetching a snapshot");
+                match install_snapshot(&ccfg, &cfg.dir, &opts, replica) {
+                    Ok(()) => {
+                        progress.snapshots.fetch_add(1, Relaxed);
+                    }
+                    Err(FollowError::Client(e)) if !fatal(&e) => {
+                        tracing::warn!(error = %e, "follower: snapshot transfer failed; retrying");
+                        pause(stop, &mut backoff, cfg.max_backoff);
+                    }
+                    Err(e) => break Err(e),
+                }
+            }
             Err(FollowError::Client(e)) if !fatal(&e) => {
                 tracing::warn!(error = %e, "follower: connection lost; resuming");
                 pause(stop, &mut backoff, cfg.max_backoff);

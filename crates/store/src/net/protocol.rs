@@ -29,6 +29,7 @@ pub mod op {
     pub const POP: u8 = 0x21;
     pub const ROLLBACK: u8 = 0x22;
     pub const SUBSCRIBE: u8 = 0x30;
+    pub const SNAPSHOT: u8 = 0x31;
     pub const WELCOME: u8 = 0x81;
     pub const PONG: u8 = 0x82;
     pub const VALUE: u8 = 0x90;
@@ -39,6 +40,9 @@ pub mod op {
     pub const EV_BLOCK: u8 = 0xB0;
     pub const EV_ROLLBACK: u8 = 0xB1;
     pub const HEARTBEAT: u8 = 0xB2;
+    pub const SNAP_FILE: u8 = 0xB3;
+    pub const SNAP_DATA: u8 = 0xB4;
+    pub const SNAP_END: u8 = 0xB5;
     pub const ERROR: u8 = 0xEE;
 }
 
@@ -302,6 +306,7 @@ pub enum Frame<'a> {
         from_seq: u64,
         from_block: u64,
     },
+    Snapshot,
     Welcome(Welcome),
     Pong,
     /// An empty value means absent.
@@ -343,6 +348,19 @@ pub enum Frame<'a> {
     Heartbeat {
         last_seq: u64,
         current: u64,
+    },
+    /// A file of a snapshot transfer follows in SNAP_DATA frames; `name` is
+    /// checked to be a plain file name.
+    SnapFile {
+        size: u64,
+        name: &'a str,
+    },
+    SnapData {
+        data: &'a [u8],
+    },
+    SnapEnd {
+        files: u32,
+        bytes: u64,
     },
     Error {
         code: u16,
@@ -547,6 +565,35 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
             r.end()?;
             Frame::Rollback { target }
         }
+        op::SNAPSHOT => {
+            r.end()?;
+            Frame::Snapshot
+        }
+        op::SNAP_FILE => {
+            let size = r.u64()?;
+            let len = r.u16()? as usize;
+            let name = r.take(len)?;
+            r.end()?;
+            let name = std::str::from_utf8(name)
+                .ok()
+                .filter(|n| is_plain_file_name(n))
+                .ok_or_else(|| {
+                    r.bad(format!(
+                        "{:?} is not a plain file name",
+                        String::from_utf8_lossy(name)
+                    ))
+                })?;
+            Frame::SnapFile { size, name }
+        }
+        op::SNAP_DATA => Frame::SnapData { data: r.rest() },
+        op::SNAP_END => {
+            let f = Frame::SnapEnd {
+                files: r.u32()?,
+                bytes: r.u64()?,
+            };
+            r.end()?;
+            f
+        }
         op::SUBSCRIBE => {
             let from_seq = r.u64()?;
             let from_block = r.u64()?;
@@ -687,6 +734,10 @@ pub fn name_of(ty: u8) -> &'static str {
         op::POP => "POP",
         op::ROLLBACK => "ROLLBACK",
         op::SUBSCRIBE => "SUBSCRIBE",
+        op::SNAPSHOT => "SNAPSHOT",
+        op::SNAP_FILE => "SNAP_FILE",
+        op::SNAP_DATA => "SNAP_DATA",
+        op::SNAP_END => "SNAP_END",
         op::WELCOME => "WELCOME",
         op::PONG => "PONG",
         op::VALUE => "VALUE",
@@ -820,6 +871,31 @@ pub fn put_pop(out: &mut Vec<u8>, block: u64, key: &[u8]) {
     let at = begin(out, op::POP);
     out.extend_from_slice(&block.to_le_bytes());
     out.extend_from_slice(key);
+    end(out, at);
+}
+
+/// A name a snapshot transfer may create: one path component of at most
+/// 255 bytes, printable ASCII, not `.` or `..`, nothing hidden.
+pub fn is_plain_file_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 255
+        && !n.starts_with('.')
+        && n.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\')
+}
+
+pub fn put_snap_file(out: &mut Vec<u8>, size: u64, name: &str) {
+    let at = begin(out, op::SNAP_FILE);
+    out.extend_from_slice(&size.to_le_bytes());
+    out.extend_from_slice(&(name.len() as u16).to_le_bytes());
+    out.extend_from_slice(name.as_bytes());
+    end(out, at);
+}
+
+pub fn put_snap_end(out: &mut Vec<u8>, files: u32, bytes: u64) {
+    let at = begin(out, op::SNAP_END);
+    out.extend_from_slice(&files.to_le_bytes());
+    out.extend_from_slice(&bytes.to_le_bytes());
     end(out, at);
 }
 

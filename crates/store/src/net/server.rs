@@ -594,6 +594,7 @@ enum Next {
     Continue,
     Close,
     Subscribe { from_seq: u64, from_block: u64 },
+    Snapshot,
 }
 
 fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
@@ -642,6 +643,13 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
                             s.flush()?;
                             ss.out.clear();
                             return subscribe(sh, &mut s, &mut ss.out, from_seq, from_block);
+                        }
+                        Next::Snapshot => {
+                            s.write_all(&ss.out)?;
+                            ss.out.clear();
+                            send_snapshot(sh, &mut s, &mut ss.out)?;
+                            close_gracefully(&mut s);
+                            return Ok(());
                         }
                     }
                 }
@@ -918,10 +926,12 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                 from_block,
             };
         }
+        Frame::Snapshot if need(Role::Follow) => return Next::Snapshot,
         Frame::Set { .. }
         | Frame::Pop { .. }
         | Frame::Rollback { .. }
-        | Frame::Subscribe { .. } => {
+        | Frame::Subscribe { .. }
+        | Frame::Snapshot => {
             if replica {
                 let msg = format!(
                     "this server is a follower's read-only replica: {} goes to the writer",
@@ -992,7 +1002,7 @@ fn subscribe(
             Err((
                 ErrorCode::HistoryUnavailable,
                 format!(
-                    "the follower needs events from {} on, but the writer keeps events {}..={} only; seed the follower with a copy of the writer's data directory",
+                    "the follower needs events from {} on, but the writer keeps events {}..={} only; it must fetch a snapshot (SNAPSHOT)",
                     from_seq + 1,
                     l.first_seq(),
                     l.last_seq
@@ -1092,6 +1102,125 @@ fn subscribe(
         }
         s.flush()?;
     }
+}
+
+/// Bytes of file data per SNAP_DATA frame.
+const SNAP_CHUNK: usize = 1 << 20;
+
+/// The files that make up the store: `STORE`, `MANIFEST`, the snapshots and
+/// the journal segments (not the lock, spare or temporary files), each
+/// opened with its length at that moment. An open file stays readable if the
+/// store prunes it meanwhile. The manifest is opened first; if another one
+/// replaced it before every file was opened, files it needs may have been
+/// pruned, so the listing starts over.
+fn open_store_files(dir: &std::path::Path) -> io::Result<Vec<(String, std::fs::File, u64)>> {
+    use std::os::unix::fs::MetadataExt;
+    let wanted = |n: &str| {
+        n == crate::meta::META_FILE
+            || (n.starts_with("snapshot-") && n.ends_with(".snap"))
+            || (n.starts_with("journal-") && n.ends_with(".log"))
+    };
+    let manifest_path = dir.join(memfs_journal::manifest::MANIFEST_FILE);
+    for _ in 0..20 {
+        let manifest = match std::fs::File::open(&manifest_path) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        let mut names: Vec<String> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| wanted(n))
+            .collect();
+        names.sort();
+        let mut files = Vec::with_capacity(names.len() + 1);
+        for n in names {
+            match std::fs::File::open(dir.join(&n)) {
+                Ok(f) => {
+                    let len = f.metadata()?.len();
+                    files.push((n, f, len));
+                }
+                // Pruned after the listing: the manifest held does not need it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let now = std::fs::metadata(&manifest_path);
+        let unchanged = match (&manifest, &now) {
+            (Some(m), Ok(now)) => m.metadata()?.ino() == now.ino(),
+            (None, Err(e)) => e.kind() == io::ErrorKind::NotFound,
+            _ => false,
+        };
+        if unchanged {
+            if let Some(m) = manifest {
+                let len = m.metadata()?.len();
+                files.push((memfs_journal::manifest::MANIFEST_FILE.to_string(), m, len));
+            }
+            return Ok(files);
+        }
+    }
+    Err(io::Error::other(
+        "the store kept publishing snapshots while its files were being listed",
+    ))
+}
+
+/// Streams a copy of the store's files (a snapshot and the journal after
+/// it) in chunks: SNAP_FILE, SNAP_DATA*, ..., SNAP_END. Memory stays at one
+/// chunk whatever the store's size; the writer is not paused. The copy is
+/// what a crash at the moment of the listing would have left, so opening
+/// it recovers a prefix of the writer's history, and the follower subscribes
+/// from there.
+fn send_snapshot(sh: &Shared, s: &mut Stream, out: &mut Vec<u8>) -> io::Result<()> {
+    let Backing::Owned(store) = &sh.store else {
+        unreachable!("a replica refuses SNAPSHOT before this");
+    };
+    let dir = store.shared.dir.clone();
+    // Make the journal files hold every event published so far (a non-sync
+    // store may still buffer them), so that the copy ends no earlier than
+    // now and the history kept in memory covers what follows.
+    let files = match store
+        .sync()
+        .map_err(io::Error::other)
+        .and_then(|()| open_store_files(&dir))
+    {
+        Ok(f) => f,
+        Err(e) => {
+            send_error(sh, out, ErrorCode::Internal, &format!("snapshot: {e}"));
+            s.write_all(out)?;
+            return s.flush();
+        }
+    };
+    tracing::info!(
+        files = files.len(),
+        "sending a snapshot of the store's files"
+    );
+    let mut buf = vec![0u8; SNAP_CHUNK];
+    let mut total = 0u64;
+    let nfiles = files.len() as u32;
+    for (name, mut f, size) in files {
+        out.clear();
+        p::put_snap_file(out, size, &name);
+        s.write_all(out)?;
+        let mut left = size;
+        while left > 0 {
+            let n = (left as usize).min(SNAP_CHUNK);
+            f.read_exact(&mut buf[..n])?;
+            let mut hdr = Vec::with_capacity(p::LEN_BYTES + 1);
+            let at = p::begin(&mut hdr, op::SNAP_DATA);
+            hdr[at..at + p::LEN_BYTES].copy_from_slice(&(n as u32 + 1).to_le_bytes());
+            s.write_all(&hdr)?;
+            s.write_all(&buf[..n])?;
+            sh.counters
+                .bytes_out
+                .fetch_add((n + hdr.len()) as u64, Relaxed);
+            left -= n as u64;
+        }
+        total += size;
+    }
+    out.clear();
+    p::put_snap_end(out, nfiles, total);
+    s.write_all(out)?;
+    out.clear();
+    s.flush()
 }
 
 fn metrics_text(sh: &Shared) -> String {
