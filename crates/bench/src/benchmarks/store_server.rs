@@ -40,6 +40,22 @@ pub struct Args {
     /// Skip the Redis baseline.
     #[arg(long)]
     no_redis: bool,
+    /// Only the follower-lag run.
+    #[arg(long)]
+    lag_only: bool,
+    /// Threads the follower applies a block with.
+    #[arg(long, default_value_t = 2)]
+    follower_threads: usize,
+}
+
+/// Whether `prog` can be run (`prog --version`).
+fn have(prog: &str) -> bool {
+    Command::new(prog)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 struct Served {
@@ -263,7 +279,15 @@ fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((cert, key))
 }
 
-fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
+struct Lag {
+    mean: f64,
+    max: u64,
+    /// Share of the samples at most 1 block behind.
+    within_one: f64,
+    blocks_per_sec: f64,
+}
+
+fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
     let wdir = tmp.join("lag-writer");
     let fdir = tmp.join("lag-replica");
     Store::create(
@@ -286,7 +310,7 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
         durability: "async"
             .parse::<Durability>()
             .map_err(|e| anyhow::anyhow!(e))?,
-        threads: 2,
+        threads,
         max_backoff: Duration::from_millis(200),
         on_caught_up: None,
     };
@@ -297,7 +321,7 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
     let mut w = Client::connect(ClientConfig::new(srv.addr.clone(), Role::Write))?;
     let mut next = 0u64;
     let mut live: std::collections::VecDeque<u64> = Default::default();
-    let (mut lag_sum, mut lag_max) = (0u64, 0u64);
+    let (mut lag_sum, mut lag_max, mut within) = (0u64, 0u64, 0u64);
     let t0 = Instant::now();
     for b in 1..=blocks {
         let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
@@ -314,6 +338,7 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
         let lag = seq.saturating_sub(progress.seq.load(Relaxed));
         lag_sum += lag;
         lag_max = lag_max.max(lag);
+        within += (lag <= 1) as u64;
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let last = w.status()?.last_seq;
@@ -324,15 +349,31 @@ fn follower_lag(tmp: &Path, blocks: u64) -> Result<(f64, u64, f64)> {
     stop.store(true, Relaxed);
     f.join()
         .map_err(|_| anyhow::anyhow!("follower panicked"))??;
-    Ok((
-        lag_sum as f64 / blocks as f64,
-        lag_max,
-        blocks as f64 / elapsed,
-    ))
+    Ok(Lag {
+        mean: lag_sum as f64 / blocks as f64,
+        max: lag_max,
+        within_one: within as f64 / blocks as f64,
+        blocks_per_sec: blocks as f64 / elapsed,
+    })
+}
+
+fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
+    let l = follower_lag(tmp, a.blocks, a.follower_threads)?;
+    println!(
+        "follower lag, 10k inserts + 9k deletes per block at {:.1} blocks/s: mean {:.2} blocks, max {} blocks, {:.0} % of blocks within 1",
+        l.blocks_per_sec,
+        l.mean,
+        l.max,
+        l.within_one * 100.0
+    );
+    Ok(())
 }
 
 pub fn run(a: Args) -> Result<()> {
     let tmp = tempfile::tempdir()?;
+    if a.lag_only {
+        return print_lag(&a, tmp.path());
+    }
     let dir = tmp.path().join("store");
     fill(&dir, a.keys)?;
     println!(
@@ -341,7 +382,21 @@ pub fn run(a: Args) -> Result<()> {
     );
 
     let mut redis = None;
-    if !a.no_redis {
+    let redis_missing = [
+        ("redis-server", "redis-server"),
+        ("redis-benchmark", "redis-tools"),
+    ]
+    .into_iter()
+    .filter(|(prog, _)| !have(prog))
+    .map(|(_, pkg)| pkg)
+    .collect::<Vec<_>>();
+    if !a.no_redis && !redis_missing.is_empty() {
+        println!(
+            "Redis baseline skipped: apt-get install {} (scripts/setup installs them)",
+            redis_missing.join(" ")
+        );
+    }
+    if !a.no_redis && redis_missing.is_empty() {
         let port = free_port()?;
         let child = Command::new("redis-server")
             .args([
@@ -438,9 +493,5 @@ pub fn run(a: Args) -> Result<()> {
             m99 / m[5]
         );
     }
-    let (lag_mean, lag_max, bps) = follower_lag(tmp.path(), a.blocks)?;
-    println!(
-        "follower lag, 10k inserts + 9k deletes per block at {bps:.1} blocks/s: mean {lag_mean:.2} blocks, max {lag_max} blocks"
-    );
-    Ok(())
+    print_lag(&a, tmp.path())
 }
