@@ -308,3 +308,50 @@ fn cli_remote_forms_and_wrong_credentials() {
         "0102030405060708\t(absent)\n"
     );
 }
+
+/// `memfs store follow --listen`: the replica answers `get --remote` like
+/// the writer, refuses `set --remote` (non-zero exit, ReadOnlyReplica), and
+/// the follower stops cleanly on SIGTERM.
+#[test]
+fn cli_follower_serves_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("w");
+    let fdir = tmp.path().join("f");
+    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
+    assert!(
+        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let _w = writer(&wdir, addr.rsplit(':').next().unwrap().parse().unwrap());
+    let o = run(&["store", "set", "--remote", &addr, "0102030405060708=aabb"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut f = Proc::spawn(&[
+        "store",
+        "follow",
+        &addr,
+        "--dir",
+        fdir.to_str().unwrap(),
+        "--durability",
+        "none",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let line = f.wait_line("serving the replica", |l| {
+        l.starts_with("serving the replica read-only on ")
+    });
+    let raddr = line.rsplit(' ').next().unwrap().to_string();
+    f.wait_line("caught up", |l| l.starts_with("caught up at event 1 "));
+    let o = run(&["store", "get", "--remote", &raddr, "0102030405060708"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "0102030405060708\taabb\n");
+    let o = run(&["store", "set", "--remote", &raddr, "0102030405060708=cc"]);
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("read-only replica"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(f.terminate().success());
+}
