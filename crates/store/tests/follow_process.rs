@@ -345,7 +345,10 @@ fn cli_follower_serves_reads() {
     f.wait_line("caught up", |l| l.starts_with("caught up at event 1 "));
     let o = run(&["store", "get", "--remote", &raddr, "0102030405060708"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(String::from_utf8_lossy(&o.stdout), "0102030405060708\taabb\n");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "0102030405060708\taabb\n"
+    );
     let o = run(&["store", "set", "--remote", &raddr, "0102030405060708=cc"]);
     assert!(!o.status.success());
     assert!(

@@ -134,7 +134,7 @@ impl Counters {
 /// What a server serves: a store it owns (the writer), or a follower's
 /// replica, read-only, which the follower applies events to.
 enum Backing {
-    Owned(Store),
+    Owned(Box<Store>),
     Replica(Arc<Replica>),
 }
 
@@ -248,7 +248,7 @@ impl ShutdownHandle {
 impl Server {
     /// Takes the store and listens on `addr`.
     pub fn bind(store: Store, addr: &str, cfg: ServerConfig) -> Result<Server, ServerError> {
-        Server::bind_backing(Backing::Owned(store), addr, cfg)
+        Server::bind_backing(Backing::Owned(Box::new(store)), addr, cfg)
     }
 
     /// Serves a follower's replica read-only: GET, MULTI_GET, STATUS and
@@ -426,7 +426,7 @@ impl Server {
             Ok(Shared {
                 store: Backing::Owned(store),
                 ..
-            }) => store.close()?,
+            }) => (*store).close()?,
             Ok(_) => {}
             // A stuck connection thread still holds it: the store is synced;
             // dropping the last reference closes it.
