@@ -61,6 +61,12 @@ fn valid_stream(kw: usize) -> Vec<u8> {
         b
     });
     p::put_u64s(&mut out, p::op::EV_ROLLBACK, &[2, 5, 1, 1]);
+    p::put_empty(&mut out, p::op::SNAPSHOT);
+    p::put_snap_file(&mut out, 3, "journal-00000000000000000001.log");
+    let at = p::begin(&mut out, p::op::SNAP_DATA);
+    out.extend_from_slice(b"abc");
+    p::end(&mut out, at);
+    p::put_snap_end(&mut out, 1, 3);
     p::put_error(&mut out, p::ErrorCode::Forbidden, "nope");
     out
 }
@@ -86,7 +92,7 @@ proptest! {
     fn mutated_valid_frames(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
         let lim = Limits::default();
         let mut buf = valid_stream(8);
-        assert_eq!(drive(&buf, 8, &lim), 11);
+        assert_eq!(drive(&buf, 8, &lim), 15);
         for (at, b) in flips {
             let i = at % buf.len();
             buf[i] = b;
@@ -95,4 +101,34 @@ proptest! {
         drive(&buf[..cut], 8, &lim);
         drive(&buf, 8, &lim);
     }
+}
+
+/// A snapshot transfer may only create plain files inside the directory it
+/// fills: names with a path separator, `..`, a leading dot or control bytes
+/// are malformed frames.
+#[test]
+fn snapshot_file_names_are_plain() {
+    let lim = Limits::default();
+    for bad in ["", "..", "../x", "a/b", ".hidden", "a\\b", "a b", "a\nb"] {
+        let mut out = Vec::new();
+        p::put_snap_file(&mut out, 1, bad);
+        let (ty, body, _) = p::split_frame(&out, u32::MAX).unwrap().unwrap();
+        assert!(
+            matches!(
+                p::parse(ty, body, 8, &lim),
+                Err(ProtoError::Malformed { .. })
+            ),
+            "{bad:?} accepted"
+        );
+    }
+    let mut out = Vec::new();
+    p::put_snap_file(&mut out, 7, "snapshot-00000000000000000042.snap");
+    let (ty, body, _) = p::split_frame(&out, u32::MAX).unwrap().unwrap();
+    assert!(matches!(
+        p::parse(ty, body, 8, &lim),
+        Ok(p::Frame::SnapFile {
+            size: 7,
+            name: "snapshot-00000000000000000042.snap"
+        })
+    ));
 }
