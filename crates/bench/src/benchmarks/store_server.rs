@@ -285,6 +285,11 @@ struct Lag {
     /// Share of the samples at most 1 block behind.
     within_one: f64,
     blocks_per_sec: f64,
+    /// Milliseconds per block: the writer's `set` round trip, the
+    /// follower's apply, the follower's wait for a frame.
+    writer_ms: f64,
+    apply_ms: f64,
+    idle_ms: f64,
 }
 
 fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
@@ -322,6 +327,7 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
     let mut next = 0u64;
     let mut live: std::collections::VecDeque<u64> = Default::default();
     let (mut lag_sum, mut lag_max, mut within) = (0u64, 0u64, 0u64);
+    let mut set_time = Duration::ZERO;
     let t0 = Instant::now();
     for b in 1..=blocks {
         let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
@@ -334,7 +340,9 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
             let k = live.pop_front().expect("non-empty");
             ops.push((k.to_le_bytes(), &[]));
         }
+        let t_set = Instant::now();
         let seq = w.set(b, &ops)?;
+        set_time += t_set.elapsed();
         let lag = seq.saturating_sub(progress.seq.load(Relaxed));
         lag_sum += lag;
         lag_max = lag_max.max(lag);
@@ -354,6 +362,9 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
         max: lag_max,
         within_one: within as f64 / blocks as f64,
         blocks_per_sec: blocks as f64 / elapsed,
+        writer_ms: set_time.as_secs_f64() * 1e3 / blocks as f64,
+        apply_ms: progress.apply_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+        idle_ms: progress.idle_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
     })
 }
 
@@ -365,6 +376,10 @@ fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
         l.mean,
         l.max,
         l.within_one * 100.0
+    );
+    println!(
+        "  per block: writer set round trip {:.2} ms; follower apply {:.2} ms, idle {:.2} ms (waiting for the next frame)",
+        l.writer_ms, l.apply_ms, l.idle_ms
     );
     Ok(())
 }

@@ -191,6 +191,10 @@ pub struct Progress {
     pub connected: AtomicBool,
     /// Snapshots of the writer installed.
     pub snapshots: AtomicU64,
+    /// Time spent applying events (replica write lock held), and waiting
+    /// for the next frame with nothing to apply, in nanoseconds.
+    pub apply_nanos: AtomicU64,
+    pub idle_nanos: AtomicU64,
 }
 
 fn fatal(e: &ClientError) -> bool {
@@ -406,7 +410,12 @@ fn apply_frames(
         if stop.load(Relaxed) {
             return Ok(());
         }
-        let frame = match rx.recv_timeout(Duration::from_millis(50)) {
+        let t_wait = std::time::Instant::now();
+        let got = rx.recv_timeout(Duration::from_millis(50));
+        progress
+            .idle_nanos
+            .fetch_add(t_wait.elapsed().as_nanos() as u64, Relaxed);
+        let frame = match got {
             Ok(f) => f?,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -436,6 +445,7 @@ fn apply_frames(
             Event::Block { seq, prev, .. } | Event::Rollback { seq, prev, .. } => (seq, prev),
         };
         // Readers wait while this one event is applied.
+        let t_apply = std::time::Instant::now();
         let guard = replica.store.write();
         let st = guard.as_ref().expect("opened");
         let last = st.last_commit();
@@ -477,6 +487,9 @@ fn apply_frames(
         progress.block.store(st.current_block(), Relaxed);
         progress.writer_seq.fetch_max(seq, Relaxed);
         drop(guard);
+        progress
+            .apply_nanos
+            .fetch_add(t_apply.elapsed().as_nanos() as u64, Relaxed);
         let _ = free.send(frame);
     }
 }
