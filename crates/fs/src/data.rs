@@ -211,7 +211,9 @@ impl FileData {
             }
             v.resize(new_len, 0);
         }
-        v[off..off + n].copy_from_slice(&data[..n]);
+        if n > 0 {
+            v[off..off + n].copy_from_slice(&data[..n]);
+        }
         Some(allocated)
     }
 
