@@ -258,6 +258,12 @@ impl Fs {
         if inode.ino == ROOT_INO {
             return;
         }
+        // Whoever drops the last of these references calls again, so a node
+        // still referenced can be passed over without taking its lock (a
+        // close of a file the kernel still knows, every create's release).
+        if inode.nlookup.load(Ordering::Acquire) > 0 || inode.nopen.load(Ordering::Acquire) > 0 {
+            return;
+        }
         let pages = {
             let st = inode.state.read();
             if st.meta.nlink > 0
@@ -387,6 +393,13 @@ impl Fs {
                 self.maybe_free(&inode);
             }
         }
+    }
+
+    /// Whether a regular file's contents are stored inline (small files,
+    /// see `INLINE_MAX`): for tests and memory figures, not semantics.
+    pub fn stores_inline(&self, ino: u64) -> bool {
+        self.get(ino)
+            .is_ok_and(|n| matches!(&n.state.read().body, Body::File(d) if d.is_inline()))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
@@ -524,6 +537,23 @@ impl Fs {
         symlink: Option<&[u8]>,
         take_ref: bool,
     ) -> Result<Attr> {
+        self.make_node_open(ctx, parent, name, mode, rdev, symlink, take_ref, false)
+    }
+
+    /// [`Fs::make_node`], the node born open when `open` (`create`): setting
+    /// the count before the node is published saves finding it again.
+    #[allow(clippy::too_many_arguments)]
+    fn make_node_open(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        symlink: Option<&[u8]>,
+        take_ref: bool,
+        open: bool,
+    ) -> Result<Attr> {
         self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64))?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
@@ -570,6 +600,9 @@ impl Fs {
         let attr = inode.state.read().attr(ino, kind);
         if take_ref {
             inode.nlookup.store(1, Ordering::Relaxed);
+        }
+        if open {
+            inode.nopen.store(1, Ordering::Relaxed);
         }
         self.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
@@ -640,7 +673,7 @@ impl Fs {
         mode: u32,
         excl: bool,
     ) -> Result<(Attr, bool)> {
-        match self.make_node(
+        match self.make_node_open(
             ctx,
             parent,
             name,
@@ -648,11 +681,9 @@ impl Fs {
             0,
             None,
             true,
+            true,
         ) {
-            Ok(attr) => {
-                self.get(attr.ino)?.nopen.fetch_add(1, Ordering::AcqRel);
-                Ok((attr, true))
-            }
+            Ok(attr) => Ok((attr, true)),
             Err(Errno::EEXIST) if !excl && !is_dot(name) => {
                 let attr = self.lookup(parent, name)?;
                 if attr.kind == FileType::Directory {
