@@ -343,7 +343,9 @@ fn inline_files_at_the_limit_survive_checkpoint_journal_and_restart() {
     use memfs_fs::INLINE_MAX;
     let c = Ctx::ROOT;
     let make = |fs: &Fs, tag: &str| {
-        let dir = fs.mkdir_all(c, ROOT_INO, &format!("/{tag}"), 0o755).unwrap();
+        let dir = fs
+            .mkdir_all(c, ROOT_INO, &format!("/{tag}"), 0o755)
+            .unwrap();
         let sizes = [1, 64, INLINE_MAX - 1, INLINE_MAX, INLINE_MAX + 1, 4096];
         for n in sizes {
             let bytes: Vec<u8> = (0..n).map(|i| (i % 250 + 1) as u8).collect();

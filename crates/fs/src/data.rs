@@ -45,6 +45,8 @@ pub(crate) enum FileData {
     /// Page 0 only, holding these bytes followed by zeros. Boxed so that the
     /// variant is one pointer; the `Vec` keeps its capacity, so overwriting
     /// an inline file in place allocates nothing.
+    // A bare `Vec` would make the enum, and so every inode, a word bigger.
+    #[allow(clippy::box_collection)]
     Inline(Box<Vec<u8>>),
     /// Never empty: the last page going away makes the file `Empty`.
     Pages(Box<PageMap>),
@@ -541,7 +543,10 @@ mod tests {
         assert_eq!(d.seek_hole(0, 2 * PAGE), Some(PAGE));
         assert_eq!(d.seek_data(PAGE, 2 * PAGE), None);
         let mut seen = Vec::new();
-        assert_eq!(d.pages_from(0, 8, |i, p| seen.push((i, p[..6].to_vec()))), None);
+        assert_eq!(
+            d.pages_from(0, 8, |i, p| seen.push((i, p[..6].to_vec()))),
+            None
+        );
         assert_eq!(seen, vec![(0, b"hello\0".to_vec())]);
     }
 
@@ -549,10 +554,14 @@ mod tests {
     fn overwrite_in_place_keeps_the_buffer() {
         let mut d = FileData::default();
         d.write(0, &[1u8; 64]);
-        let FileData::Inline(v) = &d else { panic!("inline") };
+        let FileData::Inline(v) = &d else {
+            panic!("inline")
+        };
         let before = v.as_ptr();
         assert_eq!(d.write(0, &[2u8; 64]), 0);
-        let FileData::Inline(v) = &d else { panic!("inline") };
+        let FileData::Inline(v) = &d else {
+            panic!("inline")
+        };
         assert_eq!(v.as_ptr(), before, "same-size overwrite reallocated");
         assert_eq!(contents(&d, 64), vec![2u8; 64]);
     }

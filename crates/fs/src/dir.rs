@@ -164,9 +164,7 @@ impl Dir {
         let idx = loop {
             match self.free.pop() {
                 // Stale free-list entries (past a trimmed tail, or reused) are skipped.
-                Some(i)
-                    if (i as usize) < self.slots.len() && self.slots[i as usize].is_free() =>
-                {
+                Some(i) if (i as usize) < self.slots.len() && self.slots[i as usize].is_free() => {
                     self.slots[i as usize] = slot;
                     break i;
                 }
@@ -313,7 +311,10 @@ mod tests {
         assert_eq!(d.get(&over), Some((7, FileType::NamedPipe)));
         d.replace(&long, 8, FileType::RegularFile);
         assert_eq!(d.get(&long), Some((8, FileType::RegularFile)));
-        let listed: Vec<_> = names(&d, FIRST_SLOT_OFFSET).into_iter().map(|x| x.0.len()).collect();
+        let listed: Vec<_> = names(&d, FIRST_SLOT_OFFSET)
+            .into_iter()
+            .map(|x| x.0.len())
+            .collect();
         assert_eq!(listed, vec![255, INLINE_NAME, INLINE_NAME + 1]);
         assert_eq!(d.remove(&edge), Some((6, FileType::Directory)));
         assert_eq!(d.get(&edge), None);
