@@ -170,14 +170,10 @@ impl Dir {
                 }
                 Some(_) => continue,
                 None => {
-                    if self.slots.len() == self.slots.capacity() {
-                        // Grow by a quarter, not double: doubling left up to
-                        // half of a big directory's slot vector unused (20 MiB
-                        // over a million files in 100 directories), and the
-                        // extra copies cost a few ns per insert amortised.
-                        let n = self.slots.len();
-                        self.slots.reserve_exact((n / 4).max(4));
-                    }
+                    // Doubling, on purpose: growing by a quarter left less
+                    // unused capacity but more freed old vectors, which the
+                    // allocator keeps resident for a while: 100,000 files in
+                    // one directory took 41.0 MiB instead of 34.8 MiB.
                     self.slots.push(slot);
                     break (self.slots.len() - 1) as u32;
                 }
