@@ -333,3 +333,65 @@ fn damaged_files_give_errors_or_an_earlier_state_never_a_panic() {
     }
     assert!(ok > 0 && errors > 0, "ok {ok} errors {errors}");
 }
+
+/// Small files live inline in the engine (up to `INLINE_MAX` bytes) and show
+/// as page 0 to checkpoint images: at and across the limit, through a
+/// checkpoint, the journal and a restart, every byte, size and page count
+/// comes back, and a small file comes back inline.
+#[test]
+fn inline_files_at_the_limit_survive_checkpoint_journal_and_restart() {
+    use memfs_fs::INLINE_MAX;
+    let c = Ctx::ROOT;
+    let make = |fs: &Fs, tag: &str| {
+        let dir = fs
+            .mkdir_all(c, ROOT_INO, &format!("/{tag}"), 0o755)
+            .unwrap();
+        let sizes = [1, 64, INLINE_MAX - 1, INLINE_MAX, INLINE_MAX + 1, 4096];
+        for n in sizes {
+            let bytes: Vec<u8> = (0..n).map(|i| (i % 250 + 1) as u8).collect();
+            fs.write_file(c, dir, &format!("s{n}"), &bytes).unwrap();
+        }
+        // Paged, then cut back below the limit: inline again.
+        fs.write_file(c, dir, "cut", &[3u8; 5000]).unwrap();
+        let cut = fs.resolve(dir, "cut", true).unwrap();
+        let size = |s| SetAttr {
+            size: Some(s),
+            ..Default::default()
+        };
+        fs.setattr(c, cut, &size(100)).unwrap();
+        // Grown by truncate (a hole), and zeros written past the limit.
+        fs.write_file(c, dir, "grown", b"xyz").unwrap();
+        let g = fs.resolve(dir, "grown", true).unwrap();
+        fs.setattr(c, g, &size(3000)).unwrap();
+        fs.write(c, g, 2500, &[0u8; 100], false).unwrap();
+        // Page 0 allocated but empty.
+        fs.write_file(c, dir, "alloc", b"").unwrap();
+        let a = fs.resolve(dir, "alloc", true).unwrap();
+        let keep = FallocateMode {
+            keep_size: true,
+            punch_hole: false,
+            zero_range: false,
+        };
+        fs.fallocate(a, 0, 10, keep).unwrap();
+        [cut, g, a]
+    };
+    let t = tempfile::tempdir().unwrap();
+    let d = open(t.path(), "sync");
+    let first = make(d.fs(), "a");
+    for ino in first {
+        assert!(d.fs().stores_inline(ino), "{ino}");
+    }
+    d.checkpoint().unwrap().expect("a checkpoint");
+    let second = make(d.fs(), "b"); // from the journal only
+    let before = d.fs().canonical_dump();
+    drop(d);
+    let (d2, rep) = DurableFs::open(t.path(), config(), opts("sync")).unwrap();
+    assert!(rep.checkpoint.is_some(), "{rep}");
+    assert_eq!(d2.fs().canonical_dump(), before);
+    for ino in first.into_iter().chain(second) {
+        assert!(d2.fs().stores_inline(ino), "{ino} not inline after restart");
+    }
+    let big = d2.fs().resolve(ROOT_INO, "/a/s4096", true).unwrap();
+    assert!(!d2.fs().stores_inline(big));
+    assert_eq!(d2.fs().check_consistency(), Vec::<String>::new());
+}

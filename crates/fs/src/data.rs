@@ -6,9 +6,19 @@
 //! the allocator's next size class and cost 35 % more memory than the data
 //! (measured with `memfs bench memory`, see docs/bench-issue2.md).
 //!
+//! Small files are stored inline: a file whose only bytes lie in the first
+//! [`INLINE_MAX`] bytes keeps them in one buffer of their own length instead
+//! of a page (10,000 files of 64 B took 48 MiB as pages, see docs/engine.md).
+//! Inline is only a representation: to every caller an inline file *is* a
+//! file whose page 0 is allocated and reads as the buffer followed by zeros.
+//! Page counts, capacity, `st_blocks`, `SEEK_DATA`/`SEEK_HOLE` and checkpoint
+//! images see exactly what they would see for page 0, so nothing above this
+//! module changes and no on-disk format does either.
+//!
 //! Invariant: no page holds bytes at or beyond the file size other than zeros.
 //! Truncation zeroes the tail of the last page, so growing a file again can never
-//! expose old contents.
+//! expose old contents. An inline buffer likewise never holds bytes at or
+//! beyond the file size (truncation shortens it).
 
 use crate::types::PAGE_SIZE;
 use std::collections::BTreeMap;
@@ -17,14 +27,29 @@ pub(crate) type Page = [u8; PAGE_SIZE];
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// Largest inline file body. Half a page: an inline buffer costs its length
+/// plus a 24-byte header, so up to here it saves at least 2 KiB against a
+/// page, while past it the saving shrinks and every append that crosses it
+/// pays a copy into a page (the figures per size are in docs/engine.md).
+pub const INLINE_MAX: usize = PAGE_SIZE / 2;
+
 type PageMap = BTreeMap<u64, Box<Page>>;
 
-/// Empty files (most files of metadata-heavy workloads) hold no map at all:
-/// one pointer here instead of a 24-byte map keeps every inode in a smaller
+/// Empty files (most files of metadata-heavy workloads) hold nothing: the
+/// enum is two words, so `Body` stays two words and every inode keeps its
 /// allocation size class.
 #[derive(Clone, Default)]
-pub(crate) struct FileData {
-    pages: Option<Box<PageMap>>,
+pub(crate) enum FileData {
+    #[default]
+    Empty,
+    /// Page 0 only, holding these bytes followed by zeros. Boxed so that the
+    /// variant is one pointer; the `Vec` keeps its capacity, so overwriting
+    /// an inline file in place allocates nothing.
+    // A bare `Vec` would make the enum, and so every inode, a word bigger.
+    #[allow(clippy::box_collection)]
+    Inline(Box<Vec<u8>>),
+    /// Never empty: the last page going away makes the file `Empty`.
+    Pages(Box<PageMap>),
 }
 
 static EMPTY: PageMap = BTreeMap::new();
@@ -38,30 +63,66 @@ fn page_from(chunk: &[u8]) -> Box<Page> {
     Box::<Page>::try_from(Box::<[u8]>::from(chunk)).expect("chunk is one page")
 }
 
+/// Length of `data` without its trailing zeros.
+fn trimmed_len(data: &[u8]) -> usize {
+    data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
+}
+
 impl FileData {
     fn map(&self) -> &PageMap {
-        self.pages.as_deref().unwrap_or(&EMPTY)
+        match self {
+            FileData::Pages(m) => m,
+            _ => &EMPTY,
+        }
     }
 
+    /// Turns an inline or empty file into pages (the inline bytes become page 0).
     fn map_mut(&mut self) -> &mut PageMap {
-        self.pages.get_or_insert_with(Default::default)
+        if !matches!(self, FileData::Pages(_)) {
+            let mut map = PageMap::new();
+            if let FileData::Inline(v) = self {
+                let mut p = zero_page();
+                p[..v.len()].copy_from_slice(v);
+                map.insert(0, p);
+            }
+            *self = FileData::Pages(Box::new(map));
+        }
+        match self {
+            FileData::Pages(m) => m,
+            _ => unreachable!("just made pages"),
+        }
     }
 
     /// Gives the map back once the last page is gone.
     fn shrink(&mut self) {
-        if self.pages.as_ref().is_some_and(|m| m.is_empty()) {
-            self.pages = None;
+        if let FileData::Pages(m) = self
+            && m.is_empty()
+        {
+            *self = FileData::Empty;
         }
+    }
+
+    /// Whether the file is stored inline (for tests and figures).
+    pub fn is_inline(&self) -> bool {
+        matches!(self, FileData::Inline(_))
     }
 
     /// Number of pages allocated.
     pub fn page_count(&self) -> u64 {
-        self.map().len() as u64
+        match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) => 1,
+            FileData::Pages(m) => m.len() as u64,
+        }
     }
 
     /// Pages in `[first, last]` that are not allocated yet.
     pub fn missing_pages(&self, first: u64, last: u64) -> u64 {
-        let present = self.map().range(first..=last).count() as u64;
+        let present = match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) => u64::from(first == 0),
+            FileData::Pages(m) => m.range(first..=last).count() as u64,
+        };
         (last - first + 1) - present
     }
 
@@ -69,6 +130,14 @@ impl FileData {
     /// The caller clamps the range to the file size.
     pub fn read(&self, off: u64, buf: &mut [u8]) {
         if buf.is_empty() {
+            return;
+        }
+        if let FileData::Inline(v) = self {
+            let have = (v.len() as u64).saturating_sub(off).min(buf.len() as u64) as usize;
+            if have > 0 {
+                buf[..have].copy_from_slice(&v[off as usize..off as usize + have]);
+            }
+            buf[have..].fill(0);
             return;
         }
         let end = off + buf.len() as u64;
@@ -94,9 +163,74 @@ impl FileData {
         }
     }
 
+    /// Writes into an empty or inline file without leaving the inline form,
+    /// if the result fits; returns pages allocated, or `None` to fall back to
+    /// pages. Trailing zeros past [`INLINE_MAX`] within page 0 change nothing
+    /// past the buffer, so a whole page 0 written back from a checkpoint image
+    /// for a small file stays inline.
+    fn write_inline(&mut self, off: u64, data: &[u8]) -> Option<u64> {
+        let end = off.checked_add(data.len() as u64)?;
+        if end > PAGE {
+            return None;
+        }
+        let (off, end) = (off as usize, end as usize);
+        let have = match self {
+            FileData::Empty => 0,
+            FileData::Inline(v) => v.len(),
+            FileData::Pages(_) => return None,
+        };
+        let significant_end = if end <= INLINE_MAX {
+            end
+        } else {
+            match trimmed_len(data) {
+                0 => 0,
+                k => off + k,
+            }
+        };
+        let new_len = have.max(significant_end);
+        if new_len > INLINE_MAX {
+            return None;
+        }
+        // Zeros written over old bytes must land; zeros past the buffer need not.
+        let n = new_len.saturating_sub(off).min(data.len());
+        let allocated = match self {
+            FileData::Empty => {
+                // Exact size: most small files are written once, whole.
+                *self = FileData::Inline(Box::new(Vec::with_capacity(new_len)));
+                1
+            }
+            _ => 0,
+        };
+        let FileData::Inline(v) = self else {
+            unreachable!("inline above")
+        };
+        if new_len > v.len() {
+            if new_len > v.capacity() {
+                // Geometric growth keeps appends amortised; capped so that the
+                // buffer never outgrows the page it saves.
+                let want = new_len.max(v.capacity() * 2).min(INLINE_MAX);
+                v.reserve_exact(want - v.len());
+            }
+            v.resize(new_len, 0);
+        }
+        if n > 0 {
+            v[off..off + n].copy_from_slice(&data[..n]);
+        }
+        Some(allocated)
+    }
+
     /// Writes `data` at `off`, allocating pages as needed. Returns the number of
     /// pages allocated (the caller has reserved capacity for them).
     pub fn write(&mut self, off: u64, data: &[u8]) -> u64 {
+        if data.is_empty() {
+            return 0;
+        }
+        if !matches!(self, FileData::Pages(_))
+            && let Some(allocated) = self.write_inline(off, data)
+        {
+            return allocated;
+        }
+        // Page 0 already counted if the file was inline.
         let mut allocated = 0;
         let mut pos = off;
         let mut rest = data;
@@ -136,6 +270,18 @@ impl FileData {
         let end = off.saturating_add(len);
         let first_whole = off.div_ceil(PAGE);
         let end_whole = end / PAGE; // exclusive
+        if let FileData::Inline(v) = self {
+            if first_whole == 0 && end_whole >= 1 {
+                *self = FileData::Empty;
+                return 1;
+            }
+            let a = (off as usize).min(v.len());
+            let b = end.min(v.len() as u64) as usize;
+            if a < b {
+                v[a..b].fill(0);
+            }
+            return 0;
+        }
         let mut freed = 0;
         if first_whole < end_whole {
             let doomed: Vec<u64> = self
@@ -144,7 +290,7 @@ impl FileData {
                 .map(|(&k, _)| k)
                 .collect();
             freed = doomed.len() as u64;
-            if let Some(pages) = self.pages.as_mut() {
+            if let FileData::Pages(pages) = self {
                 for k in doomed {
                     pages.remove(&k);
                 }
@@ -164,7 +310,9 @@ impl FileData {
     }
 
     fn zero_in_page(&mut self, idx: u64, from: u64, to: u64) {
-        if let Some(page) = self.pages.as_mut().and_then(|p| p.get_mut(&idx)) {
+        if let FileData::Pages(pages) = self
+            && let Some(page) = pages.get_mut(&idx)
+        {
             let pstart = idx * PAGE;
             let a = (from.max(pstart) - pstart) as usize;
             let b = (to.min(pstart + PAGE) - pstart) as usize;
@@ -182,38 +330,77 @@ impl FileData {
         }
         let first = off / PAGE;
         let last = (off + len - 1) / PAGE;
-        let mut allocated = 0;
-        let pages = self.map_mut();
-        for idx in first..=last {
-            if let std::collections::btree_map::Entry::Vacant(e) = pages.entry(idx) {
-                e.insert(zero_page());
-                allocated += 1;
+        match self {
+            // Page 0 alone: an empty inline buffer is an allocated zero page.
+            FileData::Empty if last == 0 => {
+                *self = FileData::Inline(Box::default());
+                1
+            }
+            FileData::Inline(_) if last == 0 => 0,
+            _ => {
+                let mut allocated = 0;
+                let pages = self.map_mut();
+                for idx in first..=last {
+                    if let std::collections::btree_map::Entry::Vacant(e) = pages.entry(idx) {
+                        e.insert(zero_page());
+                        allocated += 1;
+                    }
+                }
+                allocated
             }
         }
-        self.shrink();
-        allocated
     }
 
     /// Drops everything at or beyond `size` and zeroes the tail of the last page.
     /// Returns pages freed.
     pub fn truncate(&mut self, size: u64) -> u64 {
-        let keep = size.div_ceil(PAGE);
-        let Some(pages) = self.pages.as_mut() else {
-            return 0;
-        };
-        let doomed = pages.split_off(&keep);
-        if size % PAGE != 0 {
-            let idx = size / PAGE;
-            self.zero_in_page(idx, size, (idx + 1) * PAGE);
+        match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) if size == 0 => {
+                *self = FileData::Empty;
+                1
+            }
+            FileData::Inline(v) => {
+                if (v.len() as u64) > size {
+                    v.truncate(size as usize);
+                }
+                0
+            }
+            FileData::Pages(pages) => {
+                let keep = size.div_ceil(PAGE);
+                let doomed = pages.split_off(&keep);
+                if size % PAGE != 0 {
+                    let idx = size / PAGE;
+                    self.zero_in_page(idx, size, (idx + 1) * PAGE);
+                }
+                self.shrink();
+                // Cut down to a small file: back to inline, giving the page back.
+                if let FileData::Pages(pages) = self
+                    && size <= INLINE_MAX as u64
+                    && pages.len() == 1
+                    && let Some(p) = pages.get(&0)
+                {
+                    let bytes = p[..size as usize].to_vec();
+                    *self = FileData::Inline(Box::new(bytes));
+                }
+                doomed.len() as u64
+            }
         }
-        self.shrink();
-        doomed.len() as u64
     }
 
     /// Calls `f` for up to `max` allocated pages from index `start` on, in
     /// order; returns the index to continue from, or `None` at the end. Lets
     /// a checkpoint copy a big file in slices, dropping the lock in between.
+    /// An inline file shows as its page 0.
     pub fn pages_from(&self, start: u64, max: usize, mut f: impl FnMut(u64, &Page)) -> Option<u64> {
+        if let FileData::Inline(v) = self {
+            if start == 0 && max > 0 {
+                let mut page = [0u8; PAGE_SIZE];
+                page[..v.len()].copy_from_slice(v);
+                f(0, &page);
+            }
+            return None;
+        }
         let mut it = self.map().range(start..);
         for _ in 0..max {
             let (&k, p) = it.next()?;
@@ -228,7 +415,10 @@ impl FileData {
             return None;
         }
         let idx = off / PAGE;
-        let (&k, _) = self.map().range(idx..).next()?;
+        let k = match self {
+            FileData::Inline(_) => (idx == 0).then_some(0)?,
+            _ => *self.map().range(idx..).next()?.0,
+        };
         let pos = (k * PAGE).max(off);
         (pos < size).then_some(pos)
     }
@@ -240,11 +430,17 @@ impl FileData {
             return None;
         }
         let mut idx = off / PAGE;
-        for (&k, _) in self.map().range(idx..) {
-            if k != idx {
-                break;
+        if self.is_inline() {
+            if idx == 0 {
+                idx = 1;
             }
-            idx += 1;
+        } else {
+            for (&k, _) in self.map().range(idx..) {
+                if k != idx {
+                    break;
+                }
+                idx += 1;
+            }
         }
         Some((idx * PAGE).max(off).min(size))
     }
@@ -325,5 +521,126 @@ mod tests {
         snap.read(0, &mut b);
         assert_eq!(&a, b"HEllo");
         assert_eq!(&b, b"hello");
+    }
+
+    fn contents(d: &FileData, len: usize) -> Vec<u8> {
+        let mut buf = vec![0xa5u8; len];
+        d.read(0, &mut buf);
+        buf
+    }
+
+    #[test]
+    fn small_file_is_inline_and_counts_as_page_zero() {
+        let mut d = FileData::default();
+        assert_eq!(d.missing_pages(0, 0), 1);
+        assert_eq!(d.write(0, b"hello"), 1);
+        assert!(d.is_inline());
+        assert_eq!(d.page_count(), 1);
+        assert_eq!(d.missing_pages(0, 2), 2);
+        assert_eq!(&contents(&d, 8), b"hello\0\0\0");
+        assert_eq!(d.seek_data(0, 5), Some(0));
+        assert_eq!(d.seek_hole(0, 5), Some(5));
+        assert_eq!(d.seek_hole(0, 2 * PAGE), Some(PAGE));
+        assert_eq!(d.seek_data(PAGE, 2 * PAGE), None);
+        let mut seen = Vec::new();
+        assert_eq!(
+            d.pages_from(0, 8, |i, p| seen.push((i, p[..6].to_vec()))),
+            None
+        );
+        assert_eq!(seen, vec![(0, b"hello\0".to_vec())]);
+    }
+
+    #[test]
+    fn overwrite_in_place_keeps_the_buffer() {
+        let mut d = FileData::default();
+        d.write(0, &[1u8; 64]);
+        let FileData::Inline(v) = &d else {
+            panic!("inline")
+        };
+        let before = v.as_ptr();
+        assert_eq!(d.write(0, &[2u8; 64]), 0);
+        let FileData::Inline(v) = &d else {
+            panic!("inline")
+        };
+        assert_eq!(v.as_ptr(), before, "same-size overwrite reallocated");
+        assert_eq!(contents(&d, 64), vec![2u8; 64]);
+    }
+
+    #[test]
+    fn crossing_the_limit_moves_to_pages_and_back() {
+        let mut d = FileData::default();
+        let a: Vec<u8> = (0..INLINE_MAX).map(|i| (i % 251 + 1) as u8).collect();
+        assert_eq!(d.write(0, &a), 1);
+        assert!(d.is_inline());
+        // One byte past the limit: page 0 becomes a real page, not a new one.
+        assert_eq!(d.write(INLINE_MAX as u64, b"z"), 0);
+        assert!(!d.is_inline());
+        assert_eq!(d.page_count(), 1);
+        let back = contents(&d, INLINE_MAX + 2);
+        assert_eq!(&back[..INLINE_MAX], &a[..]);
+        assert_eq!(&back[INLINE_MAX..], b"z\0");
+        // Across a page boundary, then truncated back below the limit.
+        assert_eq!(d.write(PAGE - 1, b"xy"), 1);
+        assert_eq!(d.truncate(100), 1);
+        assert!(d.is_inline());
+        assert_eq!(d.page_count(), 1);
+        assert_eq!(contents(&d, 101)[..100], a[..100]);
+        assert_eq!(contents(&d, 101)[100], 0);
+        // Truncated below, grown again: zeros, not the old bytes.
+        assert_eq!(d.truncate(10), 0);
+        let grown = contents(&d, 200);
+        assert_eq!(&grown[..10], &a[..10]);
+        assert!(grown[10..].iter().all(|&b| b == 0));
+        assert_eq!(d.truncate(0), 1);
+        assert_eq!(d.page_count(), 0);
+        assert!(matches!(d, FileData::Empty));
+    }
+
+    #[test]
+    fn a_whole_zero_padded_page_zero_stays_inline() {
+        // What a checkpoint image writes back for a small file.
+        let mut page = vec![0u8; PAGE_SIZE];
+        page[..3].copy_from_slice(b"abc");
+        let mut d = FileData::default();
+        assert_eq!(d.write(0, &page), 1);
+        assert!(d.is_inline());
+        assert_eq!(&contents(&d, 4), b"abc\0");
+        // Zeros over existing bytes still land.
+        assert_eq!(d.write(1, &page[3..]), 0);
+        assert_eq!(&contents(&d, 4), b"a\0\0\0");
+        // A non-zero byte past the limit does not fit.
+        page[INLINE_MAX] = 1;
+        assert_eq!(d.write(0, &page), 0);
+        assert!(!d.is_inline());
+        assert_eq!(contents(&d, PAGE_SIZE), page);
+    }
+
+    #[test]
+    fn punch_and_allocate_on_inline() {
+        let mut d = FileData::default();
+        d.write(0, &[7u8; 100]);
+        assert_eq!(d.punch(10, 20), 0);
+        let c = contents(&d, 100);
+        assert!(c[10..30].iter().all(|&b| b == 0));
+        assert!(c[..10].iter().chain(&c[30..]).all(|&b| b == 7));
+        assert_eq!(d.allocate(0, 10), 0);
+        assert!(d.is_inline());
+        assert_eq!(d.allocate(0, PAGE + 1), 1);
+        assert!(!d.is_inline());
+        assert_eq!(d.page_count(), 2);
+        assert_eq!(contents(&d, 100)[..10], [7u8; 10]);
+        let mut e = FileData::default();
+        assert_eq!(e.allocate(5, 5), 1);
+        assert!(e.is_inline());
+        assert_eq!(e.punch(0, PAGE), 1);
+        assert_eq!(e.page_count(), 0);
+        // Reads past the inline bytes and past page 0 are zeros.
+        let mut f = FileData::default();
+        f.write(3, b"q");
+        let mut buf = [9u8; 4];
+        f.read(2, &mut buf);
+        assert_eq!(&buf, b"\0q\0\0");
+        f.read(PAGE + 7, &mut buf);
+        assert_eq!(buf, [0; 4]);
     }
 }

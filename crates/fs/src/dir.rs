@@ -22,9 +22,95 @@ fn hash(name: &[u8]) -> u64 {
     HASHER.hash_one(name)
 }
 
-pub(crate) struct Slot {
+/// Names up to this long live in the slot itself. Most names are short, so
+/// most entries cost one 32-byte slot and no allocation of their own: the
+/// name used to be a separate `Box<[u8]>` (16 bytes in the slot plus an
+/// allocation), which cost memory per file and an allocation per create and a
+/// free per unlink.
+const INLINE_NAME: usize = 21;
+
+/// A name with the entry's type tucked into the same 24 bytes.
+enum Name {
+    Inline {
+        kind: FileType,
+        len: u8,
+        bytes: [u8; INLINE_NAME],
+    },
+    Heap {
+        kind: FileType,
+        name: Box<[u8]>,
+    },
+}
+
+struct Slot {
+    ino: u64,
     /// Empty for a free slot (names are never empty).
-    pub name: Box<[u8]>,
+    name: Name,
+}
+
+impl Slot {
+    const FREE: Slot = Slot {
+        ino: 0,
+        name: Name::Inline {
+            kind: FileType::RegularFile,
+            len: 0,
+            bytes: [0; INLINE_NAME],
+        },
+    };
+
+    fn new(name: &[u8], ino: u64, kind: FileType) -> Slot {
+        let name = if name.len() <= INLINE_NAME {
+            let mut bytes = [0; INLINE_NAME];
+            bytes[..name.len()].copy_from_slice(name);
+            Name::Inline {
+                kind,
+                len: name.len() as u8,
+                bytes,
+            }
+        } else {
+            Name::Heap {
+                kind,
+                name: name.into(),
+            }
+        };
+        Slot { ino, name }
+    }
+
+    fn name(&self) -> &[u8] {
+        match &self.name {
+            Name::Inline { len, bytes, .. } => &bytes[..*len as usize],
+            Name::Heap { name, .. } => name,
+        }
+    }
+
+    fn kind(&self) -> FileType {
+        match self.name {
+            Name::Inline { kind, .. } | Name::Heap { kind, .. } => kind,
+        }
+    }
+
+    fn set_kind(&mut self, k: FileType) {
+        match &mut self.name {
+            Name::Inline { kind, .. } | Name::Heap { kind, .. } => *kind = k,
+        }
+    }
+
+    fn is_free(&self) -> bool {
+        matches!(self.name, Name::Inline { len: 0, .. })
+    }
+
+    fn entry(&self) -> Entry<'_> {
+        Entry {
+            name: self.name(),
+            ino: self.ino,
+            kind: self.kind(),
+        }
+    }
+}
+
+/// One directory entry as readdir sees it.
+pub(crate) struct Entry<'a> {
+    pub name: &'a [u8],
     pub ino: u64,
     pub kind: FileType,
 }
@@ -60,37 +146,34 @@ impl Dir {
     fn find(&self, name: &[u8]) -> Option<u32> {
         let slots = &self.slots;
         self.index
-            .find(hash(name), |&i| &*slots[i as usize].name == name)
+            .find(hash(name), |&i| slots[i as usize].name() == name)
             .copied()
     }
 
     pub fn get(&self, name: &[u8]) -> Option<(u64, FileType)> {
         self.find(name).map(|i| {
             let s = &self.slots[i as usize];
-            (s.ino, s.kind)
+            (s.ino, s.kind())
         })
     }
 
     /// Inserts a new entry; the caller has checked that `name` is absent.
     pub fn insert(&mut self, name: &[u8], ino: u64, kind: FileType) {
         debug_assert!(!name.is_empty() && self.find(name).is_none());
-        let slot = Slot {
-            name: name.into(),
-            ino,
-            kind,
-        };
+        let slot = Slot::new(name, ino, kind);
         let idx = loop {
             match self.free.pop() {
                 // Stale free-list entries (past a trimmed tail, or reused) are skipped.
-                Some(i)
-                    if (i as usize) < self.slots.len()
-                        && self.slots[i as usize].name.is_empty() =>
-                {
+                Some(i) if (i as usize) < self.slots.len() && self.slots[i as usize].is_free() => {
                     self.slots[i as usize] = slot;
                     break i;
                 }
                 Some(_) => continue,
                 None => {
+                    // Doubling, on purpose: growing by a quarter left less
+                    // unused capacity but more freed old vectors, which the
+                    // allocator keeps resident for a while: 100,000 files in
+                    // one directory took 41.0 MiB instead of 34.8 MiB.
                     self.slots.push(slot);
                     break (self.slots.len() - 1) as u32;
                 }
@@ -98,7 +181,7 @@ impl Dir {
         };
         let slots = &self.slots;
         self.index
-            .insert_unique(hash(name), idx, |&i| hash(&slots[i as usize].name));
+            .insert_unique(hash(name), idx, |&i| hash(slots[i as usize].name()));
     }
 
     /// Removes an entry, returning its inode and type.
@@ -106,30 +189,23 @@ impl Dir {
         let slots = &self.slots;
         let entry = self
             .index
-            .find_entry(hash(name), |&i| &*slots[i as usize].name == name)
+            .find_entry(hash(name), |&i| slots[i as usize].name() == name)
             .ok()?;
         let (idx, _) = entry.remove();
-        let slot = std::mem::replace(
-            &mut self.slots[idx as usize],
-            Slot {
-                name: Box::default(),
-                ino: 0,
-                kind: FileType::RegularFile,
-            },
-        );
+        let slot = std::mem::replace(&mut self.slots[idx as usize], Slot::FREE);
         if self.index.is_empty() {
             // Nothing left to keep stable: give the memory back.
             self.slots = Vec::new();
             self.free = Vec::new();
             self.index = HashTable::new();
         } else if idx as usize == self.slots.len() - 1 {
-            while self.slots.last().is_some_and(|s| s.name.is_empty()) {
+            while self.slots.last().is_some_and(Slot::is_free) {
                 self.slots.pop();
             }
         } else {
             self.free.push(idx);
         }
-        Some((slot.ino, slot.kind))
+        Some((slot.ino, slot.kind()))
     }
 
     /// Points an existing entry at another inode (rename over, exchange).
@@ -137,7 +213,7 @@ impl Dir {
         if let Some(i) = self.find(name) {
             let s = &mut self.slots[i as usize];
             s.ino = ino;
-            s.kind = kind;
+            s.set_kind(kind);
         }
     }
 
@@ -153,13 +229,13 @@ impl Dir {
 
     /// Entries from readdir offset `offset` (>= FIRST_SLOT_OFFSET) on, each with
     /// the offset that resumes after it; stops when `f` returns false.
-    pub fn list_from(&self, offset: u64, mut f: impl FnMut(&Slot, u64) -> bool) {
+    pub fn list_from(&self, offset: u64, mut f: impl FnMut(&Entry<'_>, u64) -> bool) {
         let start = (offset - FIRST_SLOT_OFFSET) as usize;
         for (i, s) in self.slots.iter().enumerate().skip(start) {
-            if s.name.is_empty() {
+            if s.is_free() {
                 continue;
             }
-            if !f(s, i as u64 + FIRST_SLOT_OFFSET + 1) {
+            if !f(&s.entry(), i as u64 + FIRST_SLOT_OFFSET + 1) {
                 break;
             }
         }
@@ -214,6 +290,30 @@ mod tests {
         }
         assert!(!rest.contains(&"f7".to_string()));
         assert!(!rest.contains(&"f2".to_string()));
+    }
+
+    #[test]
+    fn slots_stay_small_and_long_names_work() {
+        assert!(std::mem::size_of::<Slot>() <= 32);
+        let mut d = Dir::new(1);
+        let long = [b'n'; 255];
+        let edge = [b'e'; INLINE_NAME];
+        let over = [b'o'; INLINE_NAME + 1];
+        d.insert(&long, 5, FileType::Symlink);
+        d.insert(&edge, 6, FileType::Directory);
+        d.insert(&over, 7, FileType::NamedPipe);
+        assert_eq!(d.get(&long), Some((5, FileType::Symlink)));
+        assert_eq!(d.get(&edge), Some((6, FileType::Directory)));
+        assert_eq!(d.get(&over), Some((7, FileType::NamedPipe)));
+        d.replace(&long, 8, FileType::RegularFile);
+        assert_eq!(d.get(&long), Some((8, FileType::RegularFile)));
+        let listed: Vec<_> = names(&d, FIRST_SLOT_OFFSET)
+            .into_iter()
+            .map(|x| x.0.len())
+            .collect();
+        assert_eq!(listed, vec![255, INLINE_NAME, INLINE_NAME + 1]);
+        assert_eq!(d.remove(&edge), Some((6, FileType::Directory)));
+        assert_eq!(d.get(&edge), None);
     }
 
     #[test]

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+
+type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::data::FileData;
@@ -48,7 +50,11 @@ pub struct DirEntry<'a> {
 
 /// An in-memory POSIX file system.
 pub struct Fs {
-    pub(crate) inodes: DashMap<u64, Arc<Inode>>,
+    /// Keyed by inode numbers this table hands out itself, never by a
+    /// caller's choice, so a fast hash is safe: the default SipHash was a
+    /// visible share of every lookup, create and unlink (each finds one to
+    /// three inodes here).
+    pub(crate) inodes: DashMap<u64, Arc<Inode>, InoHasher>,
     pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
@@ -147,7 +153,7 @@ impl Fs {
         );
         // The kernel never forgets the root.
         root.nlookup.store(1, Ordering::Relaxed);
-        let inodes = DashMap::with_shard_amount(64);
+        let inodes = DashMap::with_hasher_and_shard_amount(InoHasher::default(), 64);
         inodes.insert(ROOT_INO, Arc::new(root));
         Fs {
             inodes,
@@ -256,6 +262,12 @@ impl Fs {
     /// Frees a node once nothing refers to it: no link, no kernel reference, no open handle.
     fn maybe_free(&self, inode: &Arc<Inode>) {
         if inode.ino == ROOT_INO {
+            return;
+        }
+        // Whoever drops the last of these references calls again, so a node
+        // still referenced can be passed over without taking its lock (a
+        // close of a file the kernel still knows, every create's release).
+        if inode.nlookup.load(Ordering::Acquire) > 0 || inode.nopen.load(Ordering::Acquire) > 0 {
             return;
         }
         let pages = {
@@ -387,6 +399,13 @@ impl Fs {
                 self.maybe_free(&inode);
             }
         }
+    }
+
+    /// Whether a regular file's contents are stored inline (small files,
+    /// see `INLINE_MAX`): for tests and memory figures, not semantics.
+    pub fn stores_inline(&self, ino: u64) -> bool {
+        self.get(ino)
+            .is_ok_and(|n| matches!(&n.state.read().body, Body::File(d) if d.is_inline()))
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {
@@ -524,6 +543,23 @@ impl Fs {
         symlink: Option<&[u8]>,
         take_ref: bool,
     ) -> Result<Attr> {
+        self.make_node_open(ctx, parent, name, mode, rdev, symlink, take_ref, false)
+    }
+
+    /// [`Fs::make_node`], the node born open when `open` (`create`): setting
+    /// the count before the node is published saves finding it again.
+    #[allow(clippy::too_many_arguments)]
+    fn make_node_open(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        symlink: Option<&[u8]>,
+        take_ref: bool,
+        open: bool,
+    ) -> Result<Attr> {
         self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64))?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
@@ -570,6 +606,9 @@ impl Fs {
         let attr = inode.state.read().attr(ino, kind);
         if take_ref {
             inode.nlookup.store(1, Ordering::Relaxed);
+        }
+        if open {
+            inode.nopen.store(1, Ordering::Relaxed);
         }
         self.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
@@ -640,7 +679,7 @@ impl Fs {
         mode: u32,
         excl: bool,
     ) -> Result<(Attr, bool)> {
-        match self.make_node(
+        match self.make_node_open(
             ctx,
             parent,
             name,
@@ -648,11 +687,9 @@ impl Fs {
             0,
             None,
             true,
+            true,
         ) {
-            Ok(attr) => {
-                self.get(attr.ino)?.nopen.fetch_add(1, Ordering::AcqRel);
-                Ok((attr, true))
-            }
+            Ok(attr) => Ok((attr, true)),
             Err(Errno::EEXIST) if !excl && !is_dot(name) => {
                 let attr = self.lookup(parent, name)?;
                 if attr.kind == FileType::Directory {
@@ -1325,7 +1362,7 @@ impl Fs {
             f(DirEntry {
                 ino: s.ino,
                 kind: s.kind,
-                name: &s.name,
+                name: s.name,
                 offset: next,
             })
         });
@@ -1384,7 +1421,7 @@ impl Fs {
             let e = DirEntry {
                 ino: s.ino,
                 kind: s.kind,
-                name: &s.name,
+                name: s.name,
                 offset: next,
             };
             let accepted = f(e, &attr);

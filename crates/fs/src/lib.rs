@@ -25,6 +25,7 @@ mod replay;
 mod types;
 mod xattr;
 
+pub use data::INLINE_MAX;
 pub use error::{Errno, Result};
 pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;

@@ -93,7 +93,7 @@ impl NodeView<'_> {
         let Some(d) = self.st.dir() else {
             return false;
         };
-        d.list_from(offset, |s, off| f(&s.name, s.ino, s.kind, off));
+        d.list_from(offset, |s, off| f(s.name, s.ino, s.kind, off));
         true
     }
 

@@ -980,6 +980,8 @@ fn offset() -> impl Strategy<Value = u64> {
     prop_oneof![
         8 => 0..3 * P,
         3 => (P - 3)..(P + 3),
+        // Small files live inline up to INLINE_MAX: cross it both ways.
+        3 => (INLINE_MAX as u64 - 3)..(INLINE_MAX as u64 + 3),
         2 => (1u64 << 20)..(1u64 << 20) + 2 * P,
         1 => (1u64 << 40)..(1u64 << 40) + P,
         1 => (MAX_FILE_SIZE - 2 * P)..=MAX_FILE_SIZE,
@@ -988,7 +990,12 @@ fn offset() -> impl Strategy<Value = u64> {
 
 fn pattern(max: u32) -> impl Strategy<Value = Pattern> {
     (
-        prop_oneof![8 => 0..300u32, 2 => Just(PAGE_SIZE as u32), 1 => 0..=max],
+        prop_oneof![
+            8 => 0..300u32,
+            2 => Just(PAGE_SIZE as u32),
+            2 => (INLINE_MAX as u32 - 2)..(INLINE_MAX as u32 + 2),
+            1 => 0..=max
+        ],
         any::<u8>(),
     )
         .prop_map(|(len, seed)| Pattern { len, seed })

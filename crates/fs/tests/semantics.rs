@@ -1238,3 +1238,102 @@ fn dot_lookup_answers_for_any_inode() {
         "gone once unlinked and forgotten"
     );
 }
+
+/// Small files are stored inline up to `INLINE_MAX`; every transition at the
+/// limit behaves exactly as pages would: contents, size, `st_blocks`,
+/// capacity, SEEK_DATA/SEEK_HOLE, reads beyond the end.
+#[test]
+fn inline_files_behave_as_page_zero_across_the_limit() {
+    const ALLOC: FallocateMode = FallocateMode {
+        keep_size: false,
+        punch_hole: false,
+        zero_range: false,
+    };
+    let fs = fs();
+    let used = |fs: &Fs| fs.statfs().blocks - fs.statfs().bfree;
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let m = INLINE_MAX as u64;
+    let pattern = |n: usize, seed: u8| -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(7) ^ seed | 1)
+            .collect()
+    };
+    // Up to the limit: inline, one page as far as anyone can tell.
+    let a = pattern(INLINE_MAX, 1);
+    fs.write(C, f, 0, &a, false).unwrap();
+    assert!(fs.stores_inline(f));
+    assert_eq!(fs.getattr(f).unwrap().blocks, P / 512);
+    assert_eq!(used(&fs), 1);
+    assert_eq!(fs.read_vec(f, 0, 3 * INLINE_MAX).unwrap(), a);
+    assert_eq!(fs.read_vec(f, m, 10).unwrap(), b"");
+    assert_eq!(fs.lseek(f, 0, libc::SEEK_HOLE).unwrap(), m);
+    // Across it: page 0 becomes a page, still one page.
+    fs.write(C, f, m - 1, b"XY", false).unwrap();
+    assert!(!fs.stores_inline(f));
+    assert_eq!(used(&fs), 1);
+    let mut want = a.clone();
+    want[INLINE_MAX - 1] = b'X';
+    want.push(b'Y');
+    assert_eq!(fs.read_vec(f, 0, 2 * INLINE_MAX + 1).unwrap(), want);
+    // Truncated below: inline again, old bytes gone; grown again: zeros.
+    let size = |s| SetAttr {
+        size: Some(s),
+        ..Default::default()
+    };
+    fs.setattr(C, f, &size(10)).unwrap();
+    assert!(fs.stores_inline(f));
+    fs.setattr(C, f, &size(m + 100)).unwrap();
+    let back = fs.read_vec(f, 0, INLINE_MAX + 200).unwrap();
+    assert_eq!(back.len(), INLINE_MAX + 100);
+    assert_eq!(&back[..10], &a[..10]);
+    assert!(back[10..].iter().all(|&b| b == 0));
+    assert_eq!(used(&fs), 1);
+    // A hole before data past page 0: two pages, the gap reads zeros.
+    fs.write(C, f, 3 * P, b"far", false).unwrap();
+    assert_eq!(used(&fs), 2);
+    assert_eq!(fs.lseek(f, 20, libc::SEEK_HOLE).unwrap(), P);
+    assert_eq!(fs.lseek(f, P, libc::SEEK_DATA).unwrap(), 3 * P);
+    assert_eq!(fs.read_vec(f, 3 * P - 2, 10).unwrap(), b"\0\0far");
+    // Truncate to 0 frees everything; fallocate of page 0 alone stays inline.
+    fs.setattr(C, f, &size(0)).unwrap();
+    assert_eq!(used(&fs), 0);
+    fs.fallocate(f, 0, 100, ALLOC).unwrap();
+    assert!(fs.stores_inline(f));
+    assert_eq!(used(&fs), 1);
+    assert_eq!(fs.read_vec(f, 0, 200).unwrap(), vec![0; 100]);
+    // A punch is clamped to the size (100): page 0 stays, zeroed, as with
+    // pages; fallocate across the limit turns the file into pages.
+    let punch = FallocateMode {
+        keep_size: true,
+        punch_hole: true,
+        zero_range: false,
+    };
+    fs.write(C, f, 0, b"zz", false).unwrap();
+    fs.fallocate(f, 0, P, punch).unwrap();
+    assert_eq!(used(&fs), 1);
+    assert!(fs.stores_inline(f));
+    assert_eq!(fs.read_vec(f, 0, 200).unwrap(), vec![0; 100]);
+    fs.write(C, f, 0, b"abc", false).unwrap();
+    fs.fallocate(f, 0, P + 1, ALLOC).unwrap();
+    assert!(!fs.stores_inline(f));
+    assert_eq!(used(&fs), 2);
+    assert_eq!(&fs.read_vec(f, 0, 4).unwrap(), b"abc\0");
+    // copy_file_range from an inline file into the middle of another one,
+    // across the limit of the destination.
+    let g = mkfile(&fs, C, ROOT_INO, "g", 0o644).ino;
+    let src = pattern(300, 9);
+    fs.write(C, g, 0, &src, false).unwrap();
+    let h = mkfile(&fs, C, ROOT_INO, "h", 0o644).ino;
+    fs.write(C, h, 0, b"h", false).unwrap();
+    assert_eq!(fs.copy_file_range(C, g, 0, h, m - 100, 1000).unwrap(), 300);
+    assert!(!fs.stores_inline(h));
+    let got = fs.read_vec(h, 0, 4 * INLINE_MAX).unwrap();
+    assert_eq!(got.len(), INLINE_MAX + 200);
+    assert_eq!(got[0], b'h');
+    assert!(got[1..INLINE_MAX - 100].iter().all(|&b| b == 0));
+    assert_eq!(&got[INLINE_MAX - 100..], &src[..]);
+    // An overwrite of the same size keeps the file inline.
+    fs.write(C, g, 0, &pattern(300, 3), false).unwrap();
+    assert!(fs.stores_inline(g));
+    assert_eq!(fs.read_vec(g, 0, 400).unwrap(), pattern(300, 3));
+}
