@@ -159,8 +159,7 @@ fn passthrough_files_stay_consistent() {
         return;
     }
     let (m, _log) = mount_logged(&["--data-path", "passthrough"]);
-    // Data written before the first open (by the kernel through FUSE? no:
-    // create opens) and after; truncate and size through stat.
+    // Write, read back, truncate down and up; sizes through stat.
     let a = pattern(300_000, 1);
     std::fs::write(m.p("a"), &a).unwrap();
     assert_eq!(std::fs::read(m.p("a")).unwrap(), a);
@@ -198,6 +197,7 @@ fn passthrough_files_stay_consistent() {
     };
     assert_eq!(r, 0, "fallocate: {}", std::io::Error::last_os_error());
     assert_eq!(std::fs::metadata(m.p("a")).unwrap().len(), 300_000);
+    drop((f, g));
     // copy_file_range between two passthrough files.
     let b = pattern(200_000, 9);
     std::fs::write(m.p("b"), &b).unwrap();
@@ -208,7 +208,7 @@ fn passthrough_files_stay_consistent() {
     let n = nix::fcntl::copy_file_range(&src, Some(&mut oi), &dst, Some(&mut oo), 150_000)
         .unwrap();
     assert_eq!(n, 150_000);
-    drop(dst);
+    drop((src, dst));
     assert_eq!(std::fs::read(m.p("c")).unwrap(), b[1000..151_000]);
     // Hard links share the data; an unlinked open file stays readable.
     std::fs::hard_link(m.p("b"), m.p("b2")).unwrap();
