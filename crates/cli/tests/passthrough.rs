@@ -9,7 +9,7 @@ mod common;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::process::Stdio;
 
 use common::{Mount, poll_until};
@@ -96,6 +96,39 @@ fn passthrough_serves_data_without_requests() {
 }
 
 #[test]
+fn passthrough_writes_drop_setuid() {
+    if !is_root() || !common::have("setpriv") {
+        eprintln!("skipped: needs root and setpriv");
+        return;
+    }
+    let (m, _log) = mount_logged(&["--data-path", "passthrough", "--allow-other"]);
+    std::fs::set_permissions(m.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    // Backed first (written through passthrough), setuid afterwards.
+    std::fs::write(m.p("prog"), b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(m.p("prog"), std::fs::Permissions::from_mode(0o6777)).unwrap();
+    let st = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("echo x >> {}", m.p("prog").display()))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mode = std::fs::metadata(m.p("prog")).unwrap().mode();
+    assert_eq!(
+        mode & 0o6000,
+        0,
+        "an unprivileged write drops setuid/setgid: {mode:o}"
+    );
+    assert_eq!(std::fs::read(m.p("prog")).unwrap(), b"#!/bin/sh\nx\n");
+    m.unmount();
+}
+
+#[test]
 fn passthrough_falls_back_cleanly() {
     if !is_root() {
         eprintln!("skipped: passthrough needs root");
@@ -128,7 +161,10 @@ fn passthrough_enforces_size() {
             Ok(n) => written += n,
             Err(e) => break e,
         }
-        assert!(written <= 17 << 20, "wrote {written} bytes into a 16 MiB mount");
+        assert!(
+            written <= 17 << 20,
+            "wrote {written} bytes into a 16 MiB mount"
+        );
     };
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
     assert!(written >= 8 << 20, "only {written} bytes fit");
@@ -171,7 +207,10 @@ fn passthrough_files_stay_consistent() {
     f.set_len(200_000).unwrap();
     let back = std::fs::read(m.p("a")).unwrap();
     assert_eq!(back[..100_000], a[..100_000]);
-    assert!(back[100_000..].iter().all(|&b| b == 0), "extended with zeros");
+    assert!(
+        back[100_000..].iter().all(|&b| b == 0),
+        "extended with zeros"
+    );
     // A hole punched, then SEEK_DATA / SEEK_HOLE see it.
     let fd = f.as_raw_fd();
     let r = unsafe {
@@ -187,7 +226,10 @@ fn passthrough_files_stay_consistent() {
     let mut g = File::open(m.p("a")).unwrap();
     let mut head = vec![1; 65536];
     g.read_exact(&mut head).unwrap();
-    assert!(head.iter().all(|&b| b == 0), "the punched range reads zeros");
+    assert!(
+        head.iter().all(|&b| b == 0),
+        "the punched range reads zeros"
+    );
     let data = nix::unistd::lseek(&g, 0, nix::unistd::Whence::SeekData).unwrap();
     assert_eq!(data, 65536, "SEEK_DATA skips the hole");
     // Extending fallocate changes the size.
@@ -205,8 +247,7 @@ fn passthrough_files_stay_consistent() {
     let dst = File::create(m.p("c")).unwrap();
     let mut oi = 1000i64;
     let mut oo = 0i64;
-    let n = nix::fcntl::copy_file_range(&src, Some(&mut oi), &dst, Some(&mut oo), 150_000)
-        .unwrap();
+    let n = nix::fcntl::copy_file_range(&src, Some(&mut oi), &dst, Some(&mut oo), 150_000).unwrap();
     assert_eq!(n, 150_000);
     drop((src, dst));
     assert_eq!(std::fs::read(m.p("c")).unwrap(), b[1000..151_000]);

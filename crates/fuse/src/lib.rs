@@ -682,9 +682,15 @@ impl Filesystem for MemFuse {
                 return reply.error(err(e));
             }
             let fh = self.new_fh();
-            if let Ok(bk) = b.back(&self.fs, ino.0) {
+            if let Ok(bk) = b.back(&self.fs, ino.0)
+                && self
+                    .fs
+                    .getattr(ino.0)
+                    .is_ok_and(|a| b.can_passthrough(ino.0, &bk, a.perm))
+            {
                 let id = bk.id(|f| reply.open_backing(f));
                 if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
                     return reply.opened_passthrough(
                         FileHandle(fh.0 | PASSTHROUGH_FH),
                         FopenFlags::empty(),
@@ -811,6 +817,8 @@ impl Filesystem for MemFuse {
         if let Some(b) = &self.backing {
             if fh.0 & PASSTHROUGH_FH == 0 {
                 b.fuse_released(ino.0);
+            } else if let Some(bk) = b.get(ino.0) {
+                bk.pt_released();
             }
             b.maybe_drop(&self.fs, ino.0);
         }
@@ -964,6 +972,7 @@ impl Filesystem for MemFuse {
             if let Ok(bk) = b.back(&self.fs, a.ino) {
                 let id = bk.id(|f| reply.open_backing(f));
                 if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
                     return reply.created_passthrough(
                         &self.entry_ttl,
                         &self.attr(*a),
@@ -1098,7 +1107,10 @@ impl Filesystem for MemFuse {
                 if length == 0 {
                     return Err(Errno::EINVAL);
                 }
-                if offset.checked_add(length).is_none_or(|e| e > i64::MAX as u64) {
+                if offset
+                    .checked_add(length)
+                    .is_none_or(|e| e > i64::MAX as u64)
+                {
                     return Err(Errno::EFBIG);
                 }
                 b.fallocate(offset, length, m.keep_size, m.punch_hole, m.zero_range)?;
@@ -1212,9 +1224,10 @@ impl MemFuse {
                     }
                     match b_out {
                         Some(b) => b.write_at(off_out + done, &buf[..n])?,
-                        None => self
-                            .fs
-                            .write(ctx(req), ino_out, off_out + done, &buf[..n], false)?,
+                        None => {
+                            self.fs
+                                .write(ctx(req), ino_out, off_out + done, &buf[..n], false)?
+                        }
                     };
                     done += n as u64;
                 }

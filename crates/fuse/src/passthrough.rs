@@ -23,7 +23,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use fuser::BackingId;
@@ -70,12 +70,36 @@ pub(crate) struct Backed {
     /// the same backing file, and the kernel looks the id up only after our
     /// reply. `Err(())`: registration failed, this file is served by FUSE.
     id: Mutex<Option<Result<BackingId, ()>>>,
+    /// Opens of this inode being served in passthrough now.
+    pt_opens: AtomicU32,
     /// The backing file's ctime once set up: changes of ours before it
     /// (the copy, setting the times) are not changes a user made.
     base_ctime: Timespec,
 }
 
 impl Backed {
+    /// Whether the next open may be served in passthrough. A passthrough
+    /// write does not drop setuid/setgid (the kernel writes the backing file,
+    /// not ours), so a file that has them is opened through FUSE, where the
+    /// engine drops them; unless passthrough opens are still running: the
+    /// kernel requires every open of an inode open in passthrough to be one
+    /// (a setuid bit set during such an open stays through its writes).
+    pub(crate) fn passthrough_ok(&self, perm: u16) -> bool {
+        perm & 0o6000 == 0 || self.pt_opens.load(Ordering::Acquire) > 0
+    }
+
+    pub(crate) fn pt_opened(&self) {
+        self.pt_opens.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn pt_released(&self) {
+        let _ = self
+            .pt_opens
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
     /// The kernel's id for this backing file, registered with `register` the
     /// first time (`Some(Err(()))`: registration failed, now or before). The
     /// guard is held while the caller replies with it.
@@ -245,22 +269,31 @@ impl Backing {
         // The engine's copy goes; its times stay as they were.
         if a.size > 0 {
             fs.setattr(
-            Ctx::ROOT,
-            a.ino,
-            &SetAttr {
-                size: Some(0),
-                atime: Some(SetTime::At(a.atime)),
-                mtime: Some(SetTime::At(a.mtime)),
-                ctime: Some(a.ctime),
-                ..Default::default()
-            },
-        )?;
+                Ctx::ROOT,
+                a.ino,
+                &SetAttr {
+                    size: Some(0),
+                    atime: Some(SetTime::At(a.atime)),
+                    mtime: Some(SetTime::At(a.mtime)),
+                    ctime: Some(a.ctime),
+                    ..Default::default()
+                },
+            )?;
         }
         Ok(Backed {
             file,
             id: Mutex::new(None),
+            pt_opens: AtomicU32::new(0),
             base_ctime: ts(m.ctime(), m.ctime_nsec()),
         })
+    }
+
+    /// Whether an open of the backed `ino` (mode bits `perm`) may be served
+    /// in passthrough: not while it is open through FUSE (the kernel would
+    /// refuse it with EIO), and see [`Backed::passthrough_ok`].
+    pub(crate) fn can_passthrough(&self, ino: u64, bk: &Backed, perm: u16) -> bool {
+        let st = self.state.read().unwrap_or_else(|e| e.into_inner());
+        !st.fuse_opens.contains_key(&ino) && bk.passthrough_ok(perm)
     }
 
     /// An open of `ino` that is served through FUSE began.
@@ -311,10 +344,7 @@ impl Backing {
     pub fn usage(&self) -> Option<(u64, u64)> {
         let s = nix::sys::statvfs::fstatvfs(self.dir.as_fd()).ok()?;
         let f = s.fragment_size();
-        Some((
-            (s.blocks() - s.blocks_free()) * f,
-            s.blocks_available() * f,
-        ))
+        Some(((s.blocks() - s.blocks_free()) * f, s.blocks_available() * f))
     }
 }
 
@@ -348,7 +378,8 @@ impl Backed {
 
     pub(crate) fn set_times(&self, atime: Option<SetTime>, mtime: Option<SetTime>) {
         if atime.is_some() || mtime.is_some() {
-            let _ = nix::sys::stat::futimens(self.file.as_fd(), &time_spec(atime), &time_spec(mtime));
+            let _ =
+                nix::sys::stat::futimens(self.file.as_fd(), &time_spec(atime), &time_spec(mtime));
         }
     }
 
