@@ -53,6 +53,14 @@ pub struct MountArgs {
     /// /sys/module/fuse/parameters/enable_uring); /dev/fuse otherwise.
     #[arg(long)]
     pub io_uring: bool,
+    /// How file data travels: fuse (every read and write is a request to
+    /// memfs), passthrough (the kernel reads and writes a backing file in a
+    /// private tmpfs itself: needs root and Linux 6.9+; falls back to fuse
+    /// with a warning), or auto (passthrough where available, else fuse).
+    /// Default: fuse. A --data-dir mount always uses fuse: every
+    /// acknowledged write must be journaled; so does --writeback-cache.
+    #[arg(long, value_name = "PATH")]
+    pub data_path: Option<String>,
     /// Stay in the foreground (for service managers); SIGINT and SIGTERM unmount.
     #[arg(long, short = 'f')]
     pub foreground: bool,
@@ -72,7 +80,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "LIMITS")]
     pub retention: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
-    /// writeback_cache, allow_other, io_uring, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
+    /// writeback_cache, allow_other, io_uring, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
     /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -132,6 +140,11 @@ fn parse_count(s: &str) -> anyhow::Result<u64> {
 }
 
 fn parse_locks(name: &str, s: &str) -> anyhow::Result<memfs_fuse::LockMode> {
+    s.parse()
+        .map_err(|e: String| anyhow::anyhow!("{name}: {e}"))
+}
+
+fn parse_data_path(name: &str, s: &str) -> anyhow::Result<memfs_fuse::DataPath> {
     s.parse()
         .map_err(|e: String| anyhow::anyhow!("{name}: {e}"))
 }
@@ -205,6 +218,9 @@ impl MountArgs {
         if let Some(l) = &self.locks {
             fuse.locks = parse_locks("--locks", l)?;
         }
+        if let Some(p) = &self.data_path {
+            fuse.data_path = parse_data_path("--data-path", p)?;
+        }
         let mut remount = false;
         if let Some(src) = &self.helper_source
             && !src.is_empty()
@@ -239,6 +255,7 @@ impl MountArgs {
                 "writeback_cache" => fuse.writeback_cache = true,
                 "allow_other" => fuse.allow_other = true,
                 "io_uring" => fuse.io_uring = true,
+                "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
                 "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
                 "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
                 "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
@@ -267,6 +284,15 @@ impl MountArgs {
         }
         if let Some(i) = inodes {
             config.max_inodes = i;
+        }
+        fuse.data_capacity = config.capacity;
+        if data_dir.is_some() && fuse.data_path != memfs_fuse::DataPath::Fuse {
+            if fuse.data_path == memfs_fuse::DataPath::Passthrough {
+                tracing::warn!(
+                    "--data-dir: serving the fuse data path (passthrough writes would bypass the journal)"
+                );
+            }
+            fuse.data_path = memfs_fuse::DataPath::Fuse;
         }
         let durable = match data_dir {
             None => {

@@ -11,6 +11,10 @@
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 pub mod mounts;
+pub mod passthrough;
+
+pub use passthrough::DataPath;
+use passthrough::{Backing, PASSTHROUGH_FH};
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -62,6 +66,11 @@ pub struct MountOptions {
     /// Serve requests through per-CPU io_uring queues (FUSE over io_uring)
     /// when the kernel offers it; `/dev/fuse` otherwise.
     pub io_uring: bool,
+    /// How the data of open regular files travels (`--data-path`).
+    pub data_path: DataPath,
+    /// Bytes of file data the mount may hold: the size of the backing tmpfs
+    /// with passthrough.
+    pub data_capacity: u64,
     /// Name shown as the source in /proc/mounts.
     pub fsname: String,
     /// The type is `fuse.SUBTYPE` in /proc/mounts (so that mount(8) finds the
@@ -86,6 +95,8 @@ impl Default for MountOptions {
             attr_timeout: CACHE_TIMEOUT,
             locks: LockMode::Kernel,
             io_uring: false,
+            data_path: DataPath::Fuse,
+            data_capacity: memfs_fs::Config::default().capacity,
             fsname: "memfs".into(),
             subtype: "memfs".into(),
             extra: Vec::new(),
@@ -186,6 +197,32 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
     config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
+    let backing = match opts.data_path {
+        DataPath::Fuse => None,
+        p if opts.writeback_cache => {
+            if p == DataPath::Passthrough {
+                tracing::warn!(
+                    "passthrough does not combine with --writeback-cache: serving the fuse data path"
+                );
+            }
+            None
+        }
+        p => match Backing::new(opts.data_capacity) {
+            Ok(b) => Some(Arc::new(b)),
+            Err(e) => {
+                let msg = format!(
+                    "no private tmpfs for passthrough backing files ({e}; needs root): \
+                     serving the fuse data path"
+                );
+                if p == DataPath::Passthrough {
+                    tracing::warn!("{msg}");
+                } else {
+                    tracing::info!("{msg}");
+                }
+                None
+            }
+        },
+    };
     let adapter = MemFuse {
         fs,
         next_fh: AtomicU64::new(1),
@@ -198,6 +235,8 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         engine_locks: opts.locks == LockMode::Engine,
         any_locks: AtomicBool::new(false),
         no_opendir: AtomicBool::new(false),
+        data_path: opts.data_path,
+        backing,
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     Ok(Mounted { session })
@@ -246,6 +285,11 @@ pub struct MemFuse {
     any_locks: AtomicBool,
     /// The kernel accepted NO_OPENDIR_SUPPORT: OPENDIR is declined.
     no_opendir: AtomicBool,
+    data_path: DataPath,
+    /// Passthrough is on: backing files of opened regular files. Every open
+    /// is answered (to hand over the backing file), so this overrides the
+    /// zero-message opens of kernel locks.
+    backing: Option<Arc<Backing>>,
 }
 
 fn err(e: Errno) -> fuser::Errno {
@@ -335,7 +379,7 @@ impl MemFuse {
     fn entry(&self, reply: ReplyEntry, r: memfs_fs::Result<Attr>) {
         match self.settled(r) {
             Ok(a) => {
-                reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &fuse_attr(&a), GENERATION)
+                reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &self.attr(a), GENERATION)
             }
             Err(e) => reply.error(err(e)),
         }
@@ -346,6 +390,34 @@ impl MemFuse {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    /// What the kernel is told about a node: with passthrough, a backed
+    /// file's size, blocks and times come from its backing file (the kernel
+    /// writes there without telling us).
+    fn attr(&self, mut a: Attr) -> fuser::FileAttr {
+        if let Some(b) = &self.backing {
+            b.merge(&mut a);
+        }
+        fuse_attr(&a)
+    }
+
+    /// The engine's side of a data change made in a backing file: mtime and
+    /// ctime, and setuid/setgid dropped as for a write (a punch over no
+    /// engine data changes nothing else).
+    fn touch(&self, req: &Request, ino: u64) -> memfs_fs::Result<()> {
+        let pid = req.pid();
+        let in_group = move |gid| caller_in_group(pid, gid);
+        let punch = FallocateMode {
+            keep_size: true,
+            punch_hole: true,
+            zero_range: false,
+        };
+        self.fs.fallocate_as(ctx(req), &in_group, ino, 0, 1, punch)
+    }
+
+    fn backed(&self, ino: u64) -> Option<Arc<passthrough::Backed>> {
+        self.backing.as_ref()?.get(ino)
     }
 
     fn new_fh(&self) -> FileHandle {
@@ -410,6 +482,25 @@ impl Filesystem for MemFuse {
                  (/sys/module/fuse/parameters/enable_uring is off): serving /dev/fuse"
             );
         }
+        if self.backing.is_some() {
+            let ok = config
+                .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
+                .is_ok()
+                // The backing files are on tmpfs (depth 0).
+                && config.set_max_stack_depth(1).is_ok();
+            if ok {
+                tracing::info!("data path: kernel passthrough");
+            } else {
+                self.backing = None;
+                let msg = "the kernel does not offer FUSE passthrough (Linux 6.9+, \
+                           CONFIG_FUSE_PASSTHROUGH): serving the fuse data path";
+                if self.data_path == DataPath::Passthrough {
+                    tracing::warn!("{msg}");
+                } else {
+                    tracing::info!("{msg}");
+                }
+            }
+        }
         if self.writeback {
             config
                 .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
@@ -427,11 +518,14 @@ impl Filesystem for MemFuse {
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.fs.forget(ino.0, nlookup);
+        if let Some(b) = &self.backing {
+            b.maybe_drop(&self.fs, ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
-            Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
+            Ok(a) => reply.attr(&self.attr_ttl, &self.attr(a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -463,8 +557,18 @@ impl Filesystem for MemFuse {
             mtime: set_time(mtime),
             ctime: ctime.map(Timespec::from_system_time),
         };
-        match self.settled(self.fs.setattr(ctx(req), ino.0, &set)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
+        let mut r = self.fs.setattr(ctx(req), ino.0, &set);
+        if let (Ok(_), Some(b)) = (&r, self.backed(ino.0)) {
+            // The engine checked and recorded the change; the data is here.
+            if let Some(size) = size
+                && let Err(e) = b.truncate(size)
+            {
+                r = Err(e);
+            }
+            b.set_times(set.atime, set.mtime);
+        }
+        match self.settled(r) {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.attr(a)),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -573,6 +677,30 @@ impl Filesystem for MemFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if let Some(b) = &self.backing {
+            if let Err(e) = self.fs.open(ino.0, flags.0) {
+                return reply.error(err(e));
+            }
+            let fh = self.new_fh();
+            if let Ok(bk) = b.back(&self.fs, ino.0)
+                && self
+                    .fs
+                    .getattr(ino.0)
+                    .is_ok_and(|a| b.can_passthrough(ino.0, &bk, a.perm))
+            {
+                let id = bk.id(|f| reply.open_backing(f));
+                if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
+                    return reply.opened_passthrough(
+                        FileHandle(fh.0 | PASSTHROUGH_FH),
+                        FopenFlags::empty(),
+                        id,
+                    );
+                }
+            }
+            b.fuse_opened(ino.0);
+            return reply.opened(fh, self.open_flags());
+        }
         if !self.engine_locks {
             // Zero-message opens from now on: the kernel has checked access,
             // sends O_TRUNC as a SETATTR, and holds a lookup reference while
@@ -596,11 +724,17 @@ impl Filesystem for MemFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let backed = self.backed(ino.0);
         READ_BUF.with_borrow_mut(|buf| {
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
-            match self.fs.read(ino.0, offset, &mut buf[..size as usize]) {
+            let buf = &mut buf[..size as usize];
+            let r = match &backed {
+                Some(b) => b.read_at(offset, buf),
+                None => self.fs.read(ino.0, offset, buf),
+            };
+            match r {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(err(e)),
             }
@@ -622,7 +756,13 @@ impl Filesystem for MemFuse {
         // With writeback caching the kernel places every page itself; honouring
         // O_APPEND here too would move cached pages to the end of the file.
         let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
-        match self.settled(self.fs.write(ctx(req), ino.0, offset, data, append)) {
+        let r = match self.backed(ino.0) {
+            Some(b) => (if append { b.size() } else { Ok(offset) })
+                .and_then(|off| b.write_at(off, data))
+                .and_then(|n| self.touch(req, ino.0).map(|()| n)),
+            None => self.fs.write(ctx(req), ino.0, offset, data, append),
+        };
+        match self.settled(r) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -674,6 +814,14 @@ impl Filesystem for MemFuse {
             }
         }
         self.fs.release(ino.0);
+        if let Some(b) = &self.backing {
+            if fh.0 & PASSTHROUGH_FH == 0 {
+                b.fuse_released(ino.0);
+            } else if let Some(bk) = b.get(ino.0) {
+                bk.pt_released();
+            }
+            b.maybe_drop(&self.fs, ino.0);
+        }
         reply.ok();
     }
 
@@ -739,7 +887,7 @@ impl Filesystem for MemFuse {
                 e.offset,
                 OsStr::from_bytes(e.name),
                 &self.entry_ttl,
-                &fuse_attr(a),
+                &self.attr(*a),
                 GENERATION,
             )
         });
@@ -761,7 +909,14 @@ impl Filesystem for MemFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
+        let mut s = self.fs.statfs();
+        if let Some((used, avail)) = self.backing.as_ref().and_then(|b| b.usage()) {
+            // One capacity for both: the engine's pages and the backing files.
+            let bs = s.bsize as u64;
+            let used = s.blocks - s.bfree + used.div_ceil(bs);
+            s.bfree = s.blocks.saturating_sub(used).min(avail / bs);
+            s.bavail = s.bfree;
+        }
         reply.statfs(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
         );
@@ -808,13 +963,39 @@ impl Filesystem for MemFuse {
         reply: ReplyCreate,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        match self.settled(
+        let r = self.settled(
             self.fs
                 .create(ctx(req), parent.0, name.as_bytes(), mode, excl),
-        ) {
+        );
+        if let (Ok((a, _)), Some(b)) = (&r, &self.backing) {
+            let fh = self.new_fh();
+            if let Ok(bk) = b.back(&self.fs, a.ino) {
+                let id = bk.id(|f| reply.open_backing(f));
+                if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
+                    return reply.created_passthrough(
+                        &self.entry_ttl,
+                        &self.attr(*a),
+                        GENERATION,
+                        FileHandle(fh.0 | PASSTHROUGH_FH),
+                        FopenFlags::empty(),
+                        id,
+                    );
+                }
+            }
+            b.fuse_opened(a.ino);
+            return reply.created(
+                &self.entry_ttl,
+                &self.attr(*a),
+                GENERATION,
+                fh,
+                self.open_flags(),
+            );
+        }
+        match r {
             Ok((a, _)) => reply.created(
                 &self.entry_ttl,
-                &fuse_attr(&a),
+                &self.attr(a),
                 GENERATION,
                 self.new_fh(),
                 self.open_flags(),
@@ -918,9 +1099,23 @@ impl Filesystem for MemFuse {
         // The kernel leaves killing setuid/setgid on fallocate to us.
         let pid = req.pid();
         let in_group = move |gid| caller_in_group(pid, gid);
-        let r = FallocateMode::from_bits(mode).and_then(|m| {
-            self.fs
-                .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m)
+        let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
+            None => self
+                .fs
+                .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m),
+            Some(b) => {
+                if length == 0 {
+                    return Err(Errno::EINVAL);
+                }
+                if offset
+                    .checked_add(length)
+                    .is_none_or(|e| e > i64::MAX as u64)
+                {
+                    return Err(Errno::EFBIG);
+                }
+                b.fallocate(offset, length, m.keep_size, m.punch_hole, m.zero_range)?;
+                self.touch(req, ino.0)
+            }
         });
         Self::empty(reply, self.settled(r));
     }
@@ -937,7 +1132,11 @@ impl Filesystem for MemFuse {
         if offset < 0 {
             return reply.error(fuser::Errno::ENXIO);
         }
-        match self.fs.lseek(ino.0, offset as u64, whence) {
+        let r = match self.backed(ino.0) {
+            Some(b) => b.seek(offset as u64, whence),
+            None => self.fs.lseek(ino.0, offset as u64, whence),
+        };
+        match r {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(err(e)),
         }
@@ -958,6 +1157,19 @@ impl Filesystem for MemFuse {
     ) {
         // The kernel caps one request; it loops for larger copies.
         let len = len.min(u32::MAX as u64 & !0xfff);
+        let (b_in, b_out) = (self.backed(ino_in.0), self.backed(ino_out.0));
+        if b_in.is_some() || b_out.is_some() {
+            let r = self.copy_backed(
+                req,
+                (ino_in.0, b_in.as_deref(), offset_in),
+                (ino_out.0, b_out.as_deref(), offset_out),
+                len,
+            );
+            return match self.settled(r) {
+                Ok(n) => reply.written(n as u32),
+                Err(e) => reply.error(err(e)),
+            };
+        }
         match self.settled(self.fs.copy_file_range(
             ctx(req),
             ino_in.0,
@@ -969,6 +1181,63 @@ impl Filesystem for MemFuse {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
+    }
+}
+
+impl MemFuse {
+    /// copy_file_range where either side is a backing file: kernel to kernel
+    /// between two backing files, else through a buffer.
+    fn copy_backed(
+        &self,
+        req: &Request,
+        (ino_in, b_in, off_in): (u64, Option<&passthrough::Backed>, u64),
+        (ino_out, b_out, off_out): (u64, Option<&passthrough::Backed>, u64),
+        len: u64,
+    ) -> memfs_fs::Result<u64> {
+        // As Linux: clamp to the source's size once, and refuse overlapping
+        // ranges of one file.
+        let size_in = match b_in {
+            Some(b) => b.size()?,
+            None => self.fs.getattr(ino_in)?.size,
+        };
+        let len = len.min(size_in.saturating_sub(off_in));
+        if ino_in == ino_out
+            && off_in < off_out.saturating_add(len)
+            && off_out < off_in.saturating_add(len)
+        {
+            return Err(Errno::EINVAL);
+        }
+        let done = match (b_in, b_out) {
+            (Some(i), Some(o)) => i.copy_to(off_in, o, off_out, len)?,
+            _ => {
+                const CHUNK: u64 = 1 << 20;
+                let mut buf = Vec::new();
+                let mut done = 0;
+                while done < len {
+                    buf.resize((len - done).min(CHUNK) as usize, 0);
+                    let n = match b_in {
+                        Some(b) => b.read_at(off_in + done, &mut buf)?,
+                        None => self.fs.read(ino_in, off_in + done, &mut buf)?,
+                    };
+                    if n == 0 {
+                        break;
+                    }
+                    match b_out {
+                        Some(b) => b.write_at(off_out + done, &buf[..n])?,
+                        None => {
+                            self.fs
+                                .write(ctx(req), ino_out, off_out + done, &buf[..n], false)?
+                        }
+                    };
+                    done += n as u64;
+                }
+                done
+            }
+        };
+        if b_out.is_some() && done > 0 {
+            self.touch(req, ino_out)?;
+        }
+        Ok(done)
     }
 }
 
