@@ -238,7 +238,12 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x2545_F491_4F6C_DD1D | 1)
+        // splitmix64 first: neighbouring seeds must give different streams
+        // (a plain `| 1` made 2k and 2k+1 the same).
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
     }
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
