@@ -604,7 +604,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
 /// `mount -o remount,ro` does), so statvfs shows ST_RDONLY and findmnt
 /// `ro`: a FUSE statfs reply has no flags field, the mount is the only
 /// place the kernel reports it. It runs off the FUSE workers because the
-/// remount syncs the file system through them.
+/// remount syncs the file system through them. The path is still our mount:
+/// a new server of the same data directory cannot mount before we let go
+/// of its lock, at close.
 struct ReadOnlyWatch {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
