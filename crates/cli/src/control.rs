@@ -138,19 +138,30 @@ fn answer(d: &DurableFs, req: &str) -> anyhow::Result<Vec<String>> {
             )],
             None => vec!["unchanged".into()],
         },
-        "status" => {
-            let st = d.journal_stats();
-            vec![format!(
-                "durability={} last_commit={} durable_commit={} segments={} fsyncs={}",
-                d.durability(),
-                st.last_commit,
-                st.durable_commit,
-                st.segments,
-                st.fsyncs
-            )]
-        }
+        "status" => status(d),
         _ => bail!("unknown request {cmd:?}"),
     })
+}
+
+/// `status`: the journal's figures, then `data_dir=PATH`, then
+/// `read_only=no` or `read_only=yes REASON` (the journal failed).
+fn status(d: &DurableFs) -> Vec<String> {
+    let st = d.journal_stats();
+    vec![
+        format!(
+            "durability={} last_commit={} durable_commit={} segments={} fsyncs={}",
+            d.durability(),
+            st.last_commit,
+            st.durable_commit,
+            st.segments,
+            st.fsyncs
+        ),
+        format!("data_dir={}", d.path().display()),
+        match d.read_only_reason() {
+            None => "read_only=no".into(),
+            Some(r) => format!("read_only=yes {}", r.replace('\n', " ")),
+        },
+    ]
 }
 
 /// Sends one request to the memfs serving `data_dir`.

@@ -73,6 +73,16 @@ pub struct FsckArgs {
     pub yes: bool,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// The mount point of a durable memfs.
+    #[arg(required_unless_present = "data_dir")]
+    pub mountpoint: Option<PathBuf>,
+    /// Or its data directory (also when it is not mounted).
+    #[arg(long, value_name = "PATH", conflicts_with = "mountpoint")]
+    pub data_dir: Option<PathBuf>,
+}
+
 fn is_locked(e: &DError) -> bool {
     matches!(e, DError::Journal(memfs_journal::Error::Locked { .. }))
 }
@@ -251,6 +261,90 @@ pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+fn print_marker(m: &durable::ReadOnlyMarker) {
+    println!(
+        "last run: turned READ-ONLY at {} after commit {}: {}",
+        fmt_time_ns(m.time_ns),
+        m.durable_commit,
+        m.reason
+    );
+    println!(
+        "  (operations refused with EIO then may or may not be in the journal; everything acknowledged is)"
+    );
+}
+
+pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
+    let data_dir = match (&a.data_dir, &a.mountpoint) {
+        (Some(d), _) => d.clone(),
+        (None, Some(mp)) => {
+            if !memfs_fuse::mounts::is_mounted(mp) {
+                bail!("{} is not mounted", mp.display());
+            }
+            crate::mount::mount_source(mp)
+                .map(PathBuf::from)
+                .filter(|p| p.is_absolute() && control::socket_path(p).exists())
+                .with_context(|| {
+                    format!(
+                        "{} is not a durable memfs mount (no data directory with a control socket as its source)",
+                        mp.display()
+                    )
+                })?
+        }
+        (None, None) => bail!("give a mount point or --data-dir"),
+    };
+    check_dir(&data_dir)?;
+    // Ask the server first: a directory on a disk gone read-only cannot
+    // even be locked to find out whether it is in use.
+    let lines = match control::request(&data_dir, "status") {
+        Ok(lines) => lines,
+        Err(e) => match memfs_journal::DataDir::open(&data_dir, false) {
+            Err(memfs_journal::Error::Locked { .. }) => return Err(e),
+            Err(e) => return Err(e.into()),
+            Ok(lock) => {
+                // Nobody serves it: what the directory itself tells.
+                println!("data dir: {}", data_dir.display());
+                println!("state: not mounted");
+                match durable::read_only_marker(&data_dir)? {
+                    Some(m) => print_marker(&m),
+                    None => println!("last run: ended writable"),
+                }
+                drop(lock);
+                return Ok(());
+            }
+        },
+    };
+    let field = |key: &str| {
+        lines
+            .iter()
+            .flat_map(|l| l.split(' '))
+            .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+            .unwrap_or("?")
+            .to_string()
+    };
+    println!("data dir: {}", data_dir.display());
+    if let Some(mp) = &a.mountpoint {
+        println!("mount: {}", mp.display());
+    }
+    println!("mode: {}", field("durability"));
+    println!(
+        "commit: {} (durable through {})",
+        field("last_commit"),
+        field("durable_commit")
+    );
+    let ro = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("read_only="))
+        .unwrap_or("?");
+    match ro.strip_prefix("yes") {
+        Some(reason) => println!(
+            "state: READ-ONLY (every change fails with EROFS, reads are served): {}",
+            reason.trim()
+        ),
+        None => println!("state: read-write"),
+    }
+    Ok(())
+}
+
 pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
     check_dir(&a.data_dir)?;
     let lock = match memfs_journal::DataDir::open(&a.data_dir, false) {
@@ -318,6 +412,9 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
             b.commit, b.required_end
         ),
         None => println!("checkpoint: none (the journal starts the history)"),
+    }
+    if let Some(m) = durable::read_only_marker(dir)? {
+        print_marker(&m);
     }
     let h = durable::History::load(dir)?;
     println!(

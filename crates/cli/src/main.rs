@@ -52,6 +52,8 @@ enum Command {
     Rollback(durable_cmd::RollbackArgs),
     /// Check a data directory (journal, checkpoint, tree); --repair cuts damage.
     Fsck(durable_cmd::FsckArgs),
+    /// State of a durable mount: mode, commits, read-only (and why), data directory.
+    Status(durable_cmd::StatusArgs),
     /// Run a benchmark against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -131,6 +133,7 @@ fn main() -> std::process::ExitCode {
         Command::Log(args) => durable_cmd::run_log(args),
         Command::Rollback(args) => durable_cmd::run_rollback(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),
+        Command::Status(args) => durable_cmd::run_status(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::StoreServer(args)) => bench_store_server::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),

@@ -566,6 +566,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     }
     let mut mounted = memfs_fuse::mount(fs, mountpoint, &fuse_opts)
         .map_err(|e| anyhow::anyhow!("cannot mount memfs at {}: {e}", mountpoint.display()))?;
+    let ro_watch = durable
+        .as_ref()
+        .map(|d| ReadOnlyWatch::start(d, mountpoint));
     let mut unmounter = mounted.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -606,6 +609,7 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     handle.close();
     let _ = signal_thread.join();
     let result = result.with_context(|| format!("serving {}", mountpoint.display()));
+    drop(ro_watch);
     if let Some(c) = control {
         c.stop();
     }
@@ -619,6 +623,114 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         }
     }
     result
+}
+
+/// When the data directory fails and the file system turns read-only, a
+/// thread remounts the server's own FUSE mount read-only (what
+/// `mount -o remount,ro` does), so statvfs shows ST_RDONLY and findmnt
+/// `ro`: a FUSE statfs reply has no flags field, the mount is the only
+/// place the kernel reports it. It runs off the FUSE workers because the
+/// remount syncs the file system through them. The path is still our mount:
+/// a new server of the same data directory cannot mount before we let go
+/// of its lock, at close.
+struct ReadOnlyWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReadOnlyWatch {
+    fn start(d: &memfs_durable::DurableFs, mountpoint: &Path) -> ReadOnlyWatch {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        d.on_read_only(move |reason| {
+            let _ = tx.send(reason.to_string());
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mp = mountpoint.to_path_buf();
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("memfs-readonly".into())
+                .spawn(move || {
+                    let reason = loop {
+                        if stop.load(Ordering::Acquire) {
+                            return;
+                        }
+                        match rx.recv_timeout(Duration::from_millis(200)) {
+                            Ok(r) => break r,
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                            Err(_) => return,
+                        }
+                    };
+                    // EBUSY while a file is open for writing (or an unlinked
+                    // file is open): the kernel refuses a read-only remount
+                    // then, so try again until it is free.
+                    let mut told = false;
+                    while !stop.load(Ordering::Acquire) {
+                        match remount_read_only(&mp) {
+                            Ok(()) => {
+                                tracing::warn!(
+                                    "remounted {} read-only: {reason}",
+                                    mp.display()
+                                );
+                                return;
+                            }
+                            Err(nix::errno::Errno::EBUSY) => {
+                                if !told {
+                                    tracing::info!(
+                                        "{} is busy (files open for writing): remounting it read-only once they close",
+                                        mp.display()
+                                    );
+                                    told = true;
+                                }
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                            Err(e) => {
+                                tracing::warn!(
+                                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
+                                    mp.display()
+                                );
+                                return;
+                            }
+                        }
+                    }
+                })
+                .ok()
+        };
+        ReadOnlyWatch { stop, thread }
+    }
+}
+
+impl Drop for ReadOnlyWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// MS_REMOUNT|MS_RDONLY keeping the mount's other flags (a remount
+/// replaces them all).
+fn remount_read_only(mp: &Path) -> nix::Result<()> {
+    use nix::mount::MsFlags;
+    use nix::sys::statvfs::FsFlags;
+    let cur = nix::sys::statvfs::statvfs(mp)?.flags();
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+    for (f, m) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_SYNCHRONOUS, MsFlags::MS_SYNCHRONOUS),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if cur.contains(f) {
+            flags |= m;
+        }
+    }
+    nix::mount::mount::<str, Path, str, str>(None, mp, None, flags, None)
 }
 
 pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
@@ -642,7 +754,7 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 /// The source field of `mp`'s mount (a durable memfs puts its data directory there).
-fn mount_source(mp: &Path) -> Option<String> {
+pub(crate) fn mount_source(mp: &Path) -> Option<String> {
     let canon = mp.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {

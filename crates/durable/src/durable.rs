@@ -7,6 +7,9 @@
 //! `journal-*.log`, `MANIFEST`, `snapshot-*.snap`, see `docs/journal.md`):
 //! - `HISTORY`: the checkpoints kept (commit, required end, time) and the
 //!   named snapshots (name, commit, time); rewritten atomically.
+//! - `READ-ONLY`: present when a run turned read-only after an I/O error
+//!   (written when the disk lets us, at the failure or at close); the next
+//!   open reports and removes it, so `memfs fsck` can tell meanwhile.
 //!
 //! The manifest's user data holds a pending rollback ("rollback=C"), so a
 //! crash in the middle of one is finished at the next open.
@@ -35,6 +38,8 @@ use memfs_fs::{Config, Errno, Fs, Mutation, Recorder};
 const HISTORY_FILE: &str = "HISTORY";
 const HISTORY_HEADER: &str = "memfs-history 1";
 const ROLLBACK_PREFIX: &str = "rollback=";
+/// The marker of a run that ended read-only (see the module comment).
+pub const READ_ONLY_FILE: &str = "READ-ONLY";
 
 /// Errors of a durable file system; each names what it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +212,61 @@ pub struct OpenReport {
     /// The manifest's checkpoint could not be loaded: why, and what was
     /// used instead (an older checkpoint, or the journal from commit 1).
     pub fell_back: Option<String>,
+    /// The previous run turned read-only after an I/O error: its marker.
+    pub previous_read_only: Option<ReadOnlyMarker>,
+}
+
+/// What the `READ-ONLY` marker records about a run that turned read-only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadOnlyMarker {
+    pub reason: String,
+    pub time_ns: u64,
+    /// The last commit known durable when it failed: later ones were
+    /// refused (EIO, durability unknown) or never acknowledged.
+    pub durable_commit: u64,
+}
+
+impl ReadOnlyMarker {
+    fn encode(&self) -> String {
+        format!(
+            "memfs-read-only 1\ntime_ns={}\ndurable_commit={}\nreason={}\n",
+            self.time_ns,
+            self.durable_commit,
+            self.reason.replace('\n', " ")
+        )
+    }
+
+    fn decode(text: &str) -> Option<ReadOnlyMarker> {
+        let mut m = ReadOnlyMarker::default();
+        let mut lines = text.lines();
+        if lines.next()? != "memfs-read-only 1" {
+            return None;
+        }
+        for l in lines {
+            match l.split_once('=')? {
+                ("time_ns", v) => m.time_ns = v.parse().ok()?,
+                ("durable_commit", v) => m.durable_commit = v.parse().ok()?,
+                ("reason", v) => m.reason = v.to_string(),
+                _ => {}
+            }
+        }
+        Some(m)
+    }
+}
+
+/// The `READ-ONLY` marker of `dir`, if its last run turned read-only and
+/// the marker could be written. A marker that cannot be parsed is reported
+/// with its raw text as the reason.
+pub fn read_only_marker(dir: &Path) -> Result<Option<ReadOnlyMarker>> {
+    Ok(
+        memfs_journal::dir::read_file(dir, READ_ONLY_FILE)?.map(|b| {
+            let t = String::from_utf8_lossy(&b);
+            ReadOnlyMarker::decode(&t).unwrap_or(ReadOnlyMarker {
+                reason: t.trim().replace('\n', " "),
+                ..Default::default()
+            })
+        }),
+    )
 }
 
 impl std::fmt::Display for OpenReport {
@@ -251,6 +311,13 @@ impl std::fmt::Display for OpenReport {
         }
         if let Some(why) = &self.fell_back {
             write!(f, "; WARNING: {why}")?;
+        }
+        if let Some(m) = &self.previous_read_only {
+            write!(
+                f,
+                "; WARNING: the previous run turned read-only after commit {}: {}",
+                m.durable_commit, m.reason
+            )?;
         }
         Ok(())
     }
@@ -393,6 +460,60 @@ struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
     failed: AtomicBool,
+    /// Whether the `READ-ONLY` marker is on disk (written best effort).
+    marked: AtomicBool,
+    /// Called once when the file system turns read-only (the mount uses it
+    /// to remount itself read-only).
+    on_read_only: Mutex<Option<ReadOnlyHook>>,
+}
+
+type ReadOnlyHook = Box<dyn Fn(&str) + Send + Sync>;
+
+impl Shared {
+    /// Records that the journal failed: from now on the file system is
+    /// read-only. Logs, writes the marker and calls the hook only once.
+    fn mark_failed(&self, what: &str, e: &dyn std::fmt::Display) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::error!(
+            "journal {what} failed; the file system is now read-only (EROFS for every change, reads still served): {e}"
+        );
+        self.write_marker();
+        if let Some(hook) = self.on_read_only.lock().as_ref() {
+            hook(&self.read_only_reason());
+        }
+    }
+
+    fn read_only_reason(&self) -> String {
+        self.journal
+            .stats()
+            .failed
+            .unwrap_or_else(|| "a journal operation failed".into())
+    }
+
+    /// Best effort: the disk that failed may refuse this too; close retries.
+    fn write_marker(&self) {
+        if !self.failed.load(Ordering::Acquire) || self.marked.load(Ordering::Acquire) {
+            return;
+        }
+        let m = ReadOnlyMarker {
+            reason: self.read_only_reason(),
+            time_ns: now_ns(),
+            durable_commit: self.journal.durable_commit(),
+        };
+        match memfs_journal::dir::write_file_atomic(
+            &self.path,
+            READ_ONLY_FILE,
+            m.encode().as_bytes(),
+        ) {
+            Ok(()) => self.marked.store(true, Ordering::Release),
+            Err(e) => tracing::warn!(
+                "cannot write the read-only marker {} (will retry at close): {e}",
+                self.path.join(READ_ONLY_FILE).display()
+            ),
+        }
+    }
 }
 
 /// The recorder the engine calls: a journal append per mutation.
@@ -402,11 +523,7 @@ struct JournalRecorder {
 
 impl JournalRecorder {
     fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
-        if !self.shared.failed.swap(true, Ordering::AcqRel) {
-            tracing::error!(
-                "journal {what} failed; the file system is now read-only (EROFS for every change, reads still served): {e}"
-            );
-        }
+        self.shared.mark_failed(what, &e);
         Errno::EIO
     }
 
@@ -728,6 +845,17 @@ impl DurableFs {
             }
         }
         fs.finish_rebuild(jrep.last_commit);
+        report.previous_read_only = read_only_marker(path)?;
+        if let Some(m) = &report.previous_read_only {
+            tracing::warn!(
+                "the previous run of {} turned read-only after commit {}: {}",
+                path.display(),
+                m.durable_commit,
+                m.reason
+            );
+            // This run starts writable: the marker described the last one.
+            memfs_journal::dir::remove_file(path, READ_ONLY_FILE)?;
+        }
         report.last_commit = jrep.last_commit;
         report.journal = jrep;
         remove_stray_checkpoints(path, &History::load(path)?, base)?;
@@ -741,6 +869,8 @@ impl DurableFs {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             failed: AtomicBool::new(false),
+            marked: AtomicBool::new(false),
+            on_read_only: Mutex::new(None),
         });
         let mut fs = fs;
         fs.set_recorder(Some(Arc::new(JournalRecorder {
@@ -799,13 +929,18 @@ impl DurableFs {
         if !self.shared.failed.load(Ordering::Acquire) {
             return None;
         }
-        Some(
-            self.shared
-                .journal
-                .stats()
-                .failed
-                .unwrap_or_else(|| "a journal operation failed".into()),
-        )
+        Some(self.shared.read_only_reason())
+    }
+
+    /// Calls `hook` with the reason once the file system turns read-only
+    /// (at once if it already has). It runs on the thread whose operation
+    /// failed, maybe a FUSE worker: it must not block on the file system.
+    pub fn on_read_only(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        let mut slot = self.shared.on_read_only.lock();
+        if self.shared.failed.load(Ordering::Acquire) {
+            hook(&self.shared.read_only_reason());
+        }
+        *slot = Some(Box::new(hook));
     }
 
     pub fn journal_stats(&self) -> memfs_journal::JournalStats {
@@ -814,7 +949,10 @@ impl DurableFs {
 
     /// Makes everything so far durable (in every mode, `none` included).
     pub fn sync(&self) -> Result<u64> {
-        Ok(self.shared.journal.sync()?)
+        self.shared.journal.sync().map_err(|e| {
+            self.shared.mark_failed("sync", &e);
+            e.into()
+        })
     }
 
     /// Writes a checkpoint now (see [`checkpoint`]).
@@ -844,13 +982,21 @@ impl DurableFs {
     /// checkpoint (so the next open replays nothing).
     pub fn close(mut self) -> Result<()> {
         self.stop_checkpointer();
-        self.shared.journal.sync()?;
+        self.sync()?;
         // After a failed append the journal lacks changes the tree has: a
         // checkpoint of the tree would make them durable behind the user's back.
         if self.shared.failed.load(Ordering::Acquire) {
+            self.shared.write_marker();
             return Ok(());
         }
-        checkpoint(&self.fs, &self.shared)?;
+        // Everything is in the synced journal already: a final checkpoint
+        // that fails (a full disk) only means the next open replays more.
+        if let Err(e) = checkpoint(&self.fs, &self.shared) {
+            tracing::warn!(
+                "final checkpoint of {} failed, the journal holds every change and the next open replays it: {e}",
+                self.path().display()
+            );
+        }
         self.release();
         Ok(())
     }
@@ -874,8 +1020,9 @@ impl Drop for DurableFs {
     fn drop(&mut self) {
         self.stop_checkpointer();
         if let Err(e) = self.shared.journal.sync() {
-            tracing::error!("final journal sync failed: {e}");
+            self.shared.mark_failed("final sync", &e);
         }
+        self.shared.write_marker();
         self.release();
     }
 }

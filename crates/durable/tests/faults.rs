@@ -265,6 +265,13 @@ fn simulated_faults_at_random_points_keep_memory_and_journal_in_step() {
             }
         }
         assert_eq!(d.read_only_reason().is_some(), read_only, "seed {seed}");
+        // The marker that tells fsck and the next open (the one-shot fault
+        // is over, so it could be written).
+        assert_eq!(
+            durable::read_only_marker(&dir).unwrap().is_some(),
+            read_only,
+            "seed {seed}: READ-ONLY marker"
+        );
         // Reads keep working in every case.
         fs.readdir(ROOT_INO, 0, |_| true).unwrap();
         drop(fs);
@@ -273,6 +280,8 @@ fn simulated_faults_at_random_points_keep_memory_and_journal_in_step() {
         reg.replace(Arc::new(sim.recover(RecoverMode::DropAll, seed)));
         let (d, rep) = DurableFs::open(&dir, config(), o).unwrap();
         let got = d.fs().canonical_dump();
+        assert_eq!(rep.previous_read_only.is_some(), read_only, "seed {seed}");
+        assert!(durable::read_only_marker(&dir).unwrap().is_none());
         assert!(
             got == acked || Some(&got) == unknown.as_ref(),
             "seed {seed}: after restart ({rep}) the tree is neither the acknowledged one nor the one with the failed operation"

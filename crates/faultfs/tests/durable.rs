@@ -5,178 +5,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::io::{ErrorKind, Write};
-use std::path::Path;
+use std::io::ErrorKind;
 
+use common::ops::{Failed, Tree, assert_tree, describe, read_tree, step};
 use common::{FaultFs, Memfs, Rng, seed};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Node {
-    File(Vec<u8>),
-    Dir,
-}
-
-type Tree = BTreeMap<String, Node>;
-
-fn read_tree(root: &Path) -> Tree {
-    let mut t = Tree::new();
-    for e in std::fs::read_dir(root).expect("readdir on the memfs mount") {
-        let e = e.unwrap();
-        let name = e.file_name().into_string().unwrap();
-        let node = if e.file_type().unwrap().is_dir() {
-            Node::Dir
-        } else {
-            Node::File(std::fs::read(e.path()).expect("read a file on the memfs mount"))
-        };
-        t.insert(name, node);
-    }
-    t
-}
-
-fn describe(t: &Tree) -> String {
-    t.iter()
-        .map(|(k, v)| match v {
-            Node::Dir => format!("{k}/"),
-            Node::File(d) => format!("{k}:{}", d.len()),
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn content(rng: &mut Rng) -> Vec<u8> {
-    // Up to 96 KiB: one write(2) is one FUSE request, so it is atomic.
-    let len = 1 + rng.below(96 << 10) as usize;
-    let b = rng.next() as u8;
-    (0..len).map(|i| b.wrapping_add((i / 7) as u8)).collect()
-}
-
-/// The first error of an operation: the model just before the failing call
-/// and the model had it succeeded.
-struct Failed {
-    err: std::io::Error,
-    before: Tree,
-    would: Tree,
-}
-
-/// One mutation as a sequence of system calls, each applied to `model` as
-/// soon as it is acknowledged.
-fn step(root: &Path, model: &mut Tree, rng: &mut Rng, n: u64) -> Result<(), Failed> {
-    let files: Vec<String> = model
-        .iter()
-        .filter(|(_, v)| matches!(v, Node::File(_)))
-        .map(|(k, _)| k.clone())
-        .collect();
-    let pick = |rng: &mut Rng| files[rng.below(files.len() as u64) as usize].clone();
-    let choice = if files.is_empty() { 0 } else { rng.below(10) };
-    let before = model.clone();
-    let fail = |err: std::io::Error, before: &Tree, change: &dyn Fn(&mut Tree)| {
-        let mut would = before.clone();
-        change(&mut would);
-        Err(Failed {
-            err,
-            before: before.clone(),
-            would,
-        })
-    };
-    match choice {
-        // Create a new file and write it.
-        0..=3 => {
-            let name = format!("f{n}");
-            let data = content(rng);
-            let mut f = match std::fs::File::create_new(root.join(&name)) {
-                Ok(f) => f,
-                Err(e) => {
-                    return fail(e, &before, &|t| {
-                        t.insert(name.clone(), Node::File(Vec::new()));
-                    });
-                }
-            };
-            model.insert(name.clone(), Node::File(Vec::new()));
-            let at = model.clone();
-            match f.write(&data) {
-                Ok(k) => {
-                    model.insert(name, Node::File(data[..k].to_vec()));
-                }
-                Err(e) => {
-                    return fail(e, &at, &|t| {
-                        t.insert(name.clone(), Node::File(data.clone()));
-                    });
-                }
-            }
-        }
-        // Overwrite an existing file: O_TRUNC, then one write.
-        4..=5 => {
-            let name = pick(rng);
-            let data = content(rng);
-            let mut f = match std::fs::File::options()
-                .write(true)
-                .truncate(true)
-                .open(root.join(&name))
-            {
-                Ok(f) => f,
-                Err(e) => {
-                    return fail(e, &before, &|t| {
-                        t.insert(name.clone(), Node::File(Vec::new()));
-                    });
-                }
-            };
-            model.insert(name.clone(), Node::File(Vec::new()));
-            let at = model.clone();
-            match f.write(&data) {
-                Ok(k) => {
-                    model.insert(name, Node::File(data[..k].to_vec()));
-                }
-                Err(e) => {
-                    return fail(e, &at, &|t| {
-                        t.insert(name.clone(), Node::File(data.clone()));
-                    });
-                }
-            }
-        }
-        6 => {
-            let name = pick(rng);
-            if let Err(e) = std::fs::remove_file(root.join(&name)) {
-                return fail(e, &before, &|t| {
-                    t.remove(&name);
-                });
-            }
-            model.remove(&name);
-        }
-        7 => {
-            let from = pick(rng);
-            let to = format!("r{n}");
-            if let Err(e) = std::fs::rename(root.join(&from), root.join(&to)) {
-                return fail(e, &before, &|t| {
-                    let v = t.remove(&from).unwrap();
-                    t.insert(to.clone(), v);
-                });
-            }
-            let v = model.remove(&from).unwrap();
-            model.insert(to, v);
-        }
-        _ => {
-            let name = format!("d{n}");
-            if let Err(e) = std::fs::create_dir(root.join(&name)) {
-                return fail(e, &before, &|t| {
-                    t.insert(name.clone(), Node::Dir);
-                });
-            }
-            model.insert(name, Node::Dir);
-        }
-    }
-    Ok(())
-}
-
-fn assert_tree(root: &Path, want: &Tree, what: &str) {
-    let got = read_tree(root);
-    assert!(
-        got == *want,
-        "{what}: the tree differs from the acknowledged model\n got: {}\nwant: {}",
-        describe(&got),
-        describe(want)
-    );
-}
 
 /// A full disk: every refused operation fails with ENOSPC and changes
 /// nothing in memory; writes work again once the disk has room, without a
@@ -258,7 +90,21 @@ fn disk_full_is_enospc_and_memory_equals_durable() {
     ffs.stop();
 }
 
-fn eio_run(test: &str, fault: &str) {
+/// Runs the memfs binary; its standard output (it must succeed).
+fn memfs(args: &[&str]) -> String {
+    let out = std::process::Command::new(common::memfs_bin())
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "memfs {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn eio_run(test: &str, fault: &str, clean_stop: bool) {
     let seed = seed(test);
     let mut rng = Rng::new(seed);
     let ffs = FaultFs::start();
@@ -329,9 +175,23 @@ fn eio_run(test: &str, fault: &str) {
         describe(&shown),
         describe(&model)
     );
+    // Reported by `memfs status` while mounted.
+    let st = memfs(&["status", mp.to_str().unwrap()]);
+    assert!(st.contains("state: READ-ONLY"), "memfs status:\n{st}");
     ffs.ctl("clear");
-    m.kill();
-    m.assert_no_panic();
+    if clean_stop {
+        // A clean stop writes the READ-ONLY marker (the disk works again),
+        // which fsck and an offline status report.
+        m.stop();
+        m.assert_no_panic();
+        let out = memfs(&["fsck", "--data-dir", data.to_str().unwrap()]);
+        assert!(out.contains("turned READ-ONLY"), "memfs fsck:\n{out}");
+        let out = memfs(&["status", "--data-dir", data.to_str().unwrap()]);
+        assert!(out.contains("turned READ-ONLY"), "memfs status:\n{out}");
+    } else {
+        m.kill();
+        m.assert_no_panic();
+    }
     let m = Memfs::start(&mp, &data, &log);
     let got = read_tree(&mp);
     assert!(
@@ -361,13 +221,13 @@ fn eio_run(test: &str, fault: &str) {
 /// and after SIGKILL + restart everything acknowledged is there.
 #[test]
 fn fsync_eio_turns_read_only_and_keeps_acknowledged() {
-    eio_run("fsync_eio", "fail fsync EIO");
+    eio_run("fsync_eio", "fail fsync EIO", true);
 }
 
 /// The same with EIO on write.
 #[test]
 fn write_eio_turns_read_only_and_keeps_acknowledged() {
-    eio_run("write_eio", "fail write EIO");
+    eio_run("write_eio", "fail write EIO", false);
 }
 
 /// A power cut under a `sync` mount: SIGKILL the server, then drop every

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod ops;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -160,6 +162,11 @@ pub struct Memfs {
 
 impl Memfs {
     pub fn start(mp: &Path, data: &Path, log: &Path) -> Memfs {
+        Memfs::start_with(mp, data, log, "sync")
+    }
+
+    /// With another `--durability` mode.
+    pub fn start_with(mp: &Path, data: &Path, log: &Path, durability: &str) -> Memfs {
         std::fs::create_dir_all(mp).unwrap();
         let err = File::options().create(true).append(true).open(log).unwrap();
         let child = Command::new(memfs_bin())
@@ -168,7 +175,7 @@ impl Memfs {
             .arg("--foreground")
             .arg("--data-dir")
             .arg(data)
-            .args(["--durability", "sync"])
+            .args(["--durability", durability])
             .stdin(Stdio::null())
             .stderr(err)
             .spawn()
@@ -191,6 +198,20 @@ impl Memfs {
         }
         detach(&self.mp);
         assert!(!is_mount_point(&self.mp));
+    }
+
+    /// SIGTERM: the server unmounts and closes its data directory; returns
+    /// whether it exited successfully.
+    pub fn stop(&mut self) -> bool {
+        let mut c = self.child.take().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let ok = c.wait().unwrap().success();
+        detach(&self.mp);
+        ok
     }
 
     pub fn assert_no_panic(&self) {
@@ -217,7 +238,12 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x2545_F491_4F6C_DD1D | 1)
+        // splitmix64 first: neighbouring seeds must give different streams
+        // (a plain `| 1` made 2k and 2k+1 the same).
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        Rng((z ^ (z >> 31)) | 1)
     }
     pub fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
