@@ -616,7 +616,7 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
 }
 
 /// The source field of `mp`'s mount (a durable memfs puts its data directory there).
-fn mount_source(mp: &Path) -> Option<String> {
+pub(crate) fn mount_source(mp: &Path) -> Option<String> {
     let canon = mp.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().find_map(|l| {

@@ -835,6 +835,15 @@ impl DurableFs {
         snapshot_delete(self.path(), name)
     }
 
+    /// Rebuilds the tree at `commit` aside while the directory is in use
+    /// (`crate::history::materialize`); the admin lock keeps checkpoints
+    /// from being pruned meanwhile.
+    pub fn materialize(&self, commit: u64) -> Result<Fs> {
+        self.shared.journal.sync()?;
+        let _g = self.shared.admin.lock();
+        crate::history::materialize(self.path(), commit, crate::history::materialize_config())
+    }
+
     pub fn history(&self) -> Result<History> {
         let _g = self.shared.admin.lock();
         History::load(self.path())
