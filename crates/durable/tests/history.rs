@@ -119,3 +119,69 @@ fn diff_names_created_deleted_modified_and_renamed_paths() {
 fn key(line: &str) -> &str {
     line.rsplit(' ').next().unwrap()
 }
+
+#[test]
+fn online_rollback_returns_to_a_snapshot_and_history_goes_on() {
+    let t = tempfile::tempdir().unwrap();
+    let mut d = open(t.path());
+    let fs = d.fs().clone();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/p/r", 0o755).unwrap();
+    fs.mkdir_all(Ctx::ROOT, ROOT_INO, "/q", 0o755).unwrap();
+    let mut rng = StdRng::seed_from_u64(5);
+    for i in 0..40 {
+        random_op(&fs, &mut rng).unwrap();
+        if i == 20 {
+            d.checkpoint().unwrap();
+        }
+    }
+    let snap = d.snapshot_create("good").unwrap();
+    let at_snap = fs.canonical_dump();
+    for _ in 0..40 {
+        random_op(&fs, &mut rng).unwrap();
+    }
+    d.checkpoint().unwrap();
+    d.snapshot_create("later").unwrap();
+    fs.write_file(Ctx::ROOT, ROOT_INO, "/after", b"x").unwrap();
+    fs.settle().unwrap();
+    let last_ino = fs.next_ino();
+
+    let (plan, _) = d.rollback_online(snap.commit).unwrap();
+    assert_eq!(plan.target, snap.commit);
+    assert_eq!(plan.lost_snapshots.len(), 1);
+    // The old tree refuses changes; the new one is the snapshot's.
+    let err = fs
+        .write_file(Ctx::ROOT, ROOT_INO, "/late", b"y")
+        .unwrap_err();
+    assert_eq!(err, memfs_fs::Errno(libc_erofs()));
+    assert_eq!(d.fs().canonical_dump(), at_snap);
+    assert_eq!(d.last_commit(), snap.commit);
+    let names: Vec<String> = d
+        .history()
+        .unwrap()
+        .snapshots
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert_eq!(names, ["good"]);
+    // History goes on from the target, and numbers the old tree gave out
+    // are not handed out again.
+    let a = d
+        .fs()
+        .write_file(Ctx::ROOT, ROOT_INO, "/next", b"z")
+        .unwrap();
+    d.fs().settle().unwrap();
+    assert!(a.ino >= last_ino, "{} < {last_ino}", a.ino);
+    // Commit ids continue right after the target.
+    let c = d.last_commit();
+    assert!(c > snap.commit && c <= snap.commit + 3, "{c}");
+    let now = d.fs().canonical_dump();
+    drop(fs);
+    d.close().unwrap();
+    let d = open(t.path());
+    assert_eq!(d.fs().canonical_dump(), now);
+    assert!(d.fs().check_consistency().is_empty());
+}
+
+fn libc_erofs() -> i32 {
+    30
+}
