@@ -4,7 +4,7 @@
 //! and friends cannot open it; they ask the running server instead. The
 //! protocol is one request line per connection and a reply of lines: first
 //! `ok` or `error MESSAGE`, then the payload. Requests:
-//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `sync`,
+//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `diff A B`, `sync`,
 //! `checkpoint`, `status`. Only the owner of the data directory can connect
 //! (the socket is created with mode 0600).
 
@@ -127,6 +127,15 @@ fn answer(d: &DurableFs, req: &str) -> anyhow::Result<Vec<String>> {
         "snapshot-create" => vec![snapshot_line(&d.snapshot_create(need()?)?)],
         "snapshot-delete" => vec![snapshot_line(&d.snapshot_delete(need()?)?)],
         "snapshot-list" => d.history()?.snapshots.iter().map(snapshot_line).collect(),
+        "diff" => {
+            let (a, b) = need()?
+                .split_once(' ')
+                .context("diff needs two sides: A B")?;
+            memfs_durable::history::diff_running(d, a, b)?
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        }
         "sync" => vec![d.sync()?.to_string()],
         "checkpoint" => match d.checkpoint()? {
             Some(r) => vec![format!(
@@ -162,6 +171,32 @@ fn status(d: &DurableFs) -> Vec<String> {
             Some(r) => format!("read_only=yes {}", r.replace('\n', " ")),
         },
     ]
+}
+
+/// The data directory of the memfs mounted at `mountpoint` (a durable mount
+/// names it as its source in /proc/mounts). An in-memory mount has no
+/// history in this version: that is an error saying so.
+pub fn data_dir_of_mount(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    if !mountpoint.exists() {
+        bail!("{} does not exist", mountpoint.display());
+    }
+    if !memfs_fuse::mounts::is_mounted(mountpoint) {
+        bail!("{} is not mounted", mountpoint.display());
+    }
+    let source = crate::mount::mount_source(mountpoint).with_context(|| {
+        format!(
+            "cannot read the mount table entry of {}",
+            mountpoint.display()
+        )
+    })?;
+    let dir = PathBuf::from(&source);
+    if dir.is_absolute() && dir.join(memfs_durable::journal::dir::LOCK_FILE).is_file() {
+        return Ok(dir);
+    }
+    bail!(
+        "{} is an in-memory memfs mount (source {source:?}): snapshots, diff and rollback need a data directory in this version (mount with --data-dir)",
+        mountpoint.display()
+    )
 }
 
 /// Sends one request to the memfs serving `data_dir`.

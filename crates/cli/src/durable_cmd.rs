@@ -3,7 +3,7 @@
 //! commands go to the running memfs through its control socket; `log`
 //! reads the journal directly; `rollback` and `fsck --repair` refuse.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -19,25 +19,71 @@ pub struct SnapshotArgs {
     pub cmd: SnapshotCmd,
 }
 
+/// Which data directory a history command works on: named directly, or
+/// through the durable mount that serves it.
+#[derive(clap::Args, Debug, Clone)]
+#[group(required = true, multiple = false)]
+pub struct Where {
+    /// The data directory (mounted or not).
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: Option<PathBuf>,
+    /// A mounted durable memfs: its server is asked through its control socket.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    pub mount: Option<PathBuf>,
+}
+
+impl Where {
+    fn dir(&self) -> anyhow::Result<PathBuf> {
+        match (&self.data_dir, &self.mount) {
+            (Some(d), _) => {
+                check_dir(d)?;
+                Ok(d.clone())
+            }
+            (None, Some(m)) => control::data_dir_of_mount(m),
+            (None, None) => bail!("give --data-dir PATH or --mount MOUNTPOINT"),
+        }
+    }
+
+    /// The example option shown in hints.
+    fn flag(&self) -> String {
+        match (&self.data_dir, &self.mount) {
+            (Some(d), _) => format!("--data-dir {}", d.display()),
+            (None, Some(m)) => format!("--mount {}", m.display()),
+            (None, None) => String::new(),
+        }
+    }
+}
+
 #[derive(clap::Subcommand, Debug)]
 pub enum SnapshotCmd {
     /// Name the current state (pins its commit against pruning).
     Create {
         name: String,
-        #[arg(long, value_name = "PATH")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: Where,
     },
     /// List named snapshots.
     List {
-        #[arg(long, value_name = "PATH")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: Where,
     },
     /// Forget a named snapshot (its commit may then be pruned).
     Delete {
         name: String,
-        #[arg(long, value_name = "PATH")]
-        data_dir: PathBuf,
+        #[command(flatten)]
+        at: Where,
     },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// The old side: a snapshot name, a commit id (memfs log), or - for the live tree.
+    pub a: String,
+    /// The new side, as A (default: -, the live tree).
+    #[arg(default_value = "-")]
+    pub b: String,
+    #[command(flatten)]
+    pub at: Where,
 }
 
 #[derive(clap::Args, Debug)]
@@ -130,9 +176,9 @@ fn parse_snapshot_line(l: &str) -> anyhow::Result<SnapshotEntry> {
 
 pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
     match a.cmd {
-        SnapshotCmd::Create { name, data_dir } => {
-            check_dir(&data_dir)?;
+        SnapshotCmd::Create { name, at } => {
             durable::check_snapshot_name(&name)?;
+            let data_dir = at.dir()?;
             let s = match durable::snapshot_create_offline(&data_dir, &name) {
                 Err(e) if is_locked(&e) => parse_snapshot_line(
                     control::request(&data_dir, &format!("snapshot-create {name}"))?
@@ -143,8 +189,8 @@ pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
             };
             println!("snapshot {} created at commit {}", s.name, s.commit);
         }
-        SnapshotCmd::Delete { name, data_dir } => {
-            check_dir(&data_dir)?;
+        SnapshotCmd::Delete { name, at } => {
+            let data_dir = at.dir()?;
             let s = match durable::snapshot_delete_offline(&data_dir, &name) {
                 Err(e) if is_locked(&e) => parse_snapshot_line(
                     control::request(&data_dir, &format!("snapshot-delete {name}"))?
@@ -155,8 +201,8 @@ pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
             };
             println!("snapshot {} (commit {}) deleted", s.name, s.commit);
         }
-        SnapshotCmd::List { data_dir } => {
-            check_dir(&data_dir)?;
+        SnapshotCmd::List { at } => {
+            let data_dir = at.dir()?;
             let list = match memfs_journal::DataDir::open(&data_dir, false) {
                 Err(memfs_journal::Error::Locked { .. }) => {
                     control::request(&data_dir, "snapshot-list")?
@@ -169,14 +215,33 @@ pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
             };
             if list.is_empty() {
                 println!(
-                    "no snapshots (create one with: memfs snapshot create NAME --data-dir {})",
-                    data_dir.display()
+                    "no snapshots (create one with: memfs snapshot create NAME {})",
+                    at.flag()
                 );
             }
             for s in &list {
                 print_snapshot(s);
             }
         }
+    }
+    Ok(())
+}
+
+/// `+ path`, `- path`, `M path`, `R old -> new`, one per line, like `zfs diff`.
+pub fn run_diff(a: DiffArgs) -> anyhow::Result<()> {
+    for side in [&a.a, &a.b] {
+        if side.contains(char::is_whitespace) {
+            bail!("bad side {side:?}: a snapshot name, a commit id or -");
+        }
+    }
+    let dir = a.at.dir()?;
+    let lines: Vec<String> = match durable::history::diff_offline(&dir, &a.a, &a.b) {
+        Err(e) if is_locked(&e) => control::request(&dir, &format!("diff {} {}", a.a, a.b))?,
+        r => r?.iter().map(ToString::to_string).collect(),
+    };
+    let mut out = std::io::stdout().lock();
+    for l in lines {
+        writeln!(out, "{l}")?;
     }
     Ok(())
 }

@@ -46,6 +46,8 @@ enum Command {
     Store(store_cmd::Args),
     /// Named snapshots of a data directory (create, list, delete).
     Snapshot(durable_cmd::SnapshotArgs),
+    /// Created, deleted, modified and renamed paths between two snapshots or commits, or the live tree (-).
+    Diff(durable_cmd::DiffArgs),
     /// Recent commits of a data directory.
     Log(durable_cmd::LogArgs),
     /// Bring a data directory back to an earlier commit or snapshot.
@@ -130,6 +132,7 @@ fn main() -> std::process::ExitCode {
         Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Snapshot(args) => durable_cmd::run_snapshot(args),
+        Command::Diff(args) => durable_cmd::run_diff(args),
         Command::Log(args) => durable_cmd::run_log(args),
         Command::Rollback(args) => durable_cmd::run_rollback(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),

@@ -797,10 +797,20 @@ impl DurableFs {
     /// newest state. A second opener of the same directory gets
     /// [`memfs_journal::Error::Locked`].
     pub fn open(path: &Path, config: Config, opts: Options) -> Result<(DurableFs, OpenReport)> {
+        let dir = DataDir::open(path, true)?;
+        Self::open_locked(path, dir, config, opts)
+    }
+
+    /// [`DurableFs::open`] with the directory's lock already held.
+    fn open_locked(
+        path: &Path,
+        dir: DataDir,
+        config: Config,
+        opts: Options,
+    ) -> Result<(DurableFs, OpenReport)> {
         let created = !memfs_journal::dir::exists(path, memfs_journal::manifest::MANIFEST_FILE)
             .unwrap_or(false)
             && recovery::list_segments(path).map_or(true, |s| s.is_empty());
-        let dir = DataDir::open(path, true)?;
         let mut report = OpenReport {
             created,
             ..Default::default()
@@ -971,6 +981,56 @@ impl DurableFs {
     pub fn snapshot_delete(&self, name: &str) -> Result<SnapshotEntry> {
         let _g = self.shared.admin.lock();
         snapshot_delete(self.path(), name)
+    }
+
+    /// Rebuilds the tree at `commit` aside while the directory is in use
+    /// (`crate::history::materialize`); the admin lock keeps checkpoints
+    /// from being pruned meanwhile.
+    pub fn materialize(&self, commit: u64) -> Result<Fs> {
+        self.shared.journal.sync()?;
+        let _g = self.shared.admin.lock();
+        crate::history::materialize(self.path(), commit, crate::history::materialize_config())
+    }
+
+    /// Rolls the open file system back to `target` (a retained commit)
+    /// without letting go of the directory: the same crash-safe protocol as
+    /// the offline [`rollback`] (the intent is published in the manifest
+    /// first, so a crash leaves the old state or an intent the next open
+    /// finishes), then the directory is recovered again and `self` becomes
+    /// the new file system. The old [`Fs`] refuses every later change
+    /// (`EROFS`); the caller swaps it out wherever it is served and must
+    /// keep changes out meanwhile. Inode numbers given out before stay
+    /// unused until the next restart, so that a kernel still holding one
+    /// never finds another file under it.
+    pub fn rollback_online(&mut self, target: u64) -> Result<(RollbackPlan, OpenReport)> {
+        if let Some(why) = self.read_only_reason() {
+            return Err(Error::Invalid(format!(
+                "the file system is read-only after a journal failure ({why}): no rollback"
+            )));
+        }
+        let path = self.shared.path.clone();
+        self.shared.journal.sync()?;
+        let plan = plan_rollback(&path, target)?;
+        let config = self.fs.config();
+        let next_ino = self.fs.next_ino();
+        self.stop_checkpointer();
+        let shared = self.shared.clone();
+        let admin = shared.admin.lock();
+        let Some(lock) = shared.dir.lock().take() else {
+            return Err(Error::Invalid(
+                "the data directory is already closed".into(),
+            ));
+        };
+        shared.closed.store(true, Ordering::Release);
+        let r = publish_rollback(&path, &plan);
+        drop(admin);
+        // Whatever happened, recover again: the directory holds the old
+        // state, the new one, or an intent that the open finishes.
+        let (new, report) = DurableFs::open_locked(&path, lock, config, shared.opts.clone())?;
+        new.fs.raise_next_ino(next_ino);
+        drop(std::mem::replace(self, new));
+        r?;
+        Ok((plan, report))
     }
 
     pub fn history(&self) -> Result<History> {
@@ -1491,6 +1551,11 @@ pub fn rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
             "the data directory changed since the rollback was planned".into(),
         ));
     }
+    publish_rollback(dir, plan)
+}
+
+/// The rollback protocol proper (the caller holds the directory's lock).
+fn publish_rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
     let mut m = Manifest::load(dir)?.unwrap_or_default();
     m.snapshot = plan.base.map(|b| SnapshotRef {
         commit: b.commit,

@@ -12,6 +12,7 @@
 mod check;
 mod codec;
 mod durable;
+pub mod history;
 mod image;
 
 pub use check::FsCheck;
