@@ -318,3 +318,59 @@ fn file_handles_survive_cache_drops() {
         "a removed file's handle is stale"
     );
 }
+
+fn rename_whiteout(from: &Path, to: &Path) -> std::io::Result<()> {
+    let a = CString::new(from.as_os_str().as_bytes()).unwrap();
+    let b = CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: both are valid C strings that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_WHITEOUT,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn assert_whiteout(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let md = std::fs::symlink_metadata(path).unwrap();
+    assert!(md.file_type().is_char_device(), "{}", path.display());
+    assert_eq!((md.rdev(), md.mode() & 0o7777), (0, 0));
+}
+
+#[test]
+fn rename_whiteout_in_memory_and_durable() {
+    if !is_root() {
+        eprintln!("skipped: RENAME_WHITEOUT needs CAP_MKNOD");
+        return;
+    }
+    let m = Mount::new();
+    std::fs::write(m.p("f"), b"data").unwrap();
+    rename_whiteout(&m.p("f"), &m.p("g")).unwrap();
+    assert_eq!(std::fs::read(m.p("g")).unwrap(), b"data");
+    assert_whiteout(&m.p("f"));
+    // A whiteout is an ordinary node afterwards: it can be removed.
+    std::fs::remove_file(m.p("f")).unwrap();
+    drop(m);
+
+    // On a durable mount it is journaled: it is still there after a remount.
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap();
+    let m = Mount::with_args(&["--data-dir", dir]);
+    std::fs::create_dir(m.p("d")).unwrap();
+    std::fs::write(m.p("d/f"), b"data").unwrap();
+    rename_whiteout(&m.p("d/f"), &m.p("moved")).unwrap();
+    m.unmount();
+    let m = Mount::with_args(&["--data-dir", dir]);
+    assert_whiteout(&m.p("d/f"));
+    assert_eq!(std::fs::read(m.p("moved")).unwrap(), b"data");
+    m.unmount();
+}
