@@ -70,6 +70,29 @@ fn falloc_zero(fd: libc::c_int) -> libc::c_int {
     unsafe { libc::fallocate(fd, libc::FALLOC_FL_ZERO_RANGE, 0, 4096) }
 }
 
+fn write_some(fd: libc::c_int) -> libc::c_int {
+    let b = [1u8; 16];
+    // SAFETY: fd is an open descriptor of the child; b outlives the call.
+    let n = unsafe { libc::pwrite(fd, b.as_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize { 0 } else { -1 }
+}
+
+/// The mode as `stat -c %a` sees it: statx asking for STATX_MODE only, which
+/// the kernel answers from its attribute cache unless the mode was marked
+/// stale (std's metadata asks for mtime too, which WRITE and FALLOCATE do
+/// mark stale, and so would hide a stale mode).
+fn cached_mode(path: &Path) -> u32 {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: statx fills the zeroed struct we own; c is a valid C string.
+    let (r, stx) = unsafe {
+        let mut stx: libc::statx = std::mem::zeroed();
+        let r = libc::statx(libc::AT_FDCWD, c.as_ptr(), 0, libc::STATX_MODE, &mut stx);
+        (r, stx)
+    };
+    assert_eq!(r, 0, "statx {}", path.display());
+    u32::from(stx.stx_mode) & 0o7777
+}
+
 #[test]
 fn fallocate_by_non_member_clears_setgid() {
     if !is_root() {
@@ -85,9 +108,23 @@ fn fallocate_by_non_member_clears_setgid() {
         ("zero range", falloc_zero),
     ] {
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6666)).unwrap();
+        // Fills the kernel's attribute cache with the setuid/setgid mode.
+        assert_eq!(cached_mode(&f), 0o6666);
         assert_eq!(as_nobody(&f, op), 0, "{name} as nobody");
+        assert_eq!(
+            cached_mode(&f),
+            0o666,
+            "{name}: setuid and setgid are cleared, and the kernel sees it"
+        );
         let mode = std::fs::metadata(&f).unwrap().mode() & 0o7777;
         assert_eq!(mode, 0o666, "{name}: setuid and setgid are cleared");
+    }
+    // A write clears setuid, and setgid where group-exec is set (generic/193, 355).
+    for (before, after) in [(0o4666, 0o666), (0o6676, 0o676)] {
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(before)).unwrap();
+        assert_eq!(cached_mode(&f), before);
+        assert_eq!(as_nobody(&f, write_some), 0, "write as nobody");
+        assert_eq!(cached_mode(&f), after, "write on {before:o}");
     }
     // Root (CAP_FSETID) keeps them.
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o6666)).unwrap();
@@ -280,4 +317,60 @@ fn file_handles_survive_cache_drops() {
         Some(libc::ESTALE),
         "a removed file's handle is stale"
     );
+}
+
+fn rename_whiteout(from: &Path, to: &Path) -> std::io::Result<()> {
+    let a = CString::new(from.as_os_str().as_bytes()).unwrap();
+    let b = CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: both are valid C strings that outlive the call.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_WHITEOUT,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn assert_whiteout(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    let md = std::fs::symlink_metadata(path).unwrap();
+    assert!(md.file_type().is_char_device(), "{}", path.display());
+    assert_eq!((md.rdev(), md.mode() & 0o7777), (0, 0));
+}
+
+#[test]
+fn rename_whiteout_in_memory_and_durable() {
+    if !is_root() {
+        eprintln!("skipped: RENAME_WHITEOUT needs CAP_MKNOD");
+        return;
+    }
+    let m = Mount::new();
+    std::fs::write(m.p("f"), b"data").unwrap();
+    rename_whiteout(&m.p("f"), &m.p("g")).unwrap();
+    assert_eq!(std::fs::read(m.p("g")).unwrap(), b"data");
+    assert_whiteout(&m.p("f"));
+    // A whiteout is an ordinary node afterwards: it can be removed.
+    std::fs::remove_file(m.p("f")).unwrap();
+    drop(m);
+
+    // On a durable mount it is journaled: it is still there after a remount.
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap();
+    let m = Mount::with_args(&["--data-dir", dir]);
+    std::fs::create_dir(m.p("d")).unwrap();
+    std::fs::write(m.p("d/f"), b"data").unwrap();
+    rename_whiteout(&m.p("d/f"), &m.p("moved")).unwrap();
+    m.unmount();
+    let m = Mount::with_args(&["--data-dir", dir]);
+    assert_whiteout(&m.p("d/f"));
+    assert_eq!(std::fs::read(m.p("moved")).unwrap(), b"data");
+    m.unmount();
 }

@@ -452,15 +452,17 @@ impl Fs {
             st.meta.ctime = now;
         }
         if set.uid.is_some() || set.gid.is_some() {
-            let changes = set.uid.is_some_and(|u| u != st.meta.uid)
-                || set.gid.is_some_and(|g| g != st.meta.gid);
             if let Some(uid) = set.uid {
                 st.meta.uid = uid;
             }
             if let Some(gid) = set.gid {
                 st.meta.gid = gid;
             }
-            if inode.kind != FileType::Directory && (changes || ctx.uid != 0) {
+            // Linux's chown_common asks to kill setuid (and setgid with
+            // group-exec) on every chown of a non-directory, by root too and
+            // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
+            // kernel leaves that to us.
+            if inode.kind != FileType::Directory {
                 st.meta.perm = kill_priv(st.meta.perm);
             }
             st.meta.ctime = now;
@@ -825,6 +827,37 @@ impl Fs {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<()> {
+        self.rename_inner(parent, name, newparent, newname, flags, None)
+    }
+
+    /// `rename(2)` with `RENAME_WHITEOUT`: the rename, and in the same step
+    /// (both directories stay locked) a whiteout, a 0/0 character device
+    /// owned by `ctx`, where the source was (what overlayfs uses to hide a
+    /// lower file). `flags.exchange` is `EINVAL`, as in Linux.
+    pub fn rename_whiteout(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        if flags.exchange {
+            return Err(Errno::EINVAL);
+        }
+        self.rename_inner(parent, name, newparent, newname, flags, Some(ctx))
+    }
+
+    fn rename_inner(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+        whiteout: Option<Ctx>,
+    ) -> Result<()> {
         self.admit(META_RECORD)?;
         check_name(name)?;
         check_name(newname)?;
@@ -838,8 +871,9 @@ impl Fs {
                 return Err(Errno::ENOTDIR);
             }
             let mut pair = DirPair::Same(&mut st);
-            let victim =
-                self.rename_locked(&mut pair, parent, name, newparent, newname, flags, None)?;
+            let victim = self.rename_then_whiteout(
+                &mut pair, parent, name, newparent, newname, flags, None, whiteout,
+            )?;
             drop(st);
             if let Some(v) = victim {
                 self.maybe_free(&v);
@@ -872,8 +906,9 @@ impl Fs {
             return Err(Errno::ENOTDIR);
         }
         let chains = Some((&src_chain[..], &dst_chain[..]));
-        let victim =
-            self.rename_locked(&mut pair, parent, name, newparent, newname, flags, chains)?;
+        let victim = self.rename_then_whiteout(
+            &mut pair, parent, name, newparent, newname, flags, chains, whiteout,
+        )?;
         let _ = pair;
         drop(a);
         drop(b);
@@ -881,6 +916,72 @@ impl Fs {
             self.maybe_free(&v);
         }
         Ok(())
+    }
+
+    /// [`Fs::rename_locked`], then the whiteout `whiteout` asks for. Its
+    /// inode is reserved first, so that a full inode table fails the whole
+    /// call before anything moved.
+    #[allow(clippy::too_many_arguments)]
+    fn rename_then_whiteout(
+        &self,
+        pair: &mut DirPair<'_, '_>,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+        chains: Option<(&[u64], &[u64])>,
+        whiteout: Option<Ctx>,
+    ) -> Result<Option<Arc<Inode>>> {
+        let Some(ctx) = whiteout else {
+            return self.rename_locked(pair, parent, name, newparent, newname, flags, chains);
+        };
+        let wino = self.reserve_inode()?;
+        let victim = match self.rename_locked(pair, parent, name, newparent, newname, flags, chains)
+        {
+            Ok(v) => v,
+            Err(e) => {
+                self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        let src = pair.src();
+        if src.dir().is_some_and(|d| d.get(name).is_some()) {
+            // Two names of one node: the rename did nothing, so there is no hole.
+            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            return Ok(victim);
+        }
+        let now = Timespec::now();
+        let gid = if src.meta.perm & libc::S_ISGID as u16 != 0 {
+            src.meta.gid
+        } else {
+            ctx.gid
+        };
+        let meta = Meta {
+            perm: 0,
+            nlink: 1,
+            uid: ctx.uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs: None,
+        };
+        let kind = FileType::CharDevice;
+        let inode = Arc::new(Inode::new(wino, kind, meta, Body::Special));
+        let attr = inode.state.read().attr(wino, kind);
+        self.inodes.insert(wino, inode);
+        src.dir_mut().expect("dir").insert(name, wino, kind);
+        src.touch_mc(now);
+        self.log(|| Mutation::Create {
+            parent: src.attr(parent, FileType::Directory),
+            name,
+            attr,
+            symlink_target: None,
+        })?;
+        Ok(victim)
     }
 
     /// The rename itself, with both directories locked. Returns the replaced

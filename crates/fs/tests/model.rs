@@ -708,19 +708,20 @@ impl Model {
         Ok(())
     }
 
-    fn chown(&mut self, ctx: Ctx, ino: u64, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
+    fn chown(&mut self, _ctx: Ctx, ino: u64, uid: Option<u32>, gid: Option<u32>) -> Result<()> {
         let n = self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)?;
         if uid.is_none() && gid.is_none() {
             return Ok(());
         }
-        let changes = uid.is_some_and(|u| u != n.uid) || gid.is_some_and(|g| g != n.gid);
         if let Some(u) = uid {
             n.uid = u;
         }
         if let Some(g) = gid {
             n.gid = g;
         }
-        if !n.is_dir() && (changes || ctx.uid != 0) {
+        // Linux kills privileges on every chown of a non-directory, by root
+        // too and to the same owner (generic/193).
+        if !n.is_dir() {
             n.perm = kill_priv(n.perm);
         }
         Ok(())

@@ -1337,3 +1337,95 @@ fn inline_files_behave_as_page_zero_across_the_limit() {
     assert!(fs.stores_inline(g));
     assert_eq!(fs.read_vec(g, 0, 400).unwrap(), pattern(300, 3));
 }
+
+#[test]
+fn chown_by_root_to_the_same_owner_clears_setuid() {
+    // Linux asks to kill privileges on every chown of a non-directory
+    // (generic/193): setuid always, setgid only with group execute.
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o6644).ino;
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            uid: Some(0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.perm, 0o2644);
+    set(
+        &fs,
+        f,
+        SetAttr {
+            mode: Some(0o6754),
+            ..Default::default()
+        },
+    );
+    let a = set(
+        &fs,
+        f,
+        SetAttr {
+            gid: Some(0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.perm, 0o754);
+    // Directories keep them.
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o6755).ino;
+    let a = set(
+        &fs,
+        d,
+        SetAttr {
+            uid: Some(0),
+            ..Default::default()
+        },
+    );
+    assert_eq!(a.perm & 0o6000, 0o6000);
+}
+
+#[test]
+fn rename_whiteout_leaves_a_char_device_at_the_source() {
+    let fs = fs();
+    let plain = RenameFlags::default();
+    let d = mkdir(&fs, C, ROOT_INO, "d", 0o755).ino;
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.rename_whiteout(USER, ROOT_INO, b"f", d, b"g", plain)
+        .unwrap();
+    assert_eq!(fs.lookup(d, b"g").unwrap().ino, f);
+    let w = fs.lookup(ROOT_INO, b"f").unwrap();
+    assert_eq!(w.kind, FileType::CharDevice);
+    assert_eq!((w.rdev, w.perm, w.nlink), (0, 0, 1));
+    assert_eq!((w.uid, w.gid), (USER.uid, USER.gid));
+    assert_ne!(w.ino, f);
+
+    // Over an existing target, in one directory: the target is replaced.
+    mkfile(&fs, C, d, "h", 0o644);
+    fs.rename_whiteout(C, d, b"g", d, b"h", plain).unwrap();
+    assert_eq!(fs.lookup(d, b"h").unwrap().ino, f);
+    assert_eq!(fs.lookup(d, b"g").unwrap().kind, FileType::CharDevice);
+
+    // Errors leave everything as it was, and use no inode.
+    let exchange = RenameFlags {
+        noreplace: false,
+        exchange: true,
+    };
+    assert_eq!(
+        fs.rename_whiteout(C, d, b"h", ROOT_INO, b"f", exchange),
+        Err(Errno::EINVAL)
+    );
+    let noreplace = RenameFlags {
+        noreplace: true,
+        exchange: false,
+    };
+    let before = fs.statfs();
+    assert_eq!(
+        fs.rename_whiteout(C, d, b"h", ROOT_INO, b"f", noreplace),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        fs.rename_whiteout(C, d, b"missing", ROOT_INO, b"x", plain),
+        Err(Errno::ENOENT)
+    );
+    assert_eq!(fs.statfs().ffree, before.ffree);
+    assert_eq!(fs.lookup(d, b"h").unwrap().ino, f);
+}

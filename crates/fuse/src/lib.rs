@@ -24,6 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
@@ -223,6 +224,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
             }
         },
     };
+    let notifier = Arc::new(OnceLock::new());
     let adapter = MemFuse {
         fs,
         next_fh: AtomicU64::new(1),
@@ -237,8 +239,10 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         no_opendir: AtomicBool::new(false),
         data_path: opts.data_path,
         backing,
+        notifier: notifier.clone(),
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
+    let _ = notifier.set(session.notifier());
     Ok(Mounted { session })
 }
 
@@ -290,6 +294,8 @@ pub struct MemFuse {
     /// is answered (to hand over the backing file), so this overrides the
     /// zero-message opens of kernel locks.
     backing: Option<Arc<Backing>>,
+    /// Set once the session exists; see [`MemFuse::privileges_may_drop`].
+    notifier: Arc<OnceLock<fuser::Notifier>>,
 }
 
 fn err(e: Errno) -> fuser::Errno {
@@ -367,6 +373,31 @@ thread_local! {
 const GENERATION: Generation = Generation(0);
 
 impl MemFuse {
+    /// Whether a write or fallocate by this caller may clear setuid/setgid on
+    /// `ino`: the engine drops them for unprivileged callers (HANDLE_KILLPRIV_V2),
+    /// but the kernel's reply to WRITE and FALLOCATE carries no attributes and
+    /// it does not mark the mode stale, so `stat` would show the old mode
+    /// until the attribute timeout. Root keeps the bits; so does a file
+    /// without them (the common case, checked without a second lookup for root).
+    fn privileges_may_drop(&self, req: &Request, ino: u64) -> bool {
+        req.uid() != 0
+            && self
+                .fs
+                .getattr(ino)
+                .is_ok_and(|a| a.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0)
+    }
+
+    /// Makes the kernel fetch `ino`'s attributes again (only attributes: a
+    /// negative offset leaves the page cache alone, so this takes no page
+    /// locks and is safe while the caller holds the inode lock).
+    fn attributes_changed(&self, ino: u64) {
+        if let Some(n) = self.notifier.get()
+            && let Err(e) = n.inval_inode(INodeNo(ino), -1, 0)
+        {
+            tracing::debug!("invalidating the attributes of inode {ino}: {e}");
+        }
+    }
+
     /// Waits until what this request changed is as durable as the mount's
     /// durability mode promises (nothing to do without a data directory).
     /// Runs after the engine has dropped its locks, so that concurrent
@@ -645,7 +676,7 @@ impl Filesystem for MemFuse {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -653,14 +684,16 @@ impl Filesystem for MemFuse {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let r = RenameFlags::from_bits(flags.bits()).and_then(|f| {
-            self.fs.rename(
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                f,
-            )
+        // The kernel has checked CAP_MKNOD for a whiteout before sending it.
+        let whiteout = flags.bits() & libc::RENAME_WHITEOUT != 0;
+        let bits = flags.bits() & !libc::RENAME_WHITEOUT;
+        let (p, n, np, nn) = (parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
+        let r = RenameFlags::from_bits(bits).and_then(|f| {
+            if whiteout {
+                self.fs.rename_whiteout(ctx(req), p, n, np, nn, f)
+            } else {
+                self.fs.rename(p, n, np, nn, f)
+            }
         });
         Self::empty(reply, self.settled(r));
     }
@@ -756,6 +789,7 @@ impl Filesystem for MemFuse {
         // With writeback caching the kernel places every page itself; honouring
         // O_APPEND here too would move cached pages to the end of the file.
         let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
+        let drops = self.privileges_may_drop(req, ino.0);
         let r = match self.backed(ino.0) {
             Some(b) => (if append { b.size() } else { Ok(offset) })
                 .and_then(|off| b.write_at(off, data))
@@ -763,7 +797,12 @@ impl Filesystem for MemFuse {
             None => self.fs.write(ctx(req), ino.0, offset, data, append),
         };
         match self.settled(r) {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                if drops {
+                    self.attributes_changed(ino.0);
+                }
+                reply.written(n as u32)
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -1099,6 +1138,7 @@ impl Filesystem for MemFuse {
         // The kernel leaves killing setuid/setgid on fallocate to us.
         let pid = req.pid();
         let in_group = move |gid| caller_in_group(pid, gid);
+        let drops = self.privileges_may_drop(req, ino.0);
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
             None => self
                 .fs
@@ -1117,6 +1157,9 @@ impl Filesystem for MemFuse {
                 self.touch(req, ino.0)
             }
         });
+        if drops && r.is_ok() {
+            self.attributes_changed(ino.0);
+        }
         Self::empty(reply, self.settled(r));
     }
 
