@@ -51,9 +51,9 @@ pub struct DirEntry<'a> {
 /// An in-memory POSIX file system.
 pub struct Fs {
     /// Keyed by inode numbers this table hands out itself, never by a
-    /// caller's choice, so a fast hash is safe: the default SipHash was a
-    /// visible share of every lookup, create and unlink (each finds one to
-    /// three inodes here).
+    /// caller's choice, so the default SipHash's resistance to chosen keys
+    /// buys nothing, while every lookup, create and unlink hashes one to
+    /// three inode numbers here.
     pub(crate) inodes: DashMap<u64, Arc<Inode>, InoHasher>,
     pub(crate) next_ino: AtomicU64,
     config: Config,
