@@ -14,8 +14,10 @@ use std::process::Stdio;
 
 use common::{Mount, poll_until};
 
+/// Root, and no `MEMFS_TEST_MOUNT_ARGS`: these tests choose the data path
+/// of each mount themselves.
 fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
+    nix::unistd::geteuid().is_root() && common::extra_mount_args().is_empty()
 }
 
 /// Bytes the server has read with read(2) (`/dev/fuse` requests included).
@@ -72,7 +74,7 @@ fn kernel_lacks_passthrough(log: &tempfile::NamedTempFile) -> bool {
 #[test]
 fn passthrough_serves_data_without_requests() {
     if !is_root() {
-        eprintln!("skipped: passthrough needs root");
+        eprintln!("skipped: needs root and no MEMFS_TEST_MOUNT_ARGS");
         return;
     }
     let (m, log) = mount_logged(&["--data-path", "passthrough"]);
@@ -131,7 +133,7 @@ fn passthrough_writes_drop_setuid() {
 #[test]
 fn passthrough_falls_back_cleanly() {
     if !is_root() {
-        eprintln!("skipped: passthrough needs root");
+        eprintln!("skipped: needs root and no MEMFS_TEST_MOUNT_ARGS");
         return;
     }
     // Writeback caching excludes passthrough: the mount works over fuse and says so.
@@ -149,7 +151,7 @@ fn passthrough_falls_back_cleanly() {
 #[test]
 fn passthrough_enforces_size() {
     if !is_root() {
-        eprintln!("skipped: passthrough needs root");
+        eprintln!("skipped: needs root and no MEMFS_TEST_MOUNT_ARGS");
         return;
     }
     let (m, log) = mount_logged(&["--data-path", "passthrough", "--size", "16M"]);
@@ -191,7 +193,7 @@ fn passthrough_enforces_size() {
 #[test]
 fn passthrough_files_stay_consistent() {
     if !is_root() {
-        eprintln!("skipped: passthrough needs root");
+        eprintln!("skipped: needs root and no MEMFS_TEST_MOUNT_ARGS");
         return;
     }
     let (m, _log) = mount_logged(&["--data-path", "passthrough"]);
