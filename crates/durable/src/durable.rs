@@ -460,6 +460,8 @@ struct Shared {
     stop: Mutex<bool>,
     wake: Condvar,
     failed: AtomicBool,
+    /// Why, when the failure was not the journal's own (a checkpoint).
+    failed_why: Mutex<Option<String>>,
     /// Whether the `READ-ONLY` marker is on disk (written best effort).
     marked: AtomicBool,
     /// Called once when the file system turns read-only (the mount uses it
@@ -473,8 +475,14 @@ impl Shared {
     /// Records that the journal failed: from now on the file system is
     /// read-only. Logs, writes the marker and calls the hook only once.
     fn mark_failed(&self, what: &str, e: &dyn std::fmt::Display) {
-        if self.failed.swap(true, Ordering::AcqRel) {
-            return;
+        {
+            // Set before `failed`, so whoever sees `failed` finds the reason.
+            let mut why = self.failed_why.lock();
+            if self.failed.load(Ordering::Acquire) {
+                return;
+            }
+            why.get_or_insert_with(|| format!("{what}: {e}"));
+            self.failed.store(true, Ordering::Release);
         }
         tracing::error!(
             "journal {what} failed; the file system is now read-only (EROFS for every change, reads still served): {e}"
@@ -489,6 +497,7 @@ impl Shared {
         self.journal
             .stats()
             .failed
+            .or_else(|| self.failed_why.lock().clone())
             .unwrap_or_else(|| "a journal operation failed".into())
     }
 
@@ -879,6 +888,7 @@ impl DurableFs {
             stop: Mutex::new(false),
             wake: Condvar::new(),
             failed: AtomicBool::new(false),
+            failed_why: Mutex::new(None),
             marked: AtomicBool::new(false),
             on_read_only: Mutex::new(None),
         });
@@ -1131,11 +1141,52 @@ fn checkpoint_loop(fs: &Fs, shared: &Shared) {
     }
 }
 
+/// Writes a checkpoint (see [`write_checkpoint`]). An I/O error (EIO,
+/// EROFS) while writing or syncing it turns the file system read-only, as a
+/// journal I/O error does: after a failed fsync the kernel may have dropped
+/// dirty pages of any file in the directory, so nothing more is written
+/// there (PostgreSQL's rule since 2018). A full disk only fails this
+/// checkpoint: nothing is damaged and the next one retries.
+fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
+    let r = write_checkpoint(fs, shared);
+    if let Err(e) = &r
+        && checkpoint_io_fault(e)
+    {
+        shared.mark_failed("checkpoint", e);
+    }
+    r
+}
+
+/// Whether a checkpoint failure is the disk misbehaving, not a lack of
+/// space (or a validation failure, which the previous checkpoint covers).
+fn checkpoint_io_fault(e: &Error) -> bool {
+    let errno = match e {
+        Error::Journal(memfs_journal::Error::Io { source, .. }) => source.raw_os_error(),
+        Error::Image { reason, .. } => return reason.contains(IMAGE_IO_FAULT),
+        _ => None,
+    };
+    matches!(errno, Some(libc::EIO | libc::EROFS))
+}
+
+/// Tags an image write error that came from the disk (see
+/// [`checkpoint_io_fault`]): the image writer reports through `io::Error`,
+/// which the checkpoint's error carries as text.
+const IMAGE_IO_FAULT: &str = "(disk I/O error)";
+
+fn image_write_err(path: &Path, e: std::io::Error) -> Error {
+    let tag = if matches!(e.raw_os_error(), Some(libc::EIO | libc::EROFS)) {
+        format!(" {IMAGE_IO_FAULT}")
+    } else {
+        String::new()
+    };
+    image_err(path, format!("{e}{tag}"))
+}
+
 /// Writes a checkpoint without stopping writers: note commit C, copy the
 /// tree (fuzzy), note R = the last commit the copy may contain, make the
 /// journal durable through R, then publish. Returns `None` when nothing
 /// changed since the newest checkpoint.
-fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
+fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
     let _g = shared.admin.lock();
     let _nice = BackgroundPriority::enter();
     let t0 = Instant::now();
@@ -1155,10 +1206,7 @@ fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
         Ok(n) => n,
         Err(e) => {
             w.abandon();
-            return Err(image_err(
-                &dir.join(snapshot_file_name(commit)),
-                e.to_string(),
-            ));
+            return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
         }
     };
     let info = ImageInfo {
@@ -1169,10 +1217,7 @@ fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
     };
     if let Err(e) = image::write_trailer(&mut w, &info) {
         w.abandon();
-        return Err(image_err(
-            &dir.join(snapshot_file_name(commit)),
-            e.to_string(),
-        ));
+        return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
     }
     shared.journal.wait_durable(info.required_end)?;
     let path = w.finish()?;

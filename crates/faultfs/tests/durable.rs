@@ -259,3 +259,62 @@ fn power_cut_keeps_everything_acknowledged_in_sync_mode() {
     drop(m);
     ffs.stop();
 }
+
+/// Sends one request to the control socket of the memfs serving `data`;
+/// returns the whole reply (`ok` then lines, or `error MESSAGE`).
+fn control(data: &std::path::Path, req: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::os::unix::net::UnixStream::connect(data.join("control.sock"))
+        .expect("connect to the control socket");
+    c.write_all(format!("{req}\n").as_bytes()).unwrap();
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = String::new();
+    c.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+/// EIO on a checkpoint's fsync turns the mount read-only, as EIO on the
+/// journal does (after a failed fsync the kernel may have dropped dirty
+/// pages anywhere in the directory). The journal is idle and synced (sync
+/// mode), so the checkpoint's fsyncs are the only ones that fail; every
+/// acknowledged operation is there after SIGKILL and restart.
+#[test]
+fn checkpoint_fsync_eio_turns_read_only_and_keeps_acknowledged() {
+    let seed = seed("checkpoint_eio");
+    let mut rng = Rng::new(seed);
+    let ffs = FaultFs::start();
+    let work = ffs.dir.path().canonicalize().unwrap();
+    let data = ffs.mnt().join("data");
+    let mp = work.join("m");
+    let log = work.join("memfs.log");
+    let mut m = Memfs::start(&mp, &data, &log);
+    let mut model = Tree::new();
+    for n in 1..=20 {
+        if let Err(f) = step(&mp, &mut model, &mut rng, n) {
+            panic!("op {n} (seed {seed}) failed without a fault: {}", f.err);
+        }
+    }
+    assert!(control(&data, "status").contains("read_only=no"));
+    ffs.ctl("fail fsync EIO");
+    let reply = control(&data, "checkpoint");
+    assert!(
+        reply.starts_with("error "),
+        "a checkpoint whose fsync fails must fail, got {reply:?}"
+    );
+    let status = control(&data, "status");
+    assert!(
+        status.contains("read_only=yes") && status.contains("checkpoint"),
+        "status after a checkpoint EIO: {status:?}"
+    );
+    let e = std::fs::create_dir(mp.join("after-eio")).expect_err("read-only");
+    assert_eq!(e.raw_os_error(), Some(libc::EROFS), "mkdir: {e}");
+    assert_tree(&mp, &model, &format!("read-only (seed {seed})"));
+    m.kill();
+    ffs.ctl("clear");
+    let m = Memfs::start(&mp, &data, &log);
+    assert_tree(&mp, &model, &format!("after restart (seed {seed})"));
+    std::fs::create_dir(mp.join("writable-again")).expect("writable after restart");
+    m.assert_no_panic();
+    drop(m);
+    ffs.stop();
+}
