@@ -11,6 +11,7 @@
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 pub mod mounts;
+pub mod swap;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -130,6 +131,7 @@ pub fn default_threads() -> usize {
 /// A mounted file system that is not served yet; [`Mounted::run`] serves it.
 pub struct Mounted {
     session: fuser::Session<MemFuse>,
+    swapper: swap::Swapper,
 }
 
 /// Unmounts a [`Mounted`] from another thread (signal handlers).
@@ -142,6 +144,11 @@ impl Unmounter {
 }
 
 impl Mounted {
+    /// Replaces the served tree while mounted (online rollback).
+    pub fn swapper(&self) -> swap::Swapper {
+        self.swapper.clone()
+    }
+
     pub fn unmounter(&mut self) -> Unmounter {
         Unmounter(self.session.unmount_callable())
     }
@@ -186,8 +193,9 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
     config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
+    let cell = Arc::new(swap::FsCell::new(fs));
     let adapter = MemFuse {
-        fs,
+        fs: cell.clone(),
         next_fh: AtomicU64::new(1),
         lock_owners: Mutex::new(HashMap::new()),
         waits: Arc::new(Mutex::new(HashMap::new())),
@@ -200,7 +208,8 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         no_opendir: AtomicBool::new(false),
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
-    Ok(Mounted { session })
+    let swapper = swap::Swapper::new(cell, session.notifier());
+    Ok(Mounted { session, swapper })
 }
 
 fn kernel_option(o: &str) -> MountOption {
@@ -224,7 +233,8 @@ fn kernel_option(o: &str) -> MountOption {
 
 /// The FUSE face of the engine.
 pub struct MemFuse {
-    fs: Arc<Fs>,
+    /// The served tree: replaced whole by an online rollback (swap.rs).
+    fs: Arc<swap::FsCell>,
     /// Every open gets its own handle, so that locks can be tied to it.
     next_fh: AtomicU64,
     /// Lock owners that set record locks through each handle. The kernel
@@ -328,7 +338,7 @@ impl MemFuse {
     /// Runs after the engine has dropped its locks, so that concurrent
     /// requests share one fsync.
     fn settled<T>(&self, r: memfs_fs::Result<T>) -> memfs_fs::Result<T> {
-        let s = self.fs.settle();
+        let s = self.fs.get().settle();
         r.and_then(|v| s.map(|()| v))
     }
 
@@ -422,15 +432,15 @@ impl Filesystem for MemFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+        self.entry(reply, self.fs.get().lookup(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.fs.get().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.fs.get().getattr(ino.0) {
             Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
@@ -463,14 +473,14 @@ impl Filesystem for MemFuse {
             mtime: set_time(mtime),
             ctime: ctime.map(Timespec::from_system_time),
         };
-        match self.settled(self.fs.setattr(ctx(req), ino.0, &set)) {
+        match self.settled(self.fs.get().setattr(ctx(req), ino.0, &set)) {
             Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
             Err(e) => reply.error(err(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.fs.get().readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(err(e)),
         }
@@ -489,6 +499,7 @@ impl Filesystem for MemFuse {
         self.entry(
             reply,
             self.fs
+                .get()
                 .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev),
         );
     }
@@ -504,21 +515,23 @@ impl Filesystem for MemFuse {
     ) {
         self.entry(
             reply,
-            self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+            self.fs
+                .get()
+                .mkdir(ctx(req), parent.0, name.as_bytes(), mode),
         );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.unlink(parent.0, name.as_bytes())),
+            self.settled(self.fs.get().unlink(parent.0, name.as_bytes())),
         );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.rmdir(parent.0, name.as_bytes())),
+            self.settled(self.fs.get().rmdir(parent.0, name.as_bytes())),
         );
     }
 
@@ -530,7 +543,7 @@ impl Filesystem for MemFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.fs.symlink(
+        let r = self.fs.get().symlink(
             ctx(req),
             parent.0,
             link_name.as_bytes(),
@@ -550,7 +563,7 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         let r = RenameFlags::from_bits(flags.bits()).and_then(|f| {
-            self.fs.rename(
+            self.fs.get().rename(
                 parent.0,
                 name.as_bytes(),
                 newparent.0,
@@ -569,7 +582,10 @@ impl Filesystem for MemFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        self.entry(
+            reply,
+            self.fs.get().link(ino.0, newparent.0, newname.as_bytes()),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -579,7 +595,7 @@ impl Filesystem for MemFuse {
             // the file is open, so an unlinked open file lives until FORGET.
             return reply.error(fuser::Errno::ENOSYS);
         }
-        match self.fs.open(ino.0, flags.0) {
+        match self.fs.get().open(ino.0, flags.0) {
             Ok(()) => reply.opened(self.new_fh(), self.open_flags()),
             Err(e) => reply.error(err(e)),
         }
@@ -600,7 +616,7 @@ impl Filesystem for MemFuse {
             if buf.len() < size as usize {
                 buf.resize(size as usize, 0);
             }
-            match self.fs.read(ino.0, offset, &mut buf[..size as usize]) {
+            match self.fs.get().read(ino.0, offset, &mut buf[..size as usize]) {
                 Ok(n) => reply.data(&buf[..n]),
                 Err(e) => reply.error(err(e)),
             }
@@ -622,7 +638,7 @@ impl Filesystem for MemFuse {
         // With writeback caching the kernel places every page itself; honouring
         // O_APPEND here too would move cached pages to the end of the file.
         let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
-        match self.settled(self.fs.write(ctx(req), ino.0, offset, data, append)) {
+        match self.settled(self.fs.get().write(ctx(req), ino.0, offset, data, append)) {
             Ok(n) => reply.written(n as u32),
             Err(e) => reply.error(err(e)),
         }
@@ -644,7 +660,7 @@ impl Filesystem for MemFuse {
         // close(2) by a process drops all of its record locks on the file.
         // Every close sends a FLUSH: skip the engine until anyone has locked.
         if self.any_locks.load(Ordering::Acquire) {
-            self.fs.release_locks(ino.0, lock_owner.0);
+            self.fs.get().release_locks(ino.0, lock_owner.0);
         }
         reply.ok();
     }
@@ -660,7 +676,7 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         if let Some(owner) = lock_owner {
-            self.fs.release_locks(ino.0, owner.0);
+            self.fs.get().release_locks(ino.0, owner.0);
         }
         if self.any_locks.load(Ordering::Acquire) {
             let owners = self
@@ -670,10 +686,10 @@ impl Filesystem for MemFuse {
                 .remove(&fh.0);
             // The end of an open file description ends its OFD locks.
             for owner in owners.into_iter().flatten() {
-                self.fs.release_locks(ino.0, owner);
+                self.fs.get().release_locks(ino.0, owner);
             }
         }
-        self.fs.release(ino.0);
+        self.fs.get().release(ino.0);
         reply.ok();
     }
 
@@ -685,7 +701,7 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.fsync(ino.0));
+        Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -694,7 +710,7 @@ impl Filesystem for MemFuse {
         if self.no_opendir.load(Ordering::Relaxed) {
             return reply.error(fuser::Errno::ENOSYS);
         }
-        match self.fs.getattr(ino.0) {
+        match self.fs.get().getattr(ino.0) {
             Ok(a) if a.kind == FileType::Directory => {
                 reply.opened(FileHandle(0), FopenFlags::empty())
             }
@@ -711,7 +727,7 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(ino.0, offset, |e| {
+        let r = self.fs.get().readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -733,7 +749,7 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.readdirplus(ino.0, offset, |e, a| {
+        let r = self.fs.get().readdirplus(ino.0, offset, |e, a| {
             !reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -757,11 +773,11 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.fsync(ino.0));
+        Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let s = self.fs.statfs();
+        let s = self.fs.get().statfs();
         reply.statfs(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
         );
@@ -778,22 +794,22 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         let r = XattrMode::from_flags(flags)
-            .and_then(|m| self.fs.setxattr(ino.0, name.as_bytes(), value, m));
+            .and_then(|m| self.fs.get().setxattr(ino.0, name.as_bytes(), value, m));
         Self::empty(reply, self.settled(r));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
+        xattr_reply(reply, size, self.fs.get().getxattr(ino.0, name.as_bytes()));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.listxattr(ino.0));
+        xattr_reply(reply, size, self.fs.get().listxattr(ino.0));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.removexattr(ino.0, name.as_bytes())),
+            self.settled(self.fs.get().removexattr(ino.0, name.as_bytes())),
         );
     }
 
@@ -810,6 +826,7 @@ impl Filesystem for MemFuse {
         let excl = flags & libc::O_EXCL != 0;
         match self.settled(
             self.fs
+                .get()
                 .create(ctx(req), parent.0, name.as_bytes(), mode, excl),
         ) {
             Ok((a, _)) => reply.created(
@@ -835,7 +852,11 @@ impl Filesystem for MemFuse {
         pid: u32,
         reply: ReplyLock,
     ) {
-        match self.fs.getlk(ino.0, lock_owner.0, start, end, typ, pid) {
+        match self
+            .fs
+            .get()
+            .getlk(ino.0, lock_owner.0, start, end, typ, pid)
+        {
             Ok(l) => reply.locked(l.start, l.end, l.typ, l.pid),
             Err(e) => reply.error(err(e)),
         }
@@ -850,7 +871,7 @@ impl Filesystem for MemFuse {
             .get(&unique.0)
             .copied();
         match ino {
-            Some(ino) if self.fs.cancel_lock_wait(ino, unique.0) => Ok(()),
+            Some(ino) if self.fs.get().cancel_lock_wait(ino, unique.0) => Ok(()),
             // Not parked yet (or already answered: then the kernel drops this reply).
             _ => Err(fuser::Errno::EAGAIN),
         }
@@ -881,7 +902,7 @@ impl Filesystem for MemFuse {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(unique, ino.0);
             let waits = self.waits.clone();
-            self.fs.setlkw(
+            self.fs.get().setlkw(
                 ino.0,
                 lock_owner.0,
                 start,
@@ -900,7 +921,9 @@ impl Filesystem for MemFuse {
         } else {
             Self::empty(
                 reply,
-                self.fs.setlk(ino.0, lock_owner.0, start, end, typ, pid),
+                self.fs
+                    .get()
+                    .setlk(ino.0, lock_owner.0, start, end, typ, pid),
             );
         }
     }
@@ -920,6 +943,7 @@ impl Filesystem for MemFuse {
         let in_group = move |gid| caller_in_group(pid, gid);
         let r = FallocateMode::from_bits(mode).and_then(|m| {
             self.fs
+                .get()
                 .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m)
         });
         Self::empty(reply, self.settled(r));
@@ -937,7 +961,7 @@ impl Filesystem for MemFuse {
         if offset < 0 {
             return reply.error(fuser::Errno::ENXIO);
         }
-        match self.fs.lseek(ino.0, offset as u64, whence) {
+        match self.fs.get().lseek(ino.0, offset as u64, whence) {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(err(e)),
         }
@@ -958,7 +982,7 @@ impl Filesystem for MemFuse {
     ) {
         // The kernel caps one request; it loops for larger copies.
         let len = len.min(u32::MAX as u64 & !0xfff);
-        match self.settled(self.fs.copy_file_range(
+        match self.settled(self.fs.get().copy_file_range(
             ctx(req),
             ino_in.0,
             offset_in,
