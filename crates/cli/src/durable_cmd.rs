@@ -292,6 +292,13 @@ pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
     if a.at.mount.is_some() && !online {
         bail!("{} is not served by a running memfs", dir.display());
     }
+    if a.at.mount.is_none() && online {
+        // Naming the mount is the consent to change what its users see.
+        bail!(
+            "{} is in use by a running memfs: roll it back online with memfs rollback --mount MOUNTPOINT, or unmount it first (memfs umount MOUNTPOINT)",
+            dir.display()
+        );
+    }
     let target = durable::resolve_target(&dir, &a.to)?;
     let plan = durable::plan_rollback(&dir, target)?;
     if plan.commits_lost() == 0 {
