@@ -4,7 +4,7 @@
 //! and friends cannot open it; they ask the running server instead. The
 //! protocol is one request line per connection and a reply of lines: first
 //! `ok` or `error MESSAGE`, then the payload. Requests:
-//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `diff A B`, `sync`,
+//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `diff A B`, `rollback COMMIT`, `sync`,
 //! `checkpoint`, `status`. Only the owner of the data directory can connect
 //! (the socket is created with mode 0600).
 
@@ -12,13 +12,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use memfs_durable::DurableFs;
+use memfs_fuse::swap::Swapper;
 
 pub const SOCKET: &str = "control.sock";
 
@@ -57,8 +58,12 @@ impl Drop for Control {
     }
 }
 
-pub fn serve(d: Arc<DurableFs>) -> anyhow::Result<Control> {
-    let path = socket_path(d.path());
+/// The durable file system a mount serves; an online rollback replaces it
+/// (hence the mutex), and `swapper` replaces the tree the adapter serves.
+pub type Served = Arc<Mutex<DurableFs>>;
+
+pub fn serve(d: Served, swapper: Option<Swapper>) -> anyhow::Result<Control> {
+    let path = socket_path(d.lock().unwrap_or_else(|e| e.into_inner()).path());
     // We hold the data directory's lock: any socket file left is stale.
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)
@@ -77,7 +82,8 @@ pub fn serve(d: Arc<DurableFs>) -> anyhow::Result<Control> {
                     }
                     match conn {
                         Ok(c) => {
-                            if let Err(e) = handle(&d, c) {
+                            let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+                            if let Err(e) = handle(&mut d, swapper.as_ref(), c) {
                                 tracing::warn!("control request failed: {e:#}");
                             }
                         }
@@ -94,11 +100,16 @@ pub fn serve(d: Arc<DurableFs>) -> anyhow::Result<Control> {
     })
 }
 
-fn handle(d: &DurableFs, conn: UnixStream) -> anyhow::Result<()> {
+fn handle(d: &mut DurableFs, swapper: Option<&Swapper>, conn: UnixStream) -> anyhow::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
-    let reply = match answer(d, line.trim()) {
+    let line = line.trim();
+    let r = match line.strip_prefix("rollback ") {
+        Some(target) => rollback(d, swapper, target),
+        None => answer(d, line),
+    };
+    let reply = match r {
         Ok(lines) => {
             let mut s = String::from("ok\n");
             for l in lines {
@@ -115,6 +126,39 @@ fn handle(d: &DurableFs, conn: UnixStream) -> anyhow::Result<()> {
 
 pub fn snapshot_line(s: &memfs_durable::SnapshotEntry) -> String {
     format!("{} {} {}", s.name, s.commit, s.time_ns)
+}
+
+/// `rollback COMMIT`: the durable rollback and the swap of the served tree
+/// under one exclusive hold of every FUSE request (see memfs_fuse::swap).
+/// Reply: `TARGET PREVIOUS_LAST SNAPSHOTS_DELETED`.
+fn rollback(
+    d: &mut DurableFs,
+    swapper: Option<&Swapper>,
+    target: &str,
+) -> anyhow::Result<Vec<String>> {
+    let sw = swapper.context("this server cannot swap its tree (no mount)")?;
+    let commit: u64 = target
+        .parse()
+        .with_context(|| format!("rollback needs a commit id, not {target:?}"))?;
+    // Refused targets are refused before requests are blocked.
+    memfs_durable::plan_rollback(d.path(), commit)?;
+    let r = sw.swap(|_| {
+        // Whatever the rollback did, `d` now holds the tree to serve: the
+        // new one, or the old one if recovery could not open again.
+        let r = d.rollback_online(commit);
+        Ok::<_, std::convert::Infallible>((d.fs().clone(), r))
+    });
+    let (plan, report) = match r {
+        Ok(v) => v?,
+        Err(never) => match never {},
+    };
+    tracing::info!("online rollback to commit {commit}: {report}");
+    Ok(vec![format!(
+        "{} {} {}",
+        plan.target,
+        plan.last,
+        plan.lost_snapshots.len()
+    )])
 }
 
 fn answer(d: &DurableFs, req: &str) -> anyhow::Result<Vec<String>> {

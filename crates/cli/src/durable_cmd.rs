@@ -97,8 +97,8 @@ pub struct LogArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct RollbackArgs {
-    #[arg(long, value_name = "PATH")]
-    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub at: Where,
     /// A commit id (from memfs log) or a snapshot name.
     #[arg(long, value_name = "COMMIT|SNAPSHOT")]
     pub to: String,
@@ -290,24 +290,35 @@ fn confirm(question: &str, yes: bool) -> anyhow::Result<()> {
 }
 
 pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
-    check_dir(&a.data_dir)?;
-    match memfs_journal::DataDir::open(&a.data_dir, false) {
-        Err(memfs_journal::Error::Locked { .. }) => bail!(
-            "{} is in use by a running memfs: unmount it first (memfs umount MOUNTPOINT), then roll back",
-            a.data_dir.display()
-        ),
+    let dir = a.at.dir()?;
+    let online = match memfs_journal::DataDir::open(&dir, false) {
+        Err(memfs_journal::Error::Locked { .. }) => true,
         Err(e) => return Err(e.into()),
-        Ok(lock) => drop(lock),
+        Ok(lock) => {
+            drop(lock);
+            false
+        }
+    };
+    if a.at.mount.is_some() && !online {
+        bail!("{} is not served by a running memfs", dir.display());
     }
-    let target = durable::resolve_target(&a.data_dir, &a.to)?;
-    let plan = durable::plan_rollback(&a.data_dir, target)?;
+    if a.at.mount.is_none() && online {
+        // Naming the mount is the consent to change what its users see.
+        bail!(
+            "{} is in use by a running memfs: roll it back online with memfs rollback --mount MOUNTPOINT, or unmount it first (memfs umount MOUNTPOINT)",
+            dir.display()
+        );
+    }
+    let target = durable::resolve_target(&dir, &a.to)?;
+    let plan = durable::plan_rollback(&dir, target)?;
     if plan.commits_lost() == 0 {
         println!("already at commit {target}: nothing to do");
         return Ok(());
     }
     println!(
-        "rolling back {} from commit {} to commit {target}: {} later commits will be discarded",
-        a.data_dir.display(),
+        "rolling back {}{} from commit {} to commit {target}: {} later commits will be discarded",
+        dir.display(),
+        if online { " (mounted)" } else { "" },
         plan.last,
         plan.commits_lost()
     );
@@ -321,7 +332,12 @@ pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
         &format!("discard commits {}..={}", target + 1, plan.last),
         a.yes,
     )?;
-    durable::rollback(&a.data_dir, &plan)?;
+    if online {
+        control::request(&dir, &format!("rollback {target}"))?;
+        println!("rolled back to commit {target}; the mount shows it now");
+        return Ok(());
+    }
+    durable::rollback(&dir, &plan)?;
     println!("rolled back to commit {target}; mount it to use it");
     Ok(())
 }

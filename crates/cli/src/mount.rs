@@ -539,13 +539,13 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         Some((dir, opts)) => {
             let (d, report) = open_taking_over(dir, settings.config, opts)
                 .with_context(|| format!("cannot open data directory {}", dir.display()))?;
-            let d = Arc::new(d);
-            (d.fs().clone(), Some(d), Some(report.to_string()))
+            let fs = d.fs().clone();
+            (
+                fs,
+                Some(Arc::new(std::sync::Mutex::new(d))),
+                Some(report.to_string()),
+            )
         }
-    };
-    let control = match &durable {
-        Some(d) => Some(crate::control::serve(d.clone())?),
-        None => None,
     };
     let mut fuse_opts = settings.fuse.clone();
     if let Some((dir, _)) = &settings.durable
@@ -568,7 +568,13 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         .map_err(|e| anyhow::anyhow!("cannot mount memfs at {}: {e}", mountpoint.display()))?;
     let ro_watch = durable
         .as_ref()
-        .map(|d| ReadOnlyWatch::start(d, mountpoint));
+        .map(|d| ReadOnlyWatch::start(&d.lock().unwrap_or_else(|e| e.into_inner()), mountpoint));
+    // After the mount (the control socket can swap the served tree), before
+    // it is reported ready.
+    let control = match &durable {
+        Some(d) => Some(crate::control::serve(d.clone(), Some(mounted.swapper()))?),
+        None => None,
+    };
     let mut unmounter = mounted.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -616,9 +622,16 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     if let Some(d) = durable {
         // The session's workers are gone with `mounted`: this is the last reference.
         match Arc::try_unwrap(d) {
-            Ok(d) => d.close().context("closing the data directory")?,
+            Ok(d) => d
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .close()
+                .context("closing the data directory")?,
             Err(d) => {
-                d.sync().context("syncing the data directory")?;
+                d.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .sync()
+                    .context("syncing the data directory")?;
             }
         }
     }

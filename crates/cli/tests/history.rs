@@ -1,11 +1,15 @@
 //! Time travel on a live mount, through the `memfs` binary and real system
 //! calls: snapshots and diff of a running durable mount (`--mount`), the
 //! clear refusal on an in-memory mount, and the snapshots surviving a
-//! SIGKILL of the server.
+//! SIGKILL of the server; online rollback while readers run, open
+//! descriptors across it, and a SIGKILL in the middle of one.
 
 use std::ffi::OsStr;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 mod common;
 use common::{Mount, memfs_bin};
@@ -131,4 +135,144 @@ fn an_in_memory_mount_says_snapshots_need_a_data_dir() {
         "{err}"
     );
     mnt.unmount();
+}
+
+const FILES: usize = 8;
+
+fn write_generation(mnt: &Mount, generation: u32) {
+    for i in 0..FILES {
+        std::fs::write(
+            mnt.p(&format!("f{i}")),
+            format!("generation {generation:04}"),
+        )
+        .unwrap();
+    }
+}
+
+fn generation_of(root: &Path, i: usize) -> std::io::Result<String> {
+    std::fs::read_to_string(root.join(format!("f{i}")))
+}
+
+fn fsck_clean(dir: &Path) {
+    let out = ok(memfs([
+        "fsck".as_ref(),
+        "--data-dir".as_ref(),
+        dir.as_os_str(),
+    ]));
+    assert_eq!(out.lines().last(), Some("clean"), "{out}");
+}
+
+#[test]
+fn online_rollback_shows_the_target_at_once_while_readers_run() {
+    let data = disk_dir();
+    let mnt = mount_durable(data.path());
+    let mp = m(&mnt);
+    write_generation(&mnt, 1);
+    std::fs::write(mnt.p("deleted-later"), b"back again").unwrap();
+    ok(memfs(["snapshot", "create", "g1", "--mount", &mp]));
+    write_generation(&mnt, 2);
+    std::fs::remove_file(mnt.p("deleted-later")).unwrap();
+    std::fs::create_dir(mnt.p("newdir")).unwrap();
+    std::fs::write(mnt.p("newdir/young"), b"not in g1").unwrap();
+    let mut young = std::fs::File::open(mnt.p("newdir/young")).unwrap();
+    let kept = std::fs::File::open(mnt.p("f0")).unwrap();
+
+    // Readers never see anything but one whole generation per file.
+    let stop = Arc::new(AtomicBool::new(false));
+    let root = mnt.path();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, root) = (stop.clone(), root.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for i in 0..FILES {
+                        let s = generation_of(&root, i).unwrap();
+                        assert!(
+                            s == "generation 0001" || s == "generation 0002",
+                            "f{i} reads {s:?}"
+                        );
+                        reads += 1;
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    let out = ok(memfs(["rollback", "--mount", &mp, "--to", "g1", "--yes"]));
+    assert!(out.contains("rolled back to commit"), "{out}");
+    // At once: contents, names and attributes are the snapshot's.
+    for i in 0..FILES {
+        assert_eq!(generation_of(&root, i).unwrap(), "generation 0001");
+    }
+    assert_eq!(
+        std::fs::read(mnt.p("deleted-later")).unwrap(),
+        b"back again"
+    );
+    assert!(!mnt.p("newdir").exists());
+    let names: Vec<String> = std::fs::read_dir(mnt.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names.len(), FILES + 1, "{names:?}");
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    // A descriptor of a file the target lacks fails; one of a file it
+    // has reads the target's contents.
+    let mut buf = Vec::new();
+    let e = young.read_to_end(&mut buf).unwrap_err();
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::ESTALE) | Some(libc::ENOENT)),
+        "{e}"
+    );
+    let mut s = String::new();
+    (&kept).read_to_string(&mut s).unwrap();
+    assert_eq!(s, "generation 0001");
+    drop((young, kept));
+    // Writes go on, and the snapshots after the target are gone.
+    write_generation(&mnt, 3);
+    let list = ok(memfs(["snapshot", "list", "--mount", &mp]));
+    assert!(list.contains("g1"), "{list}");
+    mnt.unmount();
+    fsck_clean(data.path());
+    let mnt = mount_durable(data.path());
+    assert_eq!(generation_of(&mnt.path(), 3).unwrap(), "generation 0003");
+    assert!(mnt.p("deleted-later").exists());
+    mnt.unmount();
+}
+
+#[test]
+fn sigkill_during_an_online_rollback_leaves_the_old_or_the_new_state() {
+    let data = disk_dir();
+    for round in 0..3u64 {
+        let mut mnt = mount_durable(data.path());
+        let mp = m(&mnt);
+        write_generation(&mnt, 1);
+        let name = format!("r{round}");
+        ok(memfs(["snapshot", "create", &name, "--mount", &mp]));
+        write_generation(&mnt, 2);
+        let mut child = Command::new(memfs_bin())
+            .args(["rollback", "--mount", &mp, "--to", &name, "--yes"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Round 0 kills before the request can arrive, later rounds
+        // progressively later; either outcome is right, a mix is not.
+        std::thread::sleep(std::time::Duration::from_millis(round * 3));
+        mnt.kill();
+        let _ = child.wait();
+        fsck_clean(data.path());
+        let mnt = mount_durable(data.path());
+        let gens: Vec<String> = (0..FILES)
+            .map(|i| generation_of(&mnt.path(), i).unwrap())
+            .collect();
+        assert!(
+            gens.iter().all(|g| *g == gens[0]),
+            "round {round}: a mixed state {gens:?}"
+        );
+        mnt.unmount();
+    }
 }

@@ -1038,6 +1038,9 @@ impl DurableFs {
         // state, the new one, or an intent that the open finishes.
         let (new, report) = DurableFs::open_locked(&path, lock, config, shared.opts.clone())?;
         new.fs.raise_next_ino(next_ino);
+        // Whoever watches for the read-only switch keeps watching the tree
+        // that replaces this one.
+        *new.shared.on_read_only.lock() = shared.on_read_only.lock().take();
         drop(std::mem::replace(self, new));
         r?;
         Ok((plan, report))

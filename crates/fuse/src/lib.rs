@@ -15,6 +15,7 @@ pub mod passthrough;
 
 pub use passthrough::DataPath;
 use passthrough::{Backing, PASSTHROUGH_FH};
+pub mod swap;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -142,6 +143,7 @@ pub fn default_threads() -> usize {
 /// A mounted file system that is not served yet; [`Mounted::run`] serves it.
 pub struct Mounted {
     session: fuser::Session<MemFuse>,
+    swapper: swap::Swapper,
 }
 
 /// Unmounts a [`Mounted`] from another thread (signal handlers).
@@ -154,6 +156,11 @@ impl Unmounter {
 }
 
 impl Mounted {
+    /// Replaces the served tree while mounted (online rollback).
+    pub fn swapper(&self) -> swap::Swapper {
+        self.swapper.clone()
+    }
+
     pub fn unmounter(&mut self) -> Unmounter {
         Unmounter(self.session.unmount_callable())
     }
@@ -225,8 +232,9 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         },
     };
     let notifier = Arc::new(OnceLock::new());
+    let cell = Arc::new(swap::FsCell::new(fs));
     let adapter = MemFuse {
-        fs,
+        fs: cell.clone(),
         next_fh: AtomicU64::new(1),
         lock_owners: Mutex::new(HashMap::new()),
         waits: Arc::new(Mutex::new(HashMap::new())),
@@ -243,7 +251,8 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
-    Ok(Mounted { session })
+    let swapper = swap::Swapper::new(cell, session.notifier());
+    Ok(Mounted { session, swapper })
 }
 
 fn kernel_option(o: &str) -> MountOption {
@@ -267,7 +276,8 @@ fn kernel_option(o: &str) -> MountOption {
 
 /// The FUSE face of the engine.
 pub struct MemFuse {
-    fs: Arc<Fs>,
+    /// The served tree: replaced whole by an online rollback (swap.rs).
+    fs: Arc<swap::FsCell>,
     /// Every open gets its own handle, so that locks can be tied to it.
     next_fh: AtomicU64,
     /// Lock owners that set record locks through each handle. The kernel
@@ -383,6 +393,7 @@ impl MemFuse {
         req.uid() != 0
             && self
                 .fs
+                .get()
                 .getattr(ino)
                 .is_ok_and(|a| a.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0)
     }
@@ -403,7 +414,7 @@ impl MemFuse {
     /// Runs after the engine has dropped its locks, so that concurrent
     /// requests share one fsync.
     fn settled<T>(&self, r: memfs_fs::Result<T>) -> memfs_fs::Result<T> {
-        let s = self.fs.settle();
+        let s = self.fs.get().settle();
         r.and_then(|v| s.map(|()| v))
     }
 
@@ -444,7 +455,9 @@ impl MemFuse {
             punch_hole: true,
             zero_range: false,
         };
-        self.fs.fallocate_as(ctx(req), &in_group, ino, 0, 1, punch)
+        self.fs
+            .get()
+            .fallocate_as(ctx(req), &in_group, ino, 0, 1, punch)
     }
 
     fn backed(&self, ino: u64) -> Option<Arc<passthrough::Backed>> {
@@ -544,18 +557,18 @@ impl Filesystem for MemFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.lookup(parent.0, name.as_bytes()));
+        self.entry(reply, self.fs.get().lookup(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.fs.forget(ino.0, nlookup);
+        self.fs.get().forget(ino.0, nlookup);
         if let Some(b) = &self.backing {
-            b.maybe_drop(&self.fs, ino.0);
+            b.maybe_drop(&self.fs.get(), ino.0);
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.getattr(ino.0) {
+        match self.fs.get().getattr(ino.0) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(a)),
             Err(e) => reply.error(err(e)),
         }
@@ -588,7 +601,7 @@ impl Filesystem for MemFuse {
             mtime: set_time(mtime),
             ctime: ctime.map(Timespec::from_system_time),
         };
-        let mut r = self.fs.setattr(ctx(req), ino.0, &set);
+        let mut r = self.fs.get().setattr(ctx(req), ino.0, &set);
         if let (Ok(_), Some(b)) = (&r, self.backed(ino.0)) {
             // The engine checked and recorded the change; the data is here.
             if let Some(size) = size
@@ -605,7 +618,7 @@ impl Filesystem for MemFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.readlink(ino.0) {
+        match self.fs.get().readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(err(e)),
         }
@@ -624,6 +637,7 @@ impl Filesystem for MemFuse {
         self.entry(
             reply,
             self.fs
+                .get()
                 .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev),
         );
     }
@@ -639,21 +653,23 @@ impl Filesystem for MemFuse {
     ) {
         self.entry(
             reply,
-            self.fs.mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+            self.fs
+                .get()
+                .mkdir(ctx(req), parent.0, name.as_bytes(), mode),
         );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.unlink(parent.0, name.as_bytes())),
+            self.settled(self.fs.get().unlink(parent.0, name.as_bytes())),
         );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.rmdir(parent.0, name.as_bytes())),
+            self.settled(self.fs.get().rmdir(parent.0, name.as_bytes())),
         );
     }
 
@@ -665,7 +681,7 @@ impl Filesystem for MemFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.fs.symlink(
+        let r = self.fs.get().symlink(
             ctx(req),
             parent.0,
             link_name.as_bytes(),
@@ -690,9 +706,9 @@ impl Filesystem for MemFuse {
         let (p, n, np, nn) = (parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
         let r = RenameFlags::from_bits(bits).and_then(|f| {
             if whiteout {
-                self.fs.rename_whiteout(ctx(req), p, n, np, nn, f)
+                self.fs.get().rename_whiteout(ctx(req), p, n, np, nn, f)
             } else {
-                self.fs.rename(p, n, np, nn, f)
+                self.fs.get().rename(p, n, np, nn, f)
             }
         });
         Self::empty(reply, self.settled(r));
@@ -706,18 +722,22 @@ impl Filesystem for MemFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(reply, self.fs.link(ino.0, newparent.0, newname.as_bytes()));
+        self.entry(
+            reply,
+            self.fs.get().link(ino.0, newparent.0, newname.as_bytes()),
+        );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         if let Some(b) = &self.backing {
-            if let Err(e) = self.fs.open(ino.0, flags.0) {
+            if let Err(e) = self.fs.get().open(ino.0, flags.0) {
                 return reply.error(err(e));
             }
             let fh = self.new_fh();
-            if let Ok(bk) = b.back(&self.fs, ino.0)
+            if let Ok(bk) = b.back(&self.fs.get(), ino.0)
                 && self
                     .fs
+                    .get()
                     .getattr(ino.0)
                     .is_ok_and(|a| b.can_passthrough(ino.0, &bk, a.perm))
             {
@@ -740,7 +760,7 @@ impl Filesystem for MemFuse {
             // the file is open, so an unlinked open file lives until FORGET.
             return reply.error(fuser::Errno::ENOSYS);
         }
-        match self.fs.open(ino.0, flags.0) {
+        match self.fs.get().open(ino.0, flags.0) {
             Ok(()) => reply.opened(self.new_fh(), self.open_flags()),
             Err(e) => reply.error(err(e)),
         }
@@ -765,7 +785,7 @@ impl Filesystem for MemFuse {
             let buf = &mut buf[..size as usize];
             let r = match &backed {
                 Some(b) => b.read_at(offset, buf),
-                None => self.fs.read(ino.0, offset, buf),
+                None => self.fs.get().read(ino.0, offset, buf),
             };
             match r {
                 Ok(n) => reply.data(&buf[..n]),
@@ -794,7 +814,7 @@ impl Filesystem for MemFuse {
             Some(b) => (if append { b.size() } else { Ok(offset) })
                 .and_then(|off| b.write_at(off, data))
                 .and_then(|n| self.touch(req, ino.0).map(|()| n)),
-            None => self.fs.write(ctx(req), ino.0, offset, data, append),
+            None => self.fs.get().write(ctx(req), ino.0, offset, data, append),
         };
         match self.settled(r) {
             Ok(n) => {
@@ -823,7 +843,7 @@ impl Filesystem for MemFuse {
         // close(2) by a process drops all of its record locks on the file.
         // Every close sends a FLUSH: skip the engine until anyone has locked.
         if self.any_locks.load(Ordering::Acquire) {
-            self.fs.release_locks(ino.0, lock_owner.0);
+            self.fs.get().release_locks(ino.0, lock_owner.0);
         }
         reply.ok();
     }
@@ -839,7 +859,7 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         if let Some(owner) = lock_owner {
-            self.fs.release_locks(ino.0, owner.0);
+            self.fs.get().release_locks(ino.0, owner.0);
         }
         if self.any_locks.load(Ordering::Acquire) {
             let owners = self
@@ -849,17 +869,17 @@ impl Filesystem for MemFuse {
                 .remove(&fh.0);
             // The end of an open file description ends its OFD locks.
             for owner in owners.into_iter().flatten() {
-                self.fs.release_locks(ino.0, owner);
+                self.fs.get().release_locks(ino.0, owner);
             }
         }
-        self.fs.release(ino.0);
+        self.fs.get().release(ino.0);
         if let Some(b) = &self.backing {
             if fh.0 & PASSTHROUGH_FH == 0 {
                 b.fuse_released(ino.0);
             } else if let Some(bk) = b.get(ino.0) {
                 bk.pt_released();
             }
-            b.maybe_drop(&self.fs, ino.0);
+            b.maybe_drop(&self.fs.get(), ino.0);
         }
         reply.ok();
     }
@@ -872,7 +892,7 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.fsync(ino.0));
+        Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -881,7 +901,7 @@ impl Filesystem for MemFuse {
         if self.no_opendir.load(Ordering::Relaxed) {
             return reply.error(fuser::Errno::ENOSYS);
         }
-        match self.fs.getattr(ino.0) {
+        match self.fs.get().getattr(ino.0) {
             Ok(a) if a.kind == FileType::Directory => {
                 reply.opened(FileHandle(0), FopenFlags::empty())
             }
@@ -898,7 +918,7 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.readdir(ino.0, offset, |e| {
+        let r = self.fs.get().readdir(ino.0, offset, |e| {
             !reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -920,7 +940,7 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.readdirplus(ino.0, offset, |e, a| {
+        let r = self.fs.get().readdirplus(ino.0, offset, |e, a| {
             !reply.add(
                 INodeNo(e.ino),
                 e.offset,
@@ -944,11 +964,11 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.fsync(ino.0));
+        Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let mut s = self.fs.statfs();
+        let mut s = self.fs.get().statfs();
         if let Some((used, avail)) = self.backing.as_ref().and_then(|b| b.usage()) {
             // One capacity for both: the engine's pages and the backing files.
             let bs = s.bsize as u64;
@@ -972,22 +992,22 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         let r = XattrMode::from_flags(flags)
-            .and_then(|m| self.fs.setxattr(ino.0, name.as_bytes(), value, m));
+            .and_then(|m| self.fs.get().setxattr(ino.0, name.as_bytes(), value, m));
         Self::empty(reply, self.settled(r));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.getxattr(ino.0, name.as_bytes()));
+        xattr_reply(reply, size, self.fs.get().getxattr(ino.0, name.as_bytes()));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.listxattr(ino.0));
+        xattr_reply(reply, size, self.fs.get().listxattr(ino.0));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
             reply,
-            self.settled(self.fs.removexattr(ino.0, name.as_bytes())),
+            self.settled(self.fs.get().removexattr(ino.0, name.as_bytes())),
         );
     }
 
@@ -1004,11 +1024,12 @@ impl Filesystem for MemFuse {
         let excl = flags & libc::O_EXCL != 0;
         let r = self.settled(
             self.fs
+                .get()
                 .create(ctx(req), parent.0, name.as_bytes(), mode, excl),
         );
         if let (Ok((a, _)), Some(b)) = (&r, &self.backing) {
             let fh = self.new_fh();
-            if let Ok(bk) = b.back(&self.fs, a.ino) {
+            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
                 let id = bk.id(|f| reply.open_backing(f));
                 if let Some(Ok(id)) = id.as_ref() {
                     bk.pt_opened();
@@ -1055,7 +1076,11 @@ impl Filesystem for MemFuse {
         pid: u32,
         reply: ReplyLock,
     ) {
-        match self.fs.getlk(ino.0, lock_owner.0, start, end, typ, pid) {
+        match self
+            .fs
+            .get()
+            .getlk(ino.0, lock_owner.0, start, end, typ, pid)
+        {
             Ok(l) => reply.locked(l.start, l.end, l.typ, l.pid),
             Err(e) => reply.error(err(e)),
         }
@@ -1070,7 +1095,7 @@ impl Filesystem for MemFuse {
             .get(&unique.0)
             .copied();
         match ino {
-            Some(ino) if self.fs.cancel_lock_wait(ino, unique.0) => Ok(()),
+            Some(ino) if self.fs.get().cancel_lock_wait(ino, unique.0) => Ok(()),
             // Not parked yet (or already answered: then the kernel drops this reply).
             _ => Err(fuser::Errno::EAGAIN),
         }
@@ -1101,7 +1126,7 @@ impl Filesystem for MemFuse {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(unique, ino.0);
             let waits = self.waits.clone();
-            self.fs.setlkw(
+            self.fs.get().setlkw(
                 ino.0,
                 lock_owner.0,
                 start,
@@ -1120,7 +1145,9 @@ impl Filesystem for MemFuse {
         } else {
             Self::empty(
                 reply,
-                self.fs.setlk(ino.0, lock_owner.0, start, end, typ, pid),
+                self.fs
+                    .get()
+                    .setlk(ino.0, lock_owner.0, start, end, typ, pid),
             );
         }
     }
@@ -1142,6 +1169,7 @@ impl Filesystem for MemFuse {
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
             None => self
                 .fs
+                .get()
                 .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m),
             Some(b) => {
                 if length == 0 {
@@ -1177,7 +1205,7 @@ impl Filesystem for MemFuse {
         }
         let r = match self.backed(ino.0) {
             Some(b) => b.seek(offset as u64, whence),
-            None => self.fs.lseek(ino.0, offset as u64, whence),
+            None => self.fs.get().lseek(ino.0, offset as u64, whence),
         };
         match r {
             Ok(o) => reply.offset(o as i64),
@@ -1213,7 +1241,7 @@ impl Filesystem for MemFuse {
                 Err(e) => reply.error(err(e)),
             };
         }
-        match self.settled(self.fs.copy_file_range(
+        match self.settled(self.fs.get().copy_file_range(
             ctx(req),
             ino_in.0,
             offset_in,
@@ -1241,7 +1269,7 @@ impl MemFuse {
         // ranges of one file.
         let size_in = match b_in {
             Some(b) => b.size()?,
-            None => self.fs.getattr(ino_in)?.size,
+            None => self.fs.get().getattr(ino_in)?.size,
         };
         let len = len.min(size_in.saturating_sub(off_in));
         if ino_in == ino_out
@@ -1260,17 +1288,20 @@ impl MemFuse {
                     buf.resize((len - done).min(CHUNK) as usize, 0);
                     let n = match b_in {
                         Some(b) => b.read_at(off_in + done, &mut buf)?,
-                        None => self.fs.read(ino_in, off_in + done, &mut buf)?,
+                        None => self.fs.get().read(ino_in, off_in + done, &mut buf)?,
                     };
                     if n == 0 {
                         break;
                     }
                     match b_out {
                         Some(b) => b.write_at(off_out + done, &buf[..n])?,
-                        None => {
-                            self.fs
-                                .write(ctx(req), ino_out, off_out + done, &buf[..n], false)?
-                        }
+                        None => self.fs.get().write(
+                            ctx(req),
+                            ino_out,
+                            off_out + done,
+                            &buf[..n],
+                            false,
+                        )?,
                     };
                     done += n as u64;
                 }

@@ -1,0 +1,117 @@
+//! Replacing the served tree while mounted (online rollback): every request
+//! reads the tree through [`FsCell::get`], a shared lock held for the
+//! request's statement; [`Swapper::swap`] takes it exclusively, so no
+//! request ever sees part of one tree and part of the other. Afterwards the
+//! kernel is told to forget what it cached of the old tree (attributes,
+//! pages, names), with the lock released: the kernel takes directory locks
+//! to drop names, which a request waiting for ours may hold.
+
+use std::cell::Cell;
+use std::ffi::OsStr;
+use std::ops::Deref;
+use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+
+use fuser::{INodeNo, Notifier};
+use memfs_fs::{FIRST_ENTRY_OFFSET, Fs};
+use parking_lot::{RwLock, RwLockReadGuard};
+
+thread_local! {
+    /// Guards of the cell this thread holds: a nested `get` (an argument
+    /// evaluated while another guard lives) must not queue behind a waiting
+    /// swap, or the two would wait for each other.
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The tree a mount serves.
+pub struct FsCell {
+    current: RwLock<Arc<Fs>>,
+}
+
+/// The served tree, held for as long as this lives.
+pub struct FsGuard<'a>(RwLockReadGuard<'a, Arc<Fs>>);
+
+impl Deref for FsGuard<'_> {
+    type Target = Fs;
+    fn deref(&self) -> &Fs {
+        &self.0
+    }
+}
+
+impl Drop for FsGuard<'_> {
+    fn drop(&mut self) {
+        HELD.with(|h| h.set(h.get() - 1));
+    }
+}
+
+impl FsCell {
+    pub fn new(fs: Arc<Fs>) -> Self {
+        FsCell {
+            current: RwLock::new(fs),
+        }
+    }
+
+    pub fn get(&self) -> FsGuard<'_> {
+        let nested = HELD.with(|h| {
+            let n = h.get();
+            h.set(n + 1);
+            n > 0
+        });
+        FsGuard(if nested {
+            self.current.read_recursive()
+        } else {
+            self.current.read()
+        })
+    }
+}
+
+/// Replaces the tree of a running mount; see the module comment.
+#[derive(Clone)]
+pub struct Swapper {
+    cell: Arc<FsCell>,
+    notifier: Notifier,
+}
+
+impl Swapper {
+    pub(crate) fn new(cell: Arc<FsCell>, notifier: Notifier) -> Self {
+        Swapper { cell, notifier }
+    }
+
+    /// Blocks every request, calls `make` with the current tree, serves what
+    /// it returns (on `Err` nothing changes), then invalidates the kernel's
+    /// caches of every node and name of the old tree. Returns `make`'s value.
+    pub fn swap<T, E>(
+        &self,
+        make: impl FnOnce(&Arc<Fs>) -> Result<(Arc<Fs>, T), E>,
+    ) -> Result<T, E> {
+        let mut cur = self.cell.current.write();
+        let (new, v) = make(&cur)?;
+        let old = std::mem::replace(&mut *cur, new);
+        drop(cur);
+        self.invalidate(&old);
+        Ok(v)
+    }
+
+    fn invalidate(&self, old: &Fs) {
+        let (mut inodes, mut entries) = (0usize, 0usize);
+        for node in old.nodes() {
+            // ENOENT: the kernel does not know the node; nothing to drop.
+            let _ = self.notifier.inval_inode(INodeNo(node.ino()), 0, 0);
+            inodes += 1;
+            let mut names = Vec::new();
+            node.read(|v| {
+                v.entries_from(FIRST_ENTRY_OFFSET, |name, _, _, _| {
+                    names.push(name.to_vec());
+                    true
+                })
+            });
+            for n in names {
+                let _ = self
+                    .notifier
+                    .inval_entry(INodeNo(node.ino()), OsStr::from_bytes(&n));
+                entries += 1;
+            }
+        }
+        tracing::info!("swapped the served tree; invalidated {inodes} inodes and {entries} names");
+    }
+}
