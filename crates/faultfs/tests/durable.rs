@@ -8,7 +8,7 @@ mod common;
 use std::io::ErrorKind;
 
 use common::ops::{Failed, Tree, assert_tree, describe, read_tree, step};
-use common::{FaultFs, Memfs, Rng, seed};
+use common::{Memfs, Rng, Stack, seed};
 
 /// A full disk: every refused operation fails with ENOSPC and changes
 /// nothing in memory; writes work again once the disk has room, without a
@@ -17,12 +17,7 @@ use common::{FaultFs, Memfs, Rng, seed};
 fn disk_full_is_enospc_and_memory_equals_durable() {
     let seed = seed("disk_full");
     let mut rng = Rng::new(seed);
-    let ffs = FaultFs::start();
-    let work = ffs.dir.path().canonicalize().unwrap();
-    let data = ffs.mnt().join("data");
-    let mp = work.join("m");
-    let log = work.join("memfs.log");
-    let mut m = Memfs::start(&mp, &data, &log);
+    let (Stack { ffs, data, mp, log }, mut m) = Stack::start("sync");
     let mut model = Tree::new();
     let (mut acked, mut refused) = (0, 0);
     let full_at = 5 + rng.below(30);
@@ -107,12 +102,7 @@ fn memfs(args: &[&str]) -> String {
 fn eio_run(test: &str, fault: &str, clean_stop: bool) {
     let seed = seed(test);
     let mut rng = Rng::new(seed);
-    let ffs = FaultFs::start();
-    let work = ffs.dir.path().canonicalize().unwrap();
-    let data = ffs.mnt().join("data");
-    let mp = work.join("m");
-    let log = work.join("memfs.log");
-    let mut m = Memfs::start(&mp, &data, &log);
+    let (Stack { ffs, data, mp, log }, mut m) = Stack::start("sync");
     let mut model = Tree::new();
     let fault_at = 3 + rng.below(40);
     let mut uncertain: Option<Tree> = None;
@@ -238,12 +228,7 @@ fn write_eio_turns_read_only_and_keeps_acknowledged() {
 fn power_cut_keeps_everything_acknowledged_in_sync_mode() {
     let seed = seed("power_cut");
     let mut rng = Rng::new(seed);
-    let ffs = FaultFs::start();
-    let work = ffs.dir.path().canonicalize().unwrap();
-    let data = ffs.mnt().join("data");
-    let mp = work.join("m");
-    let log = work.join("memfs.log");
-    let mut m = Memfs::start(&mp, &data, &log);
+    let (Stack { ffs, data, mp, log }, mut m) = Stack::start("sync");
     let mut model = Tree::new();
     for n in 1..=40 {
         if let Err(f) = step(&mp, &mut model, &mut rng, n) {
@@ -282,12 +267,7 @@ fn control(data: &std::path::Path, req: &str) -> String {
 fn checkpoint_fsync_eio_turns_read_only_and_keeps_acknowledged() {
     let seed = seed("checkpoint_eio");
     let mut rng = Rng::new(seed);
-    let ffs = FaultFs::start();
-    let work = ffs.dir.path().canonicalize().unwrap();
-    let data = ffs.mnt().join("data");
-    let mp = work.join("m");
-    let log = work.join("memfs.log");
-    let mut m = Memfs::start(&mp, &data, &log);
+    let (Stack { ffs, data, mp, log }, mut m) = Stack::start("sync");
     let mut model = Tree::new();
     for n in 1..=20 {
         if let Err(f) = step(&mp, &mut model, &mut rng, n) {

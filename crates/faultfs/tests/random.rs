@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 
 use common::ops::{Failed, Tree, describe, read_tree, step};
-use common::{FaultFs, Memfs, Rng, seed};
+use common::{Memfs, Rng, Stack, seed};
 
 fn rounds() -> u64 {
     std::env::var("FAULTFS_ROUNDS")
@@ -33,12 +33,7 @@ fn random_faults_under_a_sync_mount_keep_everything_acknowledged() {
     for round in 0..rounds() {
         let seed = base.wrapping_add(round);
         let mut rng = Rng::new(seed);
-        let ffs = FaultFs::start();
-        let work = ffs.dir.path().canonicalize().unwrap();
-        let data = ffs.mnt().join("data");
-        let mp = work.join("m");
-        let log = work.join("memfs.log");
-        let mut m = Memfs::start(&mp, &data, &log);
+        let (Stack { ffs, data, mp, log }, mut m) = Stack::start("sync");
         // Per mille: ENOSPC often (it is survivable), EIO rarely.
         ffs.ctl(&format!("random fallocate ENOSPC 400 {seed}"));
         ffs.ctl(&format!("random write EIO 3 {}", seed ^ 1));
@@ -123,12 +118,7 @@ fn power_cut(test: &str, durability: &str) {
     for round in 0..rounds() {
         let seed = base.wrapping_add(round);
         let mut rng = Rng::new(seed);
-        let ffs = FaultFs::start();
-        let work = ffs.dir.path().canonicalize().unwrap();
-        let data = ffs.mnt().join("data");
-        let mp = work.join("m");
-        let log = work.join("memfs.log");
-        let mut m = Memfs::start_with(&mp, &data, &log, durability);
+        let (Stack { ffs, data, mp, log }, mut m) = Stack::start(durability);
         // Every acknowledged state, in order (one per acknowledged system
         // call that changes the tree).
         let mut history: Vec<Tree> = vec![Tree::new()];

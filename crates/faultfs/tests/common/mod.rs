@@ -154,6 +154,28 @@ impl Drop for FaultFs {
 
 /// A foreground `memfs mount MP --data-dir D --durability sync`, its
 /// standard error in `log`.
+/// faultfs, and a durable memfs on top of it: its data directory is
+/// `data` on faultfs, its mount point and log in faultfs's work directory.
+pub struct Stack {
+    pub ffs: FaultFs,
+    pub data: PathBuf,
+    pub mp: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Stack {
+    /// Both mounted, memfs in `durability` mode.
+    pub fn start(durability: &str) -> (Stack, Memfs) {
+        let ffs = FaultFs::start();
+        let work = ffs.dir.path().canonicalize().unwrap();
+        let data = ffs.mnt().join("data");
+        let mp = work.join("m");
+        let log = work.join("memfs.log");
+        let m = Memfs::start_with(&mp, &data, &log, durability);
+        (Stack { ffs, data, mp, log }, m)
+    }
+}
+
 pub struct Memfs {
     pub mp: PathBuf,
     pub log: PathBuf,
