@@ -21,11 +21,7 @@ use anyhow::{Context, bail};
 use memfs_durable::DurableFs;
 use memfs_fuse::swap::Swapper;
 
-pub const SOCKET: &str = "control.sock";
-
-pub fn socket_path(data_dir: &Path) -> PathBuf {
-    data_dir.join(SOCKET)
-}
+pub use memfs_durable::control::{request, socket_path};
 
 /// A running control server; [`Control::stop`] ends it and removes the socket.
 pub struct Control {
@@ -241,30 +237,4 @@ pub fn data_dir_of_mount(mountpoint: &Path) -> anyhow::Result<PathBuf> {
         "{} is an in-memory memfs mount (source {source:?}): snapshots, diff and rollback need a data directory in this version (mount with --data-dir)",
         mountpoint.display()
     )
-}
-
-/// Sends one request to the memfs serving `data_dir`.
-pub fn request(data_dir: &Path, req: &str) -> anyhow::Result<Vec<String>> {
-    let path = socket_path(data_dir);
-    let conn = UnixStream::connect(&path).with_context(|| {
-        format!(
-            "the data directory {} is in use, but its control socket {} does not answer",
-            data_dir.display(),
-            path.display()
-        )
-    })?;
-    conn.set_read_timeout(Some(Duration::from_secs(600)))?;
-    (&conn).write_all(format!("{req}\n").as_bytes())?;
-    conn.shutdown(std::net::Shutdown::Write)?;
-    let mut lines = BufReader::new(&conn).lines();
-    let first = lines
-        .next()
-        .context("the running memfs closed the control connection without a reply")??;
-    if let Some(msg) = first.strip_prefix("error ") {
-        bail!("{msg}");
-    }
-    if first != "ok" {
-        bail!("unexpected reply from the running memfs: {first:?}");
-    }
-    Ok(lines.collect::<Result<_, _>>()?)
 }

@@ -379,7 +379,7 @@ pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
     let lines = match control::request(&data_dir, "status") {
         Ok(lines) => lines,
         Err(e) => match memfs_journal::DataDir::open(&data_dir, false) {
-            Err(memfs_journal::Error::Locked { .. }) => return Err(e),
+            Err(memfs_journal::Error::Locked { .. }) => return Err(e.into()),
             Err(e) => return Err(e.into()),
             Ok(lock) => {
                 // Nobody serves it: what the directory itself tells.

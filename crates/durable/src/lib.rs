@@ -11,6 +11,7 @@
 
 mod check;
 mod codec;
+pub mod control;
 mod durable;
 pub mod history;
 mod image;
