@@ -1163,26 +1163,20 @@ fn checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>> {
 /// Whether a checkpoint failure is the disk misbehaving, not a lack of
 /// space (or a validation failure, which the previous checkpoint covers).
 fn checkpoint_io_fault(e: &Error) -> bool {
-    let errno = match e {
-        Error::Journal(memfs_journal::Error::Io { source, .. }) => source.raw_os_error(),
-        Error::Image { reason, .. } => return reason.contains(IMAGE_IO_FAULT),
-        _ => None,
-    };
-    matches!(errno, Some(libc::EIO | libc::EROFS))
+    matches!(
+        e,
+        Error::Journal(memfs_journal::Error::Io { source, .. })
+            if matches!(source.raw_os_error(), Some(libc::EIO | libc::EROFS))
+    )
 }
 
-/// Tags an image write error that came from the disk (see
-/// [`checkpoint_io_fault`]): the image writer reports through `io::Error`,
-/// which the checkpoint's error carries as text.
-const IMAGE_IO_FAULT: &str = "(disk I/O error)";
-
-fn image_write_err(path: &Path, e: std::io::Error) -> Error {
-    let tag = if matches!(e.raw_os_error(), Some(libc::EIO | libc::EROFS)) {
-        format!(" {IMAGE_IO_FAULT}")
-    } else {
-        String::new()
-    };
-    image_err(path, format!("{e}{tag}"))
+/// A failed write of a new image is the disk's error on that file, not
+/// damage: it keeps its errno for [`checkpoint_io_fault`].
+fn image_write_err(path: &Path, source: std::io::Error) -> Error {
+    Error::Journal(memfs_journal::Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Writes a checkpoint without stopping writers: note commit C, copy the
