@@ -1065,10 +1065,25 @@ impl Fs {
             Some((dino, _)) => Some(self.get(dino)?),
             None => None,
         };
-        // Child locks in ascending inode number.
+        // Child locks: a directory before a non-directory, else in ascending
+        // inode number. A file may also be an entry of the directory it is
+        // exchanged with (a hard link), and `readdirplus` holds a directory
+        // while it reads its entries; locking the file first would deadlock
+        // against it.
+        let other_first = match (&other, target) {
+            (Some(o), Some((_, dkind))) => {
+                let odir = dkind == FileType::Directory;
+                if odir != sdir {
+                    odir
+                } else {
+                    o.ino < moved.ino
+                }
+            }
+            _ => false,
+        };
         let (mut ms, mut os);
         match &other {
-            Some(o) if o.ino < moved.ino => {
+            Some(o) if other_first => {
                 os = Some(o.state.write());
                 ms = moved.state.write();
             }

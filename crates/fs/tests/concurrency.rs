@@ -749,7 +749,7 @@ fn rename_onto_an_ancestor_fails_without_deadlock() {
 /// target name up always finds either the old or the new node, never nothing.
 #[test]
 fn rename_over_is_atomic_for_concurrent_lookups() {
-    const ROUNDS: usize = 20_000;
+    const ROUNDS: usize = 200_000;
     let fs = fs();
     let a = fs.mkdir(C, ROOT_INO, b"a", 0o755).unwrap().ino;
     let b = fs.mkdir(C, ROOT_INO, b"b", 0o755).unwrap().ino;
@@ -1033,4 +1033,65 @@ fn attributes_are_never_half_updated() {
     run_with_watchdog(Duration::from_secs(120), workers);
     fs.release(ino);
     fs.forget(ino, 1);
+}
+
+/// An exchange of a file with a directory that holds a hard link to that
+/// same file, racing listings of the directory. `readdirplus` holds the
+/// directory while it reads each entry's attributes, so the rename must lock
+/// the directory before the file whatever their inode numbers (it once
+/// locked by inode number alone and deadlocked here).
+#[test]
+fn exchange_of_a_file_with_a_directory_holding_its_link_does_not_deadlock() {
+    const ROUNDS: usize = 200_000;
+    let fs = fs();
+    // The file gets the lower inode number, the order that used to deadlock;
+    // the second pair has it the other way round.
+    let (f1, _) = fs.create(C, ROOT_INO, b"f1", 0o644, true).unwrap();
+    fs.release(f1.ino);
+    let d1 = fs.mkdir(C, ROOT_INO, b"d1", 0o755).unwrap();
+    let d2 = fs.mkdir(C, ROOT_INO, b"d2", 0o755).unwrap();
+    let (f2, _) = fs.create(C, ROOT_INO, b"f2", 0o644, true).unwrap();
+    fs.release(f2.ino);
+    assert!(f1.ino < d1.ino && d2.ino < f2.ino);
+    fs.link(f1.ino, d1.ino, b"link").unwrap();
+    fs.link(f2.ino, d2.ino, b"link").unwrap();
+    let mut workers: Vec<(String, Box<dyn FnOnce() + Send>)> = Vec::new();
+    for (t, (file, dir)) in [("f1", "d1"), ("f2", "d2")].into_iter().enumerate() {
+        let fs2 = fs.clone();
+        workers.push((
+            format!("exchanger-{t}"),
+            Box::new(move || {
+                let flags = RenameFlags {
+                    noreplace: false,
+                    exchange: true,
+                };
+                for _ in 0..ROUNDS {
+                    fs2.rename(ROOT_INO, file.as_bytes(), ROOT_INO, dir.as_bytes(), flags)
+                        .unwrap();
+                }
+            }),
+        ));
+        for r in 0..2 {
+            let fs2 = fs.clone();
+            workers.push((
+                format!("lister-{t}-{r}"),
+                Box::new(move || {
+                    for _ in 0..ROUNDS / 4 {
+                        // Whichever name the directory has now; the other is the file.
+                        for name in [file, dir] {
+                            let Ok(a) = fs2.lookup_noref(ROOT_INO, name.as_bytes()) else {
+                                continue;
+                            };
+                            // ENOTDIR when the name moved to the file meanwhile.
+                            let _ = fs2.readdirplus(a.ino, 0, |_, _| true);
+                        }
+                    }
+                }),
+            ));
+        }
+    }
+    run_with_watchdog(Duration::from_secs(120), workers);
+    // An even number of exchanges: every name is back where it started.
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"f1").unwrap().ino, f1.ino);
+    assert_eq!(fs.lookup_noref(ROOT_INO, b"d2").unwrap().ino, d2.ino);
 }
