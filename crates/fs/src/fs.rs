@@ -10,7 +10,10 @@
 //! 2. directory inodes: an ancestor before its descendants, otherwise in
 //!    ascending inode number;
 //! 3. the inodes named by entries of those directories (the node being
-//!    linked, unlinked, renamed or replaced), in ascending inode number.
+//!    linked, unlinked, renamed or replaced): a directory before a
+//!    non-directory (a file may have a hard link inside the directory it is
+//!    exchanged with, and `readdirplus` holds a directory while it reads its
+//!    entries), otherwise in ascending inode number.
 //!
 //! Table shard locks are leaves: no inode lock is taken while one is held.
 //! A node's kernel lookup count is raised while its parent directory is still
