@@ -55,10 +55,10 @@ impl FsCheck for Fs {
                     a.gid,
                     a.nlink,
                     a.size,
-                    a.mtime.sec,
-                    a.mtime.nsec,
-                    a.ctime.sec,
-                    a.ctime.nsec,
+                    { a.mtime.sec },
+                    { a.mtime.nsec },
+                    { a.ctime.sec },
+                    { a.ctime.nsec },
                     a.rdev
                 );
                 let mut v: Vec<_> = st.xattrs().collect();

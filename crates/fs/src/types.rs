@@ -73,7 +73,12 @@ impl FileType {
 }
 
 /// A point in time with nanoseconds, as in `struct timespec`.
+///
+/// Packed to 4-byte alignment: 12 bytes instead of 16, and every inode holds
+/// three of them (part of what keeps a million empty files under 300 MiB).
+/// Fields are read by value; a reference to `sec` is refused by the compiler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default, Hash)]
+#[repr(C, packed(4))]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,
