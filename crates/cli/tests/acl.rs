@@ -31,7 +31,11 @@ fn runnable() -> bool {
 }
 
 fn setfacl(args: &[&str], path: &Path) {
-    let out = Command::new("setfacl").args(args).arg(path).output().unwrap();
+    let out = Command::new("setfacl")
+        .args(args)
+        .arg(path)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "setfacl {args:?} {}: {}",
@@ -61,7 +65,11 @@ fn getfacl(path: &Path) -> Vec<String> {
 /// errno (0: success).
 fn open_as_nobody(path: &Path, write: bool) -> i32 {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
-    let flags = if write { libc::O_WRONLY } else { libc::O_RDONLY };
+    let flags = if write {
+        libc::O_WRONLY
+    } else {
+        libc::O_RDONLY
+    };
     // SAFETY: the child calls only async-signal-safe functions (setgroups,
     // setresgid, setresuid, open, _exit) before exiting, as required after
     // fork in a multithreaded process; the parent only waits for it.
@@ -182,6 +190,8 @@ fn default_acl_is_inherited_instead_of_the_umask() {
     std::fs::create_dir(&d).unwrap();
     let plain = m.p("plain");
     std::fs::write(&plain, b"").unwrap();
+    // setfacl derives the rest of the default ACL from the mode.
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
     setfacl(&["-d", "-m", "u:65534:rwx"], &d);
     std::fs::write(d.join("f"), b"").unwrap();
     std::fs::create_dir(d.join("sub")).unwrap();
@@ -227,11 +237,11 @@ fn durable_mount_keeps_acls_across_a_restart() {
     std::fs::set_permissions(m.p("g"), std::fs::Permissions::from_mode(0o600)).unwrap();
     setfacl(&["-m", "u:65534:r"], &m.p("g"));
     std::fs::set_permissions(m.p("g"), std::fs::Permissions::from_mode(0o610)).unwrap();
-    let before: Vec<_> = ["d", "d/f", "g"].map(|p| (getfacl(&m.p(p)), mode(&m.p(p))));
+    let before = ["d", "d/f", "g"].map(|p| (getfacl(&m.p(p)), mode(&m.p(p))));
     m.unmount();
 
     let m = Mount::with_args(&["--data-dir", dir, "--allow-other"]);
-    let after: Vec<_> = ["d", "d/f", "g"].map(|p| (getfacl(&m.p(p)), mode(&m.p(p))));
+    let after = ["d", "d/f", "g"].map(|p| (getfacl(&m.p(p)), mode(&m.p(p))));
     assert_eq!(before, after);
     assert!(after[2].0.contains(&"mask::--x".to_string()), "{after:?}");
     assert_eq!(open_as_nobody(&m.p("g"), false), libc::EACCES);
