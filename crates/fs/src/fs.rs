@@ -416,8 +416,17 @@ impl Fs {
     }
 
     pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.admit(META_RECORD)?;
         let inode = self.get(ino)?;
+        // A chmod rewrites the access ACL too: its record is admitted with it.
+        let acl_bytes = match (&self.recorder, set.mode) {
+            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
+                x.get(acl::ACL_ACCESS).map_or(0, |v| {
+                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
+                })
+            }),
+            _ => 0,
+        };
+        self.admit(META_RECORD + acl_bytes)?;
         let mut st = inode.state.write();
         let now = Timespec::now();
         let mut chmod_acl = None;
@@ -610,7 +619,12 @@ impl Fs {
         open: bool,
         umask: u32,
     ) -> Result<Attr> {
-        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64))?;
+        let inherited = if self.recorder.is_some() {
+            self.inherited_bytes(parent)
+        } else {
+            0
+        };
+        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64) + inherited)?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
@@ -693,6 +707,23 @@ impl Fs {
             }
         }
         Ok(attr)
+    }
+
+    /// A bound on the records of the ACLs a node created in `parent` would
+    /// inherit (an access and a default ACL, each at most the parent's
+    /// default ACL), for admission before anything is locked.
+    fn inherited_bytes(&self, parent: u64) -> u64 {
+        let Ok(dir) = self.get(parent) else {
+            return 0;
+        };
+        let st = dir.state.read();
+        st.meta
+            .xattrs
+            .as_ref()
+            .and_then(|x| x.get(acl::ACL_DEFAULT))
+            .map_or(0, |v| {
+                2 * (META_RECORD + (acl::ACL_DEFAULT.len() + v.len()) as u64)
+            })
     }
 
     /// `posix_acl_create`: a new node in a directory with a default ACL
