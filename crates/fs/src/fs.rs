@@ -27,6 +27,7 @@ use dashmap::DashMap;
 type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
+use crate::acl::{self, Acl};
 use crate::data::FileData;
 use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
@@ -418,10 +419,20 @@ impl Fs {
     }
 
     pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
-        self.admit(META_RECORD)?;
         let inode = self.get(ino)?;
+        // A chmod rewrites the access ACL too: its record is admitted with it.
+        let acl_bytes = match (&self.recorder, set.mode) {
+            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
+                x.get(acl::ACL_ACCESS).map_or(0, |v| {
+                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
+                })
+            }),
+            _ => 0,
+        };
+        self.admit(META_RECORD + acl_bytes)?;
         let mut st = inode.state.write();
         let now = Timespec::now();
+        let mut chmod_acl = None;
         if let Some(size) = set.size {
             match inode.kind {
                 FileType::RegularFile => {}
@@ -453,6 +464,10 @@ impl Fs {
             // (it strips the bit before the request reaches us).
             st.meta.perm = (mode & 0o7777) as u16;
             st.meta.ctime = now;
+            chmod_acl = Self::access_acl(&st.meta).map(|mut a| {
+                a.chmod(st.meta.perm);
+                a.to_xattr()
+            });
         }
         if set.uid.is_some() || set.gid.is_some() {
             if let Some(uid) = set.uid {
@@ -494,6 +509,17 @@ impl Fs {
         }
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::SetAttr { attr })?;
+        if let Some(value) = chmod_acl {
+            // posix_acl_chmod: the ACL follows the new mode.
+            let xs = st.meta.xattrs.as_mut().expect("the ACL was read from it");
+            xs.set(acl::ACL_ACCESS, &value, XattrMode::Any)?;
+            let name = acl::ACL_ACCESS;
+            self.log(|| Mutation::SetXattr {
+                attr,
+                name,
+                value: &value,
+            })?;
+        }
         Ok(attr)
     }
 
@@ -509,9 +535,36 @@ impl Fs {
     /// Permission check as the kernel does it for `access(2)`: `mask` is a
     /// combination of `R_OK`, `W_OK`, `X_OK` (0 checks existence).
     pub fn access(&self, ctx: Ctx, ino: u64, mask: i32) -> Result<()> {
-        let attr = self.getattr(ino)?;
+        self.access_as(ctx, &|_| false, ino, mask)
+    }
+
+    /// [`Fs::access`] for a caller whose supplementary groups `in_group`
+    /// knows: they count for the access ACL's group entries.
+    pub fn access_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        mask: i32,
+    ) -> Result<()> {
+        let inode = self.get(ino)?;
+        let (attr, acl) = {
+            let st = inode.state.read();
+            (st.attr(ino, inode.kind), Self::access_acl(&st.meta))
+        };
         if mask == 0 {
             return Ok(());
+        }
+        if ctx.uid != 0
+            && ctx.uid != attr.uid
+            && let Some(acl) = acl
+        {
+            let want = (mask & 7) as u16;
+            return if acl.permits(ctx, attr.uid, attr.gid, in_group, want) {
+                Ok(())
+            } else {
+                Err(Errno::EACCES)
+            };
         }
         let perm = attr.perm as u32;
         if ctx.uid == 0 {
@@ -547,8 +600,11 @@ impl Fs {
         rdev: u32,
         symlink: Option<&[u8]>,
         take_ref: bool,
+        umask: u32,
     ) -> Result<Attr> {
-        self.make_node_open(ctx, parent, name, mode, rdev, symlink, take_ref, false)
+        self.make_node_open(
+            ctx, parent, name, mode, rdev, symlink, take_ref, false, umask,
+        )
     }
 
     /// [`Fs::make_node`], the node born open when `open` (`create`): setting
@@ -564,8 +620,14 @@ impl Fs {
         symlink: Option<&[u8]>,
         take_ref: bool,
         open: bool,
+        umask: u32,
     ) -> Result<Attr> {
-        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64))?;
+        let inherited = if self.recorder.is_some() {
+            self.inherited_bytes(parent)
+        } else {
+            0
+        };
+        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64) + inherited)?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
@@ -586,6 +648,11 @@ impl Fs {
             // Linux drops setgid on a new file whose group the creator is not in.
             perm &= !(libc::S_ISGID as u16);
         }
+        let xattrs = if kind == FileType::Symlink {
+            None
+        } else {
+            Self::inherit_acl(&st.meta, kind, umask, &mut perm)
+        };
         let body = match kind {
             FileType::RegularFile => Body::File(FileData::default()),
             FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
@@ -605,7 +672,7 @@ impl Fs {
             atime: now,
             mtime: now,
             ctime: now,
-            xattrs: None,
+            xattrs,
         };
         let inode = Arc::new(Inode::new(ino, kind, meta, body));
         let attr = inode.state.read().attr(ino, kind);
@@ -615,6 +682,13 @@ impl Fs {
         if open {
             inode.nopen.store(1, Ordering::Relaxed);
         }
+        let inherited = inode
+            .state
+            .read()
+            .meta
+            .xattrs
+            .is_some()
+            .then(|| inode.clone());
         self.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
         if kind == FileType::Directory {
@@ -627,11 +701,80 @@ impl Fs {
             attr,
             symlink_target: symlink,
         })?;
+        if let Some(node) = inherited {
+            // The inherited ACLs, recorded while the parent is still locked:
+            // no one can reach the node to change them before.
+            let nst = node.state.read();
+            for (name, value) in nst.meta.xattrs.iter().flat_map(|x| x.iter()) {
+                self.log(|| Mutation::SetXattr { attr, name, value })?;
+            }
+        }
         Ok(attr)
+    }
+
+    /// A bound on the records of the ACLs a node created in `parent` would
+    /// inherit (an access and a default ACL, each at most the parent's
+    /// default ACL), for admission before anything is locked.
+    fn inherited_bytes(&self, parent: u64) -> u64 {
+        let Ok(dir) = self.get(parent) else {
+            return 0;
+        };
+        let st = dir.state.read();
+        st.meta
+            .xattrs
+            .as_ref()
+            .and_then(|x| x.get(acl::ACL_DEFAULT))
+            .map_or(0, |v| {
+                2 * (META_RECORD + (acl::ACL_DEFAULT.len() + v.len()) as u64)
+            })
+    }
+
+    /// `posix_acl_create`: a new node in a directory with a default ACL
+    /// takes it as its access ACL, narrowed by the mode asked for (and a
+    /// directory also as its own default); elsewhere `umask` applies. The
+    /// new node's xattrs, if any.
+    fn inherit_acl(
+        parent: &Meta,
+        kind: FileType,
+        umask: u32,
+        perm: &mut u16,
+    ) -> Option<Box<Xattrs>> {
+        let default = parent
+            .xattrs
+            .as_ref()
+            .and_then(|x| x.get(acl::ACL_DEFAULT))
+            .and_then(|v| Acl::parse(v).ok().flatten());
+        let Some(mut acl) = default else {
+            *perm &= !((umask & 0o777) as u16);
+            return None;
+        };
+        let mut xs = Xattrs::default();
+        if kind == FileType::Directory {
+            // Fits: the parent held the same value under the same name.
+            let _ = xs.set(acl::ACL_DEFAULT, &acl.to_xattr(), XattrMode::Any);
+        }
+        if acl.create_masq(perm) {
+            let _ = xs.set(acl::ACL_ACCESS, &acl.to_xattr(), XattrMode::Any);
+        }
+        (!xs.is_empty()).then(|| Box::new(xs))
     }
 
     /// `mknod`: regular files, FIFOs, sockets and device nodes (`mode` has the type).
     pub fn mknod(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32, rdev: u32) -> Result<Attr> {
+        self.mknod_umask(ctx, parent, name, mode, rdev, 0)
+    }
+
+    /// [`Fs::mknod`] with the mode not yet masked: `umask` applies unless
+    /// the parent has a default ACL (FUSE_DONT_MASK).
+    pub fn mknod_umask(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    ) -> Result<Attr> {
         let mode = if mode & libc::S_IFMT == 0 {
             mode | libc::S_IFREG
         } else {
@@ -639,11 +782,23 @@ impl Fs {
         };
         match FileType::from_mode(mode) {
             Some(FileType::Directory | FileType::Symlink) | None => Err(Errno::EINVAL),
-            Some(_) => self.make_node(ctx, parent, name, mode, rdev, None, true),
+            Some(_) => self.make_node(ctx, parent, name, mode, rdev, None, true, umask),
         }
     }
 
     pub fn mkdir(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {
+        self.mkdir_umask(ctx, parent, name, mode, 0)
+    }
+
+    /// [`Fs::mkdir`] with the mode not yet masked (see [`Fs::mknod_umask`]).
+    pub fn mkdir_umask(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr> {
         self.make_node(
             ctx,
             parent,
@@ -652,6 +807,7 @@ impl Fs {
             0,
             None,
             true,
+            umask,
         )
     }
 
@@ -670,6 +826,7 @@ impl Fs {
             0,
             Some(target),
             true,
+            0,
         )
     }
 
@@ -684,6 +841,19 @@ impl Fs {
         mode: u32,
         excl: bool,
     ) -> Result<(Attr, bool)> {
+        self.create_umask(ctx, parent, name, mode, excl, 0)
+    }
+
+    /// [`Fs::create`] with the mode not yet masked (see [`Fs::mknod_umask`]).
+    pub fn create_umask(
+        &self,
+        ctx: Ctx,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        excl: bool,
+        umask: u32,
+    ) -> Result<(Attr, bool)> {
         match self.make_node_open(
             ctx,
             parent,
@@ -693,6 +863,7 @@ impl Fs {
             None,
             true,
             true,
+            umask,
         ) {
             Ok(attr) => Ok((attr, true)),
             Err(Errno::EEXIST) if !excl && !is_dot(name) => {
@@ -1569,9 +1740,27 @@ impl Fs {
 
     // ---- extended attributes -----------------------------------------------------------
 
+    /// Sets an xattr as root would (see [`Fs::setxattr_as`]).
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], mode: XattrMode) -> Result<()> {
+        self.setxattr_as(Ctx::ROOT, &|_| true, ino, name, value, mode)
+    }
+
+    /// Sets an xattr on behalf of `ctx` (`in_group(gid)`: its supplementary
+    /// groups). A POSIX ACL is validated and applied (see [`Fs::set_acl`]).
+    pub fn setxattr_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<()> {
         self.admit(META_RECORD + (name.len() + value.len()) as u64)?;
         xattr::check_name(name)?;
+        if name == acl::ACL_ACCESS || name == acl::ACL_DEFAULT {
+            return self.set_acl(ctx, in_group, ino, name, value);
+        }
         let inode = self.get(ino)?;
         if name.starts_with(b"user.")
             && !matches!(inode.kind, FileType::RegularFile | FileType::Directory)
@@ -1596,6 +1785,74 @@ impl Fs {
             value,
         })?;
         Ok(())
+    }
+
+    /// Sets (or with an empty ACL removes) a POSIX ACL as Linux's
+    /// `set_posix_acl` and `posix_acl_update_mode` do: only the owner or
+    /// root; a default ACL only on a directory; an access ACL rewrites the
+    /// mode's rwx bits, clears setgid when the caller is not in the file's
+    /// group, and is stored only when the mode cannot say it.
+    fn set_acl(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+    ) -> Result<()> {
+        let acl = Acl::parse_valid(value)?;
+        let inode = self.get(ino)?;
+        if inode.kind == FileType::Symlink {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let mut st = inode.state.write();
+        if ctx.uid != 0 && ctx.uid != st.meta.uid {
+            return Err(Errno::EPERM);
+        }
+        let access = name == acl::ACL_ACCESS;
+        if !access && inode.kind != FileType::Directory {
+            return if acl.is_some() {
+                Err(Errno::EACCES)
+            } else {
+                Ok(())
+            };
+        }
+        let mut stored = acl.as_ref().map(Acl::to_xattr);
+        if access && let Some(a) = &acl {
+            let (bits, equiv) = a.equiv_mode();
+            let mut perm = (st.meta.perm & !0o777) | bits;
+            if ctx.uid != 0 && ctx.gid != st.meta.gid && !in_group(st.meta.gid) {
+                perm &= !(libc::S_ISGID as u16);
+            }
+            st.meta.perm = perm;
+            if equiv {
+                stored = None;
+            }
+        }
+        let xs = st
+            .meta
+            .xattrs
+            .get_or_insert_with(|| Box::new(Xattrs::default()));
+        let r = match &stored {
+            Some(v) => xs.set(name, v, XattrMode::Any),
+            None => xs.remove(name).or(Ok(())),
+        };
+        if xs.is_empty() {
+            st.meta.xattrs = None;
+        }
+        r?;
+        st.meta.ctime = Timespec::now();
+        let attr = st.attr(ino, inode.kind);
+        match &stored {
+            Some(value) => self.log(|| Mutation::SetXattr { attr, name, value }),
+            None => self.log(|| Mutation::RemoveXattr { attr, name }),
+        }
+    }
+
+    /// The access ACL of a node, if it has one beyond its mode.
+    fn access_acl(meta: &Meta) -> Option<Acl> {
+        let v = meta.xattrs.as_ref()?.get(acl::ACL_ACCESS)?;
+        Acl::parse(v).ok().flatten()
     }
 
     pub fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {

@@ -12,6 +12,7 @@
 //! in `memfs-durable`). Depends on std and small data-structure crates only
 //! (`parking_lot`, `dashmap`, `hashbrown`, `libc` for errno values).
 
+pub mod acl;
 mod data;
 mod dir;
 mod error;

@@ -505,6 +505,11 @@ impl Filesystem for MemFuse {
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
             // OPENDIR and RELEASEDIR carry nothing the engine needs.
             InitFlags::FUSE_NO_OPENDIR_SUPPORT,
+            // The kernel enforces the ACLs the engine keeps (it fetches and
+            // caches system.posix_acl_access), and sends the umask unapplied:
+            // it must not apply where the parent has a default ACL.
+            InitFlags::FUSE_POSIX_ACL,
+            InitFlags::FUSE_DONT_MASK,
         ];
         let engine = self.engine_locks.then_some(InitFlags::FUSE_POSIX_LOCKS);
         for f in wanted.into_iter().chain(engine) {
@@ -630,7 +635,7 @@ impl Filesystem for MemFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         rdev: u32,
         reply: ReplyEntry,
     ) {
@@ -638,7 +643,7 @@ impl Filesystem for MemFuse {
             reply,
             self.fs
                 .get()
-                .mknod(ctx(req), parent.0, name.as_bytes(), mode, rdev),
+                .mknod_umask(ctx(req), parent.0, name.as_bytes(), mode, rdev, umask),
         );
     }
 
@@ -648,14 +653,14 @@ impl Filesystem for MemFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         self.entry(
             reply,
             self.fs
                 .get()
-                .mkdir(ctx(req), parent.0, name.as_bytes(), mode),
+                .mkdir_umask(ctx(req), parent.0, name.as_bytes(), mode, umask),
         );
     }
 
@@ -983,7 +988,7 @@ impl Filesystem for MemFuse {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -991,8 +996,17 @@ impl Filesystem for MemFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let r = XattrMode::from_flags(flags)
-            .and_then(|m| self.fs.get().setxattr(ino.0, name.as_bytes(), value, m));
+        // Setting an access ACL clears setgid when the caller is not in the
+        // file's group. The kernel would say so only with FUSE_SETXATTR_EXT,
+        // whose longer request the vendored fuser cannot parse, so the
+        // engine asks /proc, as for fallocate.
+        let pid = req.pid();
+        let in_group = move |gid| caller_in_group(pid, gid);
+        let r = XattrMode::from_flags(flags).and_then(|m| {
+            self.fs
+                .get()
+                .setxattr_as(ctx(req), &in_group, ino.0, name.as_bytes(), value, m)
+        });
         Self::empty(reply, self.settled(r));
     }
 
@@ -1017,16 +1031,19 @@ impl Filesystem for MemFuse {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        let r = self.settled(
-            self.fs
-                .get()
-                .create(ctx(req), parent.0, name.as_bytes(), mode, excl),
-        );
+        let r = self.settled(self.fs.get().create_umask(
+            ctx(req),
+            parent.0,
+            name.as_bytes(),
+            mode,
+            excl,
+            umask,
+        ));
         if let (Ok((a, _)), Some(b)) = (&r, &self.backing) {
             let fh = self.new_fh();
             if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
