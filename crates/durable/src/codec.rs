@@ -21,6 +21,8 @@ const T_FALLOCATE: u8 = 7;
 const T_SETXATTR: u8 = 8;
 const T_REMOVEXATTR: u8 = 9;
 const T_FREE: u8 = 10;
+/// Added after the first release: older journals never hold it.
+const T_TMPFILE: u8 = 11;
 
 pub(crate) fn kind_code(k: FileType) -> u8 {
     match k {
@@ -168,6 +170,10 @@ pub fn encode<'a>(m: &Mutation<'a>, out: &mut Vec<u8>) -> Option<&'a [u8]> {
         Mutation::Free { ino } => {
             out.push(T_FREE);
             out.extend_from_slice(&ino.to_le_bytes());
+        }
+        Mutation::Tmpfile { attr } => {
+            out.push(T_TMPFILE);
+            put_attr(out, &attr);
         }
     }
     None
@@ -387,6 +393,16 @@ pub fn decode(payload: &[u8]) -> Result<Mutation<'_>, String> {
             Mutation::RemoveXattr { attr, name }
         }
         T_FREE => Mutation::Free { ino: c.u64()? },
+        T_TMPFILE => {
+            let attr = c.attr()?;
+            if attr.kind != FileType::RegularFile || attr.nlink != 0 {
+                return Err(format!(
+                    "tmpfile {} must be a regular file with no link",
+                    attr.ino
+                ));
+            }
+            Mutation::Tmpfile { attr }
+        }
         t => return Err(format!("unknown record type {t}")),
     };
     if !c.is_empty() {
@@ -473,6 +489,9 @@ mod tests {
                 name: b"user.k",
             },
             Mutation::Free { ino: 12 },
+            Mutation::Tmpfile {
+                attr: Attr { nlink: 0, ..f },
+            },
         ];
         for m in cases {
             let mut out = Vec::new();
@@ -484,6 +503,22 @@ mod tests {
             for cut in 0..out.len() {
                 assert!(decode(&out[..cut]).is_err(), "{m:?} cut at {cut}");
             }
+        }
+    }
+
+    #[test]
+    fn a_tmpfile_record_with_a_link_or_of_another_kind_is_rejected() {
+        for attr in [
+            attr(7, FileType::RegularFile),
+            Attr {
+                nlink: 0,
+                ..attr(7, FileType::Directory)
+            },
+        ] {
+            let mut out = Vec::new();
+            encode(&Mutation::Tmpfile { attr }, &mut out);
+            let e = decode(&out).unwrap_err();
+            assert!(e.contains("tmpfile 7"), "{e}");
         }
     }
 }

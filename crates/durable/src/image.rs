@@ -50,7 +50,7 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
     let mut buf = Vec::with_capacity(PAGES_PER_SLICE * (PAGE_SIZE + 32));
     let (mut count, mut pages) = (0u64, 0u64);
     for inode in nodes {
-        if write_node(&inode, &mut buf)? {
+        if write_node(fs, &inode, &mut buf)? {
             count += 1;
         }
         w.write_all(&buf)?;
@@ -99,7 +99,7 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
                 let ino = inode.ino();
                 while let Some(s) = start {
                     let next = inode.read(|st| {
-                        if st.page_count().is_none() || st.nlink() == 0 {
+                        if st.page_count().is_none() || !kept(fs, ino, st.nlink()) {
                             return Err(());
                         }
                         Ok(st.pages_from(s, PAGES_PER_SLICE, |idx, page| {
@@ -122,12 +122,19 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
     Ok((count, pages))
 }
 
-/// One node's attributes, symlink target, `..` and xattrs. Nodes no
-/// directory names (unlinked but still open) are left out: nobody can hold
-/// them after a restart.
-fn write_node(inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
+/// Whether the image holds a node. Nodes no directory names (unlinked but
+/// still open) are left out: nobody can hold them after a restart. Except a
+/// tmpfile that may still be linked: a link recorded after the copy began
+/// is replayed onto this image and must find the data written before it.
+/// Recovery drops it again if no such link comes.
+fn kept(fs: &Fs, ino: u64, nlink: u32) -> bool {
+    nlink > 0 || ino == memfs_fs::ROOT_INO || fs.is_linkable_tmpfile(ino)
+}
+
+/// One node's attributes, symlink target, `..` and xattrs, if [`kept`].
+fn write_node(fs: &Fs, inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
     inode.read(|st| {
-        if st.nlink() == 0 && inode.ino() != memfs_fs::ROOT_INO {
+        if !kept(fs, inode.ino(), st.nlink()) {
             return Ok(false);
         }
         buf.push(R_NODE);

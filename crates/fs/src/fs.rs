@@ -67,6 +67,11 @@ pub struct Fs {
     rename_lock: Mutex<()>,
     pub(crate) commit: AtomicU64,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
+    /// Files made by [`Fs::tmpfile`] without `excl` that have no name yet:
+    /// the only nodes with no link that `link` may name (Linux's
+    /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
+    /// than a field in every inode.
+    linkable: DashMap<u64, (), InoHasher>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -169,6 +174,7 @@ impl Fs {
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
+            linkable: DashMap::with_hasher(InoHasher::default()),
         }
     }
 
@@ -293,6 +299,7 @@ impl Fs {
             }
         };
         self.inodes.remove(&inode.ino);
+        self.linkable.remove(&inode.ino);
         self.release_pages(pages);
         self.used_inodes.fetch_sub(1, Ordering::AcqRel);
         // No commit: the node left the tree when its last name went (that
@@ -879,6 +886,100 @@ impl Fs {
         }
     }
 
+    /// `open(dir, O_TMPFILE)`: a regular file with no name and no link,
+    /// open (see [`Fs::release`]) and referenced (see [`Fs::forget`]); it is
+    /// freed when both are dropped, like an unlinked open file, unless
+    /// [`Fs::link`] names it first, which `excl` (`O_EXCL`) forbids. Owner,
+    /// group and mode are set as by [`Fs::create`] in `dir`, whose entries
+    /// and times do not change.
+    pub fn tmpfile(&self, ctx: Ctx, dir: u64, mode: u32, excl: bool) -> Result<Attr> {
+        self.tmpfile_umask(ctx, dir, mode, 0, excl)
+    }
+
+    /// [`Fs::tmpfile`] with the mode not yet masked: `umask` applies unless
+    /// `dir` has a default ACL, which the file then inherits (see
+    /// [`Fs::mknod_umask`]).
+    pub fn tmpfile_umask(
+        &self,
+        ctx: Ctx,
+        dir: u64,
+        mode: u32,
+        umask: u32,
+        excl: bool,
+    ) -> Result<Attr> {
+        let inherited = if self.recorder.is_some() {
+            self.inherited_bytes(dir)
+        } else {
+            0
+        };
+        self.admit(META_RECORD + inherited)?;
+        let d = self.get(dir)?;
+        let mut perm = (mode & 0o7777) as u16;
+        let (gid, xattrs) = {
+            let st = d.state.read();
+            st.dir().ok_or(Errno::ENOTDIR)?;
+            let parent_sgid = st.meta.perm & libc::S_ISGID as u16 != 0;
+            let gid = if parent_sgid { st.meta.gid } else { ctx.gid };
+            let xattrs = Self::inherit_acl(&st.meta, FileType::RegularFile, umask, &mut perm);
+            (gid, xattrs)
+        };
+        if ctx.uid != 0 && gid != ctx.gid {
+            // As make_node: no setgid on a file whose group the creator is not in.
+            perm &= !(libc::S_ISGID as u16);
+        }
+        let ino = self.reserve_inode()?;
+        let now = Timespec::now();
+        let meta = Meta {
+            perm,
+            nlink: 0,
+            uid: ctx.uid,
+            gid,
+            rdev: 0,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            xattrs,
+        };
+        let kind = FileType::RegularFile;
+        let inode = Arc::new(Inode::new(ino, kind, meta, Body::File(FileData::default())));
+        inode.nlookup.store(1, Ordering::Relaxed);
+        inode.nopen.store(1, Ordering::Relaxed);
+        if !excl {
+            self.linkable.insert(ino, ());
+        }
+        // Published, then recorded under the node's lock, as a create is: a
+        // checkpoint that copies the node sees it with its record already
+        // counted, or replays the record over it.
+        let st = inode.state.write();
+        let attr = st.attr(ino, kind);
+        self.inodes.insert(ino, inode.clone());
+        let logged = self.log(|| Mutation::Tmpfile { attr }).and_then(|()| {
+            // The inherited ACLs, after the node's record: no one else can
+            // reach the node before this returns.
+            for (name, value) in st.meta.xattrs.iter().flat_map(|x| x.iter()) {
+                self.log(|| Mutation::SetXattr { attr, name, value })?;
+            }
+            Ok(())
+        });
+        if let Err(e) = logged {
+            // Nobody else knows the number yet: take the node back whole.
+            drop(st);
+            self.inodes.remove(&ino);
+            self.linkable.remove(&ino);
+            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            return Err(e);
+        }
+        Ok(attr)
+    }
+
+    /// Whether `ino` is a tmpfile that [`Fs::link`] may still name. A
+    /// checkpoint keeps such a node although it has no link: a link
+    /// recorded after the copy began finds its data there.
+    pub fn is_linkable_tmpfile(&self, ino: u64) -> bool {
+        self.linkable.contains_key(&ino)
+    }
+
     /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
         self.admit(META_RECORD)?;
@@ -891,7 +992,9 @@ impl Fs {
         let mut dst = dir.state.write();
         dst.check_new_entry(newname)?;
         let mut st = inode.state.write();
-        if st.meta.nlink == 0 {
+        // A removed node stays removed, except a linkable tmpfile's first
+        // name; it is an ordinary file from then on, as with Linux's I_LINKABLE.
+        if st.meta.nlink == 0 && self.linkable.remove(&ino).is_none() {
             return Err(Errno::ENOENT);
         }
         if st.meta.nlink >= LINK_MAX {

@@ -79,6 +79,11 @@ pub enum Mutation<'a> {
     Free {
         ino: u64,
     },
+    /// A regular file created with no name (`O_TMPFILE`): `attr.nlink` is 0.
+    /// It may get a name later by a `Link`; recovery drops it if it has none.
+    Tmpfile {
+        attr: Attr,
+    },
 }
 
 impl Mutation<'_> {
@@ -107,6 +112,7 @@ impl Mutation<'_> {
             Mutation::SetXattr { .. } => "setxattr",
             Mutation::RemoveXattr { .. } => "removexattr",
             Mutation::Free { .. } => "free",
+            Mutation::Tmpfile { .. } => "tmpfile",
         }
     }
 }

@@ -310,6 +310,9 @@ impl Fs {
                     self.used_inodes.fetch_sub(1, Ordering::AcqRel);
                 }
             }
+            Mutation::Tmpfile { attr } => {
+                self.install(&attr, empty_body(attr.kind, ROOT_INO, None));
+            }
         }
     }
 

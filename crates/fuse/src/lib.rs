@@ -1081,6 +1081,56 @@ impl Filesystem for MemFuse {
         }
     }
 
+    /// `open(dir, O_TMPFILE)` (Linux 6.1+): answered as a create is, with a
+    /// node that has no link. The kernel enforces `O_EXCL` (no later link)
+    /// itself; the engine is told too, so that its own `link` agrees.
+    fn tmpfile(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let excl = flags & libc::O_EXCL != 0;
+        // With FUSE_DONT_MASK the kernel leaves the umask to the server, as for create.
+        let r = self.settled(
+            self.fs
+                .get()
+                .tmpfile_umask(ctx(req), parent.0, mode, umask, excl),
+        );
+        let a = match r {
+            Ok(a) => a,
+            Err(e) => return reply.error(err(e)),
+        };
+        let fh = self.new_fh();
+        if let Some(b) = &self.backing {
+            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
+                let id = bk.id(|f| reply.open_backing(f));
+                if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
+                    return reply.created_passthrough(
+                        &self.entry_ttl,
+                        &self.attr(a),
+                        GENERATION,
+                        FileHandle(fh.0 | PASSTHROUGH_FH),
+                        FopenFlags::empty(),
+                        id,
+                    );
+                }
+            }
+            b.fuse_opened(a.ino);
+        }
+        reply.created(
+            &self.entry_ttl,
+            &self.attr(a),
+            GENERATION,
+            fh,
+            self.open_flags(),
+        );
+    }
+
     fn getlk(
         &self,
         _req: &Request,

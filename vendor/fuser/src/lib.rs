@@ -865,6 +865,28 @@ pub trait Filesystem: Send + Sync + 'static {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Create and open an unnamed regular file in directory `parent`
+    /// (`open(O_TMPFILE)`, Linux 6.1 and later). Reply as to `create`, with
+    /// attributes showing no link: the kernel gives it a name later only
+    /// through `link`, and only when `flags` lacks `O_EXCL` (it enforces that
+    /// itself). The default `ENOSYS` makes the kernel answer `EOPNOTSUPP` from
+    /// then on without asking again.
+    fn tmpfile(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        warn!(
+            "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
+            umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
     /// Test for a POSIX file lock.
     fn getlk(
         &self,

@@ -1852,6 +1852,13 @@ mod op {
                 header,
                 arg: data.fetch()?,
             }),
+            // The kernel sends the arguments of FUSE_CREATE; the name is
+            // that of the unnamed dentry ("/") and means nothing.
+            fuse_opcode::FUSE_TMPFILE => Operation::TmpFile(Create {
+                header,
+                arg: data.fetch()?,
+                name: data.fetch_str()?.as_ref(),
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1926,6 +1933,8 @@ pub(crate) enum Operation<'a> {
     Rename2(Rename2<'a>),
     Lseek(Lseek<'a>),
     CopyFileRange(CopyFileRange<'a>),
+    /// `open(O_TMPFILE)`: an unnamed regular file, created and opened.
+    TmpFile(Create<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2101,6 +2110,12 @@ impl fmt::Display for Operation<'_> {
                 x.src(),
                 x.dest(),
                 x.len()
+            ),
+            Operation::TmpFile(x) => write!(
+                f,
+                "TMPFILE mode {:#05o}, flags {:#x}",
+                x.mode(),
+                x.flags()
             ),
 
             #[cfg(target_os = "macos")]
@@ -2278,6 +2293,35 @@ mod tests {
         0xed, 0x01, 0x00, 0x00, 0xe7, 0x03, 0x00, 0x00, // umask, padding
         0x66, 0x6f, 0x6f, 0x2e, 0x74, 0x78, 0x74, 0x00, // name
     ]);
+
+    #[cfg(target_endian = "little")]
+    const TMPFILE_REQUEST: AlignedData<[u8; 64]> = AlignedData([
+        0x40, 0x00, 0x00, 0x00, 0x33, 0x00, 0x00, 0x00, // len, opcode 51
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x82, 0x00, 0x41, 0x00, 0x80, 0x81, 0x00, 0x00, // flags O_TMPFILE|O_EXCL|O_RDWR, mode
+        0x12, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // umask, padding
+        0x2f, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // name "/", alignment
+    ]);
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn tmpfile() {
+        let req = AnyRequest::try_from(&TMPFILE_REQUEST[..]).unwrap();
+        assert_eq!(req.header.opcode, 51);
+        assert_eq!(req.nodeid(), INodeNo(1));
+        match req.operation().unwrap() {
+            Operation::TmpFile(x) => {
+                assert_eq!(x.flags(), 0x0041_0082);
+                assert_eq!(x.mode(), 0o100_600);
+                assert_eq!(x.umask(), 0o022);
+                assert_eq!(x.name(), OsStr::new("/"));
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+    }
 
     #[test]
     fn short_read_header() {
