@@ -928,11 +928,13 @@ fn receive_full(
         }],
     }
     .save(&staging_path)?;
-    let mut m = Manifest::default();
-    m.snapshot = Some(SnapshotRef {
-        commit,
-        required_end: commit,
-    });
+    let mut m = Manifest {
+        snapshot: Some(SnapshotRef {
+            commit,
+            required_end: commit,
+        }),
+        ..Default::default()
+    };
     m.publish(&staging_path)?;
     lock.sync()?;
     // rename(2) replaces an empty directory and fails on a non-empty one, so
