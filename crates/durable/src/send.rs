@@ -38,8 +38,10 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
+use memfs_journal::snapshot::snapshot_file_name;
 use memfs_journal::{
-    DataDir, Durability, Journal, JournalOptions, Manifest, SnapshotRef, SnapshotWriter,
+    DataDir, Durability, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef,
+    SnapshotWriter,
 };
 
 use crate::codec::kind_code;
@@ -682,8 +684,6 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
     let write_err = |e: io::Error| io_error("writing the stream", e);
     match from {
         None => {
-            let fs = materialize(dir, snap.commit, materialize_config())?;
-            let tree = tree_sum(&fs);
             let header = StreamHeader {
                 name: name.into(),
                 commit: snap.commit,
@@ -691,6 +691,32 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
                 time_ns: now_ns(),
                 source,
             };
+            // A checkpoint begun and finished at the snapshot's commit
+            // (nothing committed during its copy: an unmount's, or one taken
+            // on an idle directory) is the snapshot's exact tree as an image:
+            // it is streamed as it is, without rebuilding the tree in memory.
+            // Its chunks' CRC32Cs are checked as it is read.
+            if h.checkpoints
+                .iter()
+                .any(|c| c.commit == snap.commit && c.required_end == snap.commit)
+            {
+                let path = dir.join(snapshot_file_name(snap.commit));
+                let mut img = SnapshotReader::open(&path)?;
+                let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+                io::copy(&mut img, &mut w)
+                    .map_err(|e| io_error(&format!("copying {}", path.display()), e))?;
+                // No TreeSum: the receiver checks the stream's CRC32Cs and
+                // the image's own structure and counts.
+                let bytes = w.finish(0, TreeSum::default()).map_err(write_err)?;
+                return Ok(SendReport {
+                    header,
+                    bytes,
+                    records: 0,
+                    tree: TreeSum::default(),
+                });
+            }
+            let fs = materialize(dir, snap.commit, materialize_config())?;
+            let tree = tree_sum(&fs);
             let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
             let (nodes, pages) = image::write_nodes(&fs, snap.commit, &mut w).map_err(write_err)?;
             let info = ImageInfo {
@@ -817,8 +843,10 @@ fn stream_err(e: impl std::fmt::Display) -> Error {
     invalid(format!("refused the stream: {e}"))
 }
 
+/// Compares the rebuilt tree with the sender's; a full stream sent straight
+/// from a checkpoint carries no TreeSum (0 nodes: a real tree has its root).
 fn check_tree(built: TreeSum, trailer: &Trailer) -> Result<()> {
-    if built != trailer.tree {
+    if trailer.tree.nodes != 0 && built != trailer.tree {
         return Err(invalid(format!(
             "refused the stream: the rebuilt tree ({built}) differs from the sender's ({})",
             trailer.tree

@@ -174,6 +174,14 @@ fn an_incremental_stream_straight_from_a_full_one_skips_nothing() {
     receive(&dst, &send_to_vec(&src, "s1", None)).unwrap();
     receive(&dst, &send_to_vec(&src, "s3", Some("s1"))).unwrap();
     same_as_sender(&src, &dst, "s3");
+    // s3 has a checkpoint at its commit (the close's): streamed as it is,
+    // without a TreeSum; s1 has none and is rebuilt, with one.
+    let mut sink = Vec::new();
+    assert_eq!(
+        send::send(&src, "s3", None, &mut sink).unwrap().tree.nodes,
+        0
+    );
+    assert!(send::send(&src, "s1", None, &mut sink).unwrap().tree.nodes > 1);
     // A full stream of a later snapshot, into an empty directory that exists.
     let empty = t.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
