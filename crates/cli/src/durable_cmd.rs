@@ -521,3 +521,117 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
     println!("clean");
     Ok(())
 }
+
+#[derive(clap::Args, Debug)]
+pub struct SendArgs {
+    /// The snapshot to send.
+    pub name: String,
+    /// Send only the changes since this older snapshot (the receiver's latest).
+    #[arg(long, value_name = "BASE")]
+    pub from: Option<String>,
+    /// The data directory (not mounted).
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ReceiveArgs {
+    /// The data directory to rebuild into (not mounted): new or empty for a
+    /// full stream, holding BASE as its latest snapshot for an incremental one.
+    #[arg(long, value_name = "PATH")]
+    pub data_dir: PathBuf,
+}
+
+fn mib_per_s(bytes: u64, t: std::time::Duration) -> f64 {
+    bytes as f64 / (1 << 20) as f64 / t.as_secs_f64().max(1e-9)
+}
+
+/// `memfs send NAME [--from BASE] --data-dir D > FILE`: the stream goes to
+/// stdout (never a terminal), the summary to stderr.
+pub fn run_send(a: SendArgs) -> anyhow::Result<()> {
+    use std::os::fd::AsFd;
+    check_dir(&a.data_dir)?;
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        bail!(
+            "memfs send writes a binary stream: redirect it to a file or a pipe (memfs send {} --data-dir {} > FILE)",
+            a.name,
+            a.data_dir.display()
+        );
+    }
+    // Straight to the descriptor: Stdout is line-buffered, which would cut
+    // binary data at every newline byte.
+    let fd = stdout
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating stdout")?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(fd));
+    let t0 = std::time::Instant::now();
+    let r = durable::send::send(&a.data_dir, &a.name, a.from.as_deref(), &mut out)?;
+    out.flush().context("writing the stream")?;
+    let t = t0.elapsed();
+    let what = match &r.header.base {
+        Some((b, bc, _)) => format!(
+            "changes from snapshot {b} (commit {bc}) to {} (commit {}): {} commits",
+            r.header.name, r.header.commit, r.records
+        ),
+        None => format!("snapshot {} (commit {})", r.header.name, r.header.commit),
+    };
+    eprintln!(
+        "sent {what}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {}",
+        r.bytes >> 20,
+        t.as_secs_f64(),
+        mib_per_s(r.bytes, t),
+        r.tree
+    );
+    Ok(())
+}
+
+/// Crash tests stop `memfs receive` inside its commit step with this (an
+/// environment variable, not an option: nobody should find it in --help).
+fn stall_before_commit_point() {
+    eprintln!("memfs receive: stalled before the commit point");
+    loop {
+        std::thread::park();
+    }
+}
+
+/// `memfs receive --data-dir D2 < FILE`.
+pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        bail!(
+            "memfs receive reads a stream from memfs send on its standard input (memfs receive --data-dir {} < FILE)",
+            a.data_dir.display()
+        );
+    }
+    let fd = stdin
+        .as_fd()
+        .try_clone_to_owned()
+        .context("duplicating stdin")?;
+    let mut inp = std::io::BufReader::with_capacity(1 << 20, std::fs::File::from(fd));
+    let opts = durable::send::ReceiveOptions {
+        before_commit_point: std::env::var_os("MEMFS_TEST_RECEIVE_STALL")
+            .map(|_| stall_before_commit_point as fn()),
+    };
+    let t0 = std::time::Instant::now();
+    let r = durable::send::receive(&a.data_dir, &mut inp, opts)?;
+    let t = t0.elapsed();
+    let what = match &r.header.base {
+        Some((b, _, _)) => format!(
+            "changes from snapshot {b} to {} ({} commits)",
+            r.header.name, r.records
+        ),
+        None => format!("snapshot {}", r.header.name),
+    };
+    eprintln!(
+        "received {what} into {}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {}",
+        a.data_dir.display(),
+        r.bytes >> 20,
+        t.as_secs_f64(),
+        mib_per_s(r.bytes, t),
+        r.tree
+    );
+    Ok(())
+}

@@ -52,6 +52,10 @@ enum Command {
     Log(durable_cmd::LogArgs),
     /// Bring a data directory back to an earlier commit or snapshot.
     Rollback(durable_cmd::RollbackArgs),
+    /// Write a snapshot of an unmounted data directory (or the changes since BASE) as a stream on stdout.
+    Send(durable_cmd::SendArgs),
+    /// Rebuild a stream from memfs send in an unmounted data directory (read from stdin).
+    Receive(durable_cmd::ReceiveArgs),
     /// Check a data directory (journal, checkpoint, tree); --repair cuts damage.
     Fsck(durable_cmd::FsckArgs),
     /// State of a durable mount: mode, commits, read-only (and why), data directory.
@@ -135,6 +139,8 @@ fn main() -> std::process::ExitCode {
         Command::Diff(args) => durable_cmd::run_diff(args),
         Command::Log(args) => durable_cmd::run_log(args),
         Command::Rollback(args) => durable_cmd::run_rollback(args),
+        Command::Send(args) => durable_cmd::run_send(args),
+        Command::Receive(args) => durable_cmd::run_receive(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),
         Command::Status(args) => durable_cmd::run_status(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),

@@ -37,7 +37,7 @@ use memfs_fs::{Config, Errno, Fs, Mutation, Recorder};
 
 const HISTORY_FILE: &str = "HISTORY";
 const HISTORY_HEADER: &str = "memfs-history 1";
-const ROLLBACK_PREFIX: &str = "rollback=";
+pub(crate) const ROLLBACK_PREFIX: &str = "rollback=";
 /// The marker of a run that ended read-only (see the module comment).
 pub const READ_ONLY_FILE: &str = "READ-ONLY";
 
@@ -1612,7 +1612,7 @@ fn publish_rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
 
 /// Completes a rollback recorded in the manifest: cuts the journal, drops
 /// later checkpoints and snapshots, then clears the intent. Idempotent.
-fn finish_rollback(dir: &Path) -> Result<Option<u64>> {
+pub(crate) fn finish_rollback(dir: &Path) -> Result<Option<u64>> {
     let Some(mut m) = Manifest::load(dir)? else {
         return Ok(None);
     };

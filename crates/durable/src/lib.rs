@@ -15,6 +15,7 @@ pub mod control;
 mod durable;
 pub mod history;
 mod image;
+pub mod send;
 
 pub use check::FsCheck;
 pub use codec::{decode as decode_record, encode as encode_record};

@@ -1,0 +1,1234 @@
+//! `memfs send` / `memfs receive`: a named snapshot of a data directory (or
+//! the changes since an older snapshot) as one self-describing, checksummed
+//! byte stream, and rebuilding it in another data directory, like
+//! `zfs send | zfs recv`. The stream format is in `docs/snapshots.md`.
+//!
+//! - A *full* stream carries the snapshot's tree as a checkpoint image
+//!   (the `MFSIMG01` format of `docs/durability.md`), cut into frames.
+//! - An *incremental* stream (`--from BASE`) carries the journal records of
+//!   the commits after BASE up to the snapshot: physical records, keyed by
+//!   inode number. A full receive keeps the sender's inode numbers and commit
+//!   ids (the image is loaded as it is, at the sender's commit), so the
+//!   receiver's BASE is the same tree under the same numbers and the records
+//!   apply as they did on the sender; the receiver's journal continues with
+//!   the same commit ids, so chains of incrementals work.
+//!
+//! Both sides check a [`TreeSum`] (CRC32C over a canonical listing of the
+//! tree: attributes but access times, names, symlink targets, xattrs, data):
+//! the receiver's BASE must match the sender's before anything is applied,
+//! and the rebuilt tree must match the sender's snapshot before anything is
+//! committed. Every frame carries a CRC32C and the trailer a CRC32C of the
+//! whole stream, so a truncated or damaged stream is refused.
+//!
+//! Receive builds the whole new tree in memory and validates everything
+//! first; only then does it change the receiving directory, in one
+//! crash-safe step:
+//! - full: the new data directory is written beside the target (a
+//!   checkpoint, `HISTORY`, `MANIFEST`) and renamed over it (a new or empty
+//!   directory) in one `rename(2)`;
+//! - incremental: a rollback intent to BASE is published in the manifest
+//!   (the same intent `memfs rollback` uses), the records are appended to
+//!   the journal, the snapshot is named, then the intent is cleared. A crash
+//!   before the clear leaves the intent, which the next open (or receive)
+//!   finishes: the directory is back at BASE.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
+use memfs_journal::snapshot::snapshot_file_name;
+use memfs_journal::{
+    DataDir, Durability, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef,
+    SnapshotWriter,
+};
+
+use crate::codec::kind_code;
+use crate::durable::{
+    CheckpointEntry, Error, History, ROLLBACK_PREFIX, Result, SnapshotEntry, check_snapshot_name,
+    finish_rollback, reach,
+};
+use crate::history::{materialize, materialize_config};
+use crate::image::{self, ImageInfo};
+
+/// The first 8 bytes of every stream.
+pub const STREAM_MAGIC: &[u8; 8] = b"MFSSEND\0";
+/// The format this build writes and reads.
+pub const STREAM_VERSION: u32 = 1;
+
+const F_HEADER: u8 = 1;
+const F_DATA: u8 = 2;
+const F_TRAILER: u8 = 3;
+/// Largest frame payload: bounds the memory of both sides.
+const MAX_FRAME: usize = 1 << 20;
+const FRAME_HEADER: usize = 9;
+
+const KIND_FULL: u8 = 1;
+const KIND_INCREMENTAL: u8 = 2;
+
+/// A journal record in a stream may not exceed the journal's own limit.
+const MAX_RECORD: usize = memfs_journal::format::MAX_PAYLOAD;
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::Invalid(msg.into())
+}
+
+fn io_error(what: &str, e: io::Error) -> Error {
+    invalid(format!("{what}: {e}"))
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// The content identity of a tree: a CRC32C over a canonical listing (nodes
+/// by inode number; per node its attributes except the access time, its
+/// sorted directory entries, symlink target, sorted xattrs and file data),
+/// with the number of nodes and data bytes. It detects accidental
+/// mismatches (another tree under the same snapshot name, a bug in the
+/// rebuild), not deliberate forgeries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TreeSum {
+    pub crc: u32,
+    pub nodes: u64,
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for TreeSum {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} nodes, {} data bytes, crc32c {:08x}",
+            self.nodes, self.bytes, self.crc
+        )
+    }
+}
+
+impl TreeSum {
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.crc.to_le_bytes());
+        out.extend_from_slice(&self.nodes.to_le_bytes());
+        out.extend_from_slice(&self.bytes.to_le_bytes());
+    }
+
+    fn get(c: &mut Cur<'_>) -> Result<TreeSum> {
+        Ok(TreeSum {
+            crc: c.u32()?,
+            nodes: c.u64()?,
+            bytes: c.u64()?,
+        })
+    }
+}
+
+/// Computes the [`TreeSum`] of a tree nobody changes meanwhile.
+pub fn tree_sum(fs: &Fs) -> TreeSum {
+    const CHUNK: usize = 256 << 10;
+    let mut nodes = fs.nodes();
+    nodes.sort_by_key(|n| n.ino());
+    let mut sum = TreeSum::default();
+    let mut crc = 0u32;
+    let mut buf = Vec::new();
+    let mut data = vec![0u8; CHUNK];
+    for node in nodes {
+        buf.clear();
+        let size = node.read(|v| {
+            if v.nlink() == 0 && node.ino() != ROOT_INO {
+                return None;
+            }
+            let a = v.attr();
+            buf.extend_from_slice(&a.ino.to_le_bytes());
+            buf.push(kind_code(a.kind));
+            buf.extend_from_slice(&a.perm.to_le_bytes());
+            buf.extend_from_slice(&a.nlink.to_le_bytes());
+            buf.extend_from_slice(&a.uid.to_le_bytes());
+            buf.extend_from_slice(&a.gid.to_le_bytes());
+            buf.extend_from_slice(&a.rdev.to_le_bytes());
+            buf.extend_from_slice(&a.size.to_le_bytes());
+            for t in [a.mtime, a.ctime] {
+                buf.extend_from_slice(&t.sec.to_le_bytes());
+                buf.extend_from_slice(&t.nsec.to_le_bytes());
+            }
+            let target = v.symlink_target().unwrap_or(b"");
+            buf.extend_from_slice(&(target.len() as u64).to_le_bytes());
+            buf.extend_from_slice(target);
+            let mut xs: Vec<(&[u8], &[u8])> = v.xattrs().collect();
+            xs.sort();
+            buf.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+            for (k, val) in xs {
+                buf.extend_from_slice(&(k.len() as u64).to_le_bytes());
+                buf.extend_from_slice(k);
+                buf.extend_from_slice(&(val.len() as u64).to_le_bytes());
+                buf.extend_from_slice(val);
+            }
+            let mut entries = Vec::new();
+            v.entries_from(FIRST_ENTRY_OFFSET, |name, ino, kind, _| {
+                entries.push((name.to_vec(), ino, kind_code(kind)));
+                true
+            });
+            entries.sort();
+            buf.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+            for (name, ino, k) in entries {
+                buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
+                buf.extend_from_slice(&name);
+                buf.extend_from_slice(&ino.to_le_bytes());
+                buf.push(k);
+            }
+            Some((a.kind == FileType::RegularFile).then_some(a.size))
+        });
+        let Some(size) = size else { continue };
+        crc = crc32c::crc32c_append(crc, &buf);
+        sum.nodes += 1;
+        if let Some(size) = size {
+            let mut off = 0u64;
+            while off < size {
+                let n = CHUNK.min((size - off) as usize);
+                node.read(|v| v.read_data(off, &mut data[..n]));
+                crc = crc32c::crc32c_append(crc, &data[..n]);
+                off += n as u64;
+            }
+            sum.bytes += size;
+        }
+    }
+    sum.crc = crc;
+    sum
+}
+
+/// What a stream's header says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamHeader {
+    /// The snapshot this stream rebuilds.
+    pub name: String,
+    /// Its commit on the sender.
+    pub commit: u64,
+    /// For an incremental stream: the snapshot it applies to, its commit and
+    /// content identity.
+    pub base: Option<(String, u64, TreeSum)>,
+    /// When the stream was written (ns since the epoch).
+    pub time_ns: u64,
+    /// The sending data directory (informational).
+    pub source: String,
+}
+
+impl StreamHeader {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.push(if self.base.is_some() {
+            KIND_INCREMENTAL
+        } else {
+            KIND_FULL
+        });
+        put16(&mut out, self.name.as_bytes());
+        out.extend_from_slice(&self.commit.to_le_bytes());
+        let (bn, bc, bs) = self
+            .base
+            .clone()
+            .unwrap_or((String::new(), 0, TreeSum::default()));
+        put16(&mut out, bn.as_bytes());
+        out.extend_from_slice(&bc.to_le_bytes());
+        bs.put(&mut out);
+        out.extend_from_slice(&self.time_ns.to_le_bytes());
+        put16(&mut out, self.source.as_bytes());
+        out
+    }
+
+    fn decode(p: &[u8]) -> Result<StreamHeader> {
+        let mut c = Cur {
+            b: p,
+            what: "header",
+        };
+        let kind = c.u8()?;
+        if kind != KIND_FULL && kind != KIND_INCREMENTAL {
+            return Err(invalid(format!(
+                "stream header: unknown stream kind {kind}"
+            )));
+        }
+        let name = c.str16()?;
+        let commit = c.u64()?;
+        let bn = c.str16()?;
+        let bc = c.u64()?;
+        let bs = TreeSum::get(&mut c)?;
+        let time_ns = c.u64()?;
+        let source = c.str16()?;
+        c.end()?;
+        check_snapshot_name(&name).map_err(|e| invalid(format!("stream header: {e}")))?;
+        let base = if kind == KIND_INCREMENTAL {
+            check_snapshot_name(&bn).map_err(|e| invalid(format!("stream header: {e}")))?;
+            if bc > commit {
+                return Err(invalid(format!(
+                    "stream header: base commit {bc} is after the snapshot's commit {commit}"
+                )));
+            }
+            Some((bn, bc, bs))
+        } else {
+            None
+        };
+        Ok(StreamHeader {
+            name,
+            commit,
+            base,
+            time_ns,
+            source,
+        })
+    }
+}
+
+fn put16(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+    out.extend_from_slice(b);
+}
+
+/// Little-endian reader of a header or trailer payload.
+struct Cur<'a> {
+    b: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Cur<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.b.len() < n {
+            return Err(invalid(format!("stream {} is too short", self.what)));
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    }
+    fn str16(&mut self) -> Result<String> {
+        let n = self.u16()? as usize;
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec())
+            .map_err(|_| invalid(format!("stream {}: a name is not UTF-8", self.what)))
+    }
+    fn end(&self) -> Result<()> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(invalid(format!("stream {} has trailing bytes", self.what)))
+        }
+    }
+}
+
+/// The stream's end: totals and a checksum over everything before it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Trailer {
+    data_frames: u64,
+    data_bytes: u64,
+    records: u64,
+    tree: TreeSum,
+    stream_crc: u32,
+}
+
+impl Trailer {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(48);
+        out.extend_from_slice(&self.data_frames.to_le_bytes());
+        out.extend_from_slice(&self.data_bytes.to_le_bytes());
+        out.extend_from_slice(&self.records.to_le_bytes());
+        self.tree.put(&mut out);
+        out.extend_from_slice(&self.stream_crc.to_le_bytes());
+        out
+    }
+
+    fn decode(p: &[u8]) -> Result<Trailer> {
+        let mut c = Cur {
+            b: p,
+            what: "trailer",
+        };
+        let t = Trailer {
+            data_frames: c.u64()?,
+            data_bytes: c.u64()?,
+            records: c.u64()?,
+            tree: TreeSum::get(&mut c)?,
+            stream_crc: c.u32()?,
+        };
+        c.end()?;
+        Ok(t)
+    }
+}
+
+/// Frame checksum: CRC32C over the type, the length and the payload.
+fn frame_crc(kind: u8, payload: &[u8]) -> u32 {
+    let mut h = [0u8; 5];
+    h[0] = kind;
+    h[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&h), payload)
+}
+
+/// Writes the stream: data written to it is cut into data frames.
+struct FrameWriter<'a> {
+    out: &'a mut dyn Write,
+    buf: Vec<u8>,
+    stream_crc: u32,
+    data_frames: u64,
+    data_bytes: u64,
+}
+
+impl<'a> FrameWriter<'a> {
+    fn new(out: &'a mut dyn Write, header: &StreamHeader) -> io::Result<Self> {
+        let mut w = FrameWriter {
+            out,
+            buf: Vec::with_capacity(MAX_FRAME),
+            stream_crc: 0,
+            data_frames: 0,
+            data_bytes: 0,
+        };
+        let mut pre = Vec::with_capacity(12);
+        pre.extend_from_slice(STREAM_MAGIC);
+        pre.extend_from_slice(&STREAM_VERSION.to_le_bytes());
+        w.raw(&pre)?;
+        w.frame(F_HEADER, &header.encode())?;
+        Ok(w)
+    }
+
+    fn raw(&mut self, b: &[u8]) -> io::Result<()> {
+        self.stream_crc = crc32c::crc32c_append(self.stream_crc, b);
+        self.out.write_all(b)
+    }
+
+    fn frame(&mut self, kind: u8, payload: &[u8]) -> io::Result<()> {
+        let mut h = [0u8; FRAME_HEADER];
+        h[0] = kind;
+        h[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+        h[5..9].copy_from_slice(&frame_crc(kind, payload).to_le_bytes());
+        self.raw(&h)?;
+        self.raw(payload)
+    }
+
+    fn flush_data(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let buf = std::mem::take(&mut self.buf);
+        self.frame(F_DATA, &buf)?;
+        self.data_frames += 1;
+        self.data_bytes += buf.len() as u64;
+        self.buf = buf;
+        self.buf.clear();
+        Ok(())
+    }
+
+    fn finish(mut self, records: u64, tree: TreeSum) -> io::Result<u64> {
+        self.flush_data()?;
+        let t = Trailer {
+            data_frames: self.data_frames,
+            data_bytes: self.data_bytes,
+            records,
+            tree,
+            stream_crc: self.stream_crc,
+        };
+        self.frame(F_TRAILER, &t.encode())?;
+        self.out.flush()?;
+        Ok(self.data_bytes)
+    }
+}
+
+impl Write for FrameWriter<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = b.len().min(MAX_FRAME - self.buf.len());
+        self.buf.extend_from_slice(&b[..n]);
+        if self.buf.len() == MAX_FRAME {
+            self.flush_data()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+fn bad_data(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// Reads the stream: yields the data frames' payloads as one byte stream,
+/// checking each frame's checksum, and ends (returns 0) at the trailer,
+/// whose totals and stream checksum it checks.
+struct FrameReader<'a> {
+    inp: &'a mut dyn Read,
+    buf: Vec<u8>,
+    pos: usize,
+    offset: u64,
+    stream_crc: u32,
+    data_frames: u64,
+    data_bytes: u64,
+    trailer: Option<Trailer>,
+}
+
+impl<'a> FrameReader<'a> {
+    /// Reads and checks the preamble and the header frame.
+    fn open(inp: &'a mut dyn Read) -> Result<(Self, StreamHeader)> {
+        let mut r = FrameReader {
+            inp,
+            buf: Vec::new(),
+            pos: 0,
+            offset: 0,
+            stream_crc: 0,
+            data_frames: 0,
+            data_bytes: 0,
+            trailer: None,
+        };
+        let mut pre = [0u8; 12];
+        r.exact(&mut pre)
+            .map_err(|e| io_error("reading the stream's first bytes", e))?;
+        if &pre[..8] != STREAM_MAGIC {
+            return Err(invalid(
+                "not a memfs send stream (bad magic): give receive the output of memfs send",
+            ));
+        }
+        let version = u32::from_le_bytes(pre[8..12].try_into().expect("4"));
+        if version != STREAM_VERSION {
+            return Err(invalid(format!(
+                "stream format version {version}, but this memfs reads version {STREAM_VERSION} only"
+            )));
+        }
+        let (kind, payload) = r
+            .next_frame()
+            .map_err(|e| io_error("reading the stream header", e))?;
+        if kind != F_HEADER {
+            return Err(invalid(format!(
+                "stream damaged: frame type {kind} where the header was expected"
+            )));
+        }
+        let h = StreamHeader::decode(&payload)?;
+        Ok((r, h))
+    }
+
+    fn exact(&mut self, b: &mut [u8]) -> io::Result<()> {
+        self.inp.read_exact(b).map_err(|e| {
+            if e.kind() == io::ErrorKind::UnexpectedEof {
+                bad_data(format!(
+                    "stream truncated or damaged: it ends within {} bytes after offset {} (no trailer)",
+                    b.len(),
+                    self.offset
+                ))
+            } else {
+                e
+            }
+        })?;
+        self.stream_crc = crc32c::crc32c_append(self.stream_crc, b);
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    fn next_frame(&mut self) -> io::Result<(u8, Vec<u8>)> {
+        let at = self.offset;
+        let crc_before = self.stream_crc;
+        let mut h = [0u8; FRAME_HEADER];
+        self.exact(&mut h)?;
+        let kind = h[0];
+        let len = u32::from_le_bytes(h[1..5].try_into().expect("4")) as usize;
+        let crc = u32::from_le_bytes(h[5..9].try_into().expect("4"));
+        if len > MAX_FRAME {
+            return Err(bad_data(format!(
+                "stream damaged: frame at offset {at} claims {len} bytes (at most {MAX_FRAME})"
+            )));
+        }
+        let mut payload = std::mem::take(&mut self.buf);
+        payload.resize(len, 0);
+        self.exact(&mut payload)?;
+        if frame_crc(kind, &payload) != crc {
+            return Err(bad_data(format!(
+                "stream damaged: checksum mismatch in the frame at offset {at}"
+            )));
+        }
+        if kind == F_TRAILER {
+            // The trailer's own bytes are not part of the stream checksum.
+            self.stream_crc = crc_before;
+        }
+        Ok((kind, payload))
+    }
+
+    fn read_trailer(&mut self, payload: &[u8]) -> io::Result<()> {
+        let t = Trailer::decode(payload).map_err(|e| bad_data(e.to_string()))?;
+        if t.stream_crc != self.stream_crc {
+            return Err(bad_data(
+                "stream damaged: the checksum over the whole stream does not match its trailer"
+                    .into(),
+            ));
+        }
+        if (t.data_frames, t.data_bytes) != (self.data_frames, self.data_bytes) {
+            return Err(bad_data(format!(
+                "stream damaged: the trailer counts {} frames and {} bytes, the stream held {} and {}",
+                t.data_frames, t.data_bytes, self.data_frames, self.data_bytes
+            )));
+        }
+        let mut extra = [0u8; 1];
+        loop {
+            match self.inp.read(&mut extra) {
+                Ok(0) => break,
+                Ok(_) => return Err(bad_data("bytes follow the stream's trailer".into())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.trailer = Some(t);
+        Ok(())
+    }
+
+    /// The trailer, once the data has been read to its end.
+    fn finish(&mut self) -> Result<Trailer> {
+        if self.trailer.is_none() {
+            let mut b = [0u8; 1];
+            let n = self
+                .read(&mut b)
+                .map_err(|e| io_error("reading the stream", e))?;
+            if n != 0 {
+                return Err(invalid(
+                    "stream damaged: data follows the end of its contents",
+                ));
+            }
+        }
+        Ok(self.trailer.expect("set by read at the end"))
+    }
+}
+
+impl Read for FrameReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.buf.len() {
+            if self.trailer.is_some() {
+                return Ok(0);
+            }
+            let (kind, payload) = self.next_frame()?;
+            match kind {
+                F_DATA => {
+                    self.data_frames += 1;
+                    self.data_bytes += payload.len() as u64;
+                    self.buf = payload;
+                    self.pos = 0;
+                }
+                F_TRAILER => {
+                    self.read_trailer(&payload)?;
+                    self.buf = payload;
+                    self.buf.clear();
+                    self.pos = 0;
+                }
+                k => {
+                    return Err(bad_data(format!(
+                        "stream damaged: unexpected frame type {k}"
+                    )));
+                }
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// What [`send`] wrote.
+#[derive(Debug, Clone)]
+pub struct SendReport {
+    pub header: StreamHeader,
+    /// Data bytes (frame payloads) written.
+    pub bytes: u64,
+    /// Journal records (incremental streams).
+    pub records: u64,
+    pub tree: TreeSum,
+}
+
+/// Locks a data directory that must not be in use, saying so clearly if a
+/// running memfs holds it.
+fn lock_unmounted(dir: &Path, what: &str) -> Result<DataDir> {
+    match DataDir::open(dir, false) {
+        Err(memfs_journal::Error::Locked { .. }) => Err(invalid(format!(
+            "{} is in use by a running memfs (mounted?): {what} works on unmounted data directories; unmount it first",
+            dir.display()
+        ))),
+        r => Ok(r?),
+    }
+}
+
+fn find_snapshot(h: &History, dir: &Path, name: &str) -> Result<SnapshotEntry> {
+    h.snapshots
+        .iter()
+        .find(|s| s.name == name)
+        .cloned()
+        .ok_or_else(|| {
+            invalid(format!(
+                "no snapshot named {name:?} in {} (memfs snapshot list shows them)",
+                dir.display()
+            ))
+        })
+}
+
+/// Writes snapshot `name` of the unmounted data directory `dir` to `out`:
+/// the whole tree, or with `from` only the commits since that older
+/// snapshot. The tree is rebuilt in memory (as `memfs diff` does) and
+/// streamed from there file by file; the stream itself is never held whole.
+pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> Result<SendReport> {
+    let _lock = lock_unmounted(dir, "send")?;
+    // A rollback a crash interrupted is finished first, as any open does.
+    finish_rollback(dir)?;
+    let h = History::load(dir)?;
+    let snap = find_snapshot(&h, dir, name)?;
+    let source = std::fs::canonicalize(dir)
+        .unwrap_or_else(|_| dir.to_path_buf())
+        .to_string_lossy()
+        .into_owned();
+    let write_err = |e: io::Error| io_error("writing the stream", e);
+    match from {
+        None => {
+            let header = StreamHeader {
+                name: name.into(),
+                commit: snap.commit,
+                base: None,
+                time_ns: now_ns(),
+                source,
+            };
+            // A checkpoint begun and finished at the snapshot's commit
+            // (nothing committed during its copy: an unmount's, or one taken
+            // on an idle directory) is the snapshot's exact tree as an image:
+            // it is streamed as it is, without rebuilding the tree in memory.
+            // Its chunks' CRC32Cs are checked as it is read.
+            if h.checkpoints
+                .iter()
+                .any(|c| c.commit == snap.commit && c.required_end == snap.commit)
+            {
+                let path = dir.join(snapshot_file_name(snap.commit));
+                let mut img = SnapshotReader::open(&path)?;
+                let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+                io::copy(&mut img, &mut w)
+                    .map_err(|e| io_error(&format!("copying {}", path.display()), e))?;
+                // No TreeSum: the receiver checks the stream's CRC32Cs and
+                // the image's own structure and counts.
+                let bytes = w.finish(0, TreeSum::default()).map_err(write_err)?;
+                return Ok(SendReport {
+                    header,
+                    bytes,
+                    records: 0,
+                    tree: TreeSum::default(),
+                });
+            }
+            let fs = materialize(dir, snap.commit, materialize_config())?;
+            let tree = tree_sum(&fs);
+            let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+            let (nodes, pages) = image::write_nodes(&fs, snap.commit, &mut w).map_err(write_err)?;
+            let info = ImageInfo {
+                commit: snap.commit,
+                required_end: snap.commit,
+                nodes,
+                pages,
+            };
+            image::write_trailer(&mut w, &info).map_err(write_err)?;
+            let bytes = w.finish(0, tree).map_err(write_err)?;
+            Ok(SendReport {
+                header,
+                bytes,
+                records: 0,
+                tree,
+            })
+        }
+        Some(base_name) => {
+            let base = find_snapshot(&h, dir, base_name)?;
+            if base.commit > snap.commit {
+                return Err(invalid(format!(
+                    "snapshot {base_name:?} (commit {}) is newer than {name:?} (commit {}): --from names the older one",
+                    base.commit, snap.commit
+                )));
+            }
+            let fs = materialize(dir, base.commit, materialize_config())?;
+            let base_sum = tree_sum(&fs);
+            let header = StreamHeader {
+                name: name.into(),
+                commit: snap.commit,
+                base: Some((base_name.into(), base.commit, base_sum)),
+                time_ns: now_ns(),
+                source,
+            };
+            let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+            let mut records = 0u64;
+            let mut failure: Option<Error> = None;
+            let mut expected = base.commit + 1;
+            memfs_journal::recovery::replay_readonly(dir, base.commit, &mut |id, p| {
+                if id > snap.commit {
+                    return Ok(());
+                }
+                let r = (|| -> Result<()> {
+                    if id != expected {
+                        return Err(invalid(format!(
+                            "the journal has commit {id} where {expected} was expected"
+                        )));
+                    }
+                    let m = crate::codec::decode(p)
+                        .map_err(|e| invalid(format!("commit {id}: {e}")))?;
+                    fs.apply(&m);
+                    w.write_all(&id.to_le_bytes()).map_err(write_err)?;
+                    w.write_all(&(p.len() as u32).to_le_bytes())
+                        .map_err(write_err)?;
+                    w.write_all(p).map_err(write_err)?;
+                    Ok(())
+                })();
+                match r {
+                    Ok(()) => {
+                        records += 1;
+                        expected += 1;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let s = e.to_string();
+                        failure = Some(e);
+                        Err(s)
+                    }
+                }
+            })
+            .map_err(|e| failure.take().unwrap_or(e.into()))?;
+            if expected != snap.commit + 1 {
+                return Err(invalid(format!(
+                    "the journal of {} stops at commit {}, before the snapshot's commit {}",
+                    dir.display(),
+                    expected - 1,
+                    snap.commit
+                )));
+            }
+            fs.finish_rebuild(snap.commit);
+            let tree = tree_sum(&fs);
+            let bytes = w.finish(records, tree).map_err(write_err)?;
+            Ok(SendReport {
+                header,
+                bytes,
+                records,
+                tree,
+            })
+        }
+    }
+}
+
+/// What [`receive`] did.
+#[derive(Debug, Clone)]
+pub struct ReceiveReport {
+    pub header: StreamHeader,
+    pub bytes: u64,
+    pub records: u64,
+    pub tree: TreeSum,
+}
+
+/// Test hooks of [`receive`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReceiveOptions {
+    /// Called in the middle of the commit step of an incremental receive
+    /// (intent published, records appended, snapshot named, intent not
+    /// cleared yet): crash tests stop the process there.
+    pub before_commit_point: Option<fn()>,
+}
+
+/// Rebuilds a stream written by [`send`] in the unmounted data directory
+/// `dir`. Refuses, changing nothing, a stream that is truncated, damaged,
+/// of another format version, or incremental from a snapshot that is not
+/// `dir`'s latest (with nothing changed since).
+pub fn receive(dir: &Path, input: &mut dyn Read, opts: ReceiveOptions) -> Result<ReceiveReport> {
+    let (mut r, header) = FrameReader::open(input)?;
+    match header.base.clone() {
+        None => receive_full(dir, &mut r, header),
+        Some(base) => receive_incremental(dir, &mut r, header, base, opts),
+    }
+}
+
+fn stream_err(e: impl std::fmt::Display) -> Error {
+    invalid(format!("refused the stream: {e}"))
+}
+
+/// Compares the rebuilt tree with the sender's; a full stream sent straight
+/// from a checkpoint carries no TreeSum (0 nodes: a real tree has its root).
+fn check_tree(built: TreeSum, trailer: &Trailer) -> Result<()> {
+    if trailer.tree.nodes != 0 && built != trailer.tree {
+        return Err(invalid(format!(
+            "refused the stream: the rebuilt tree ({built}) differs from the sender's ({})",
+            trailer.tree
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a directory with nothing in it.
+fn is_empty_dir(dir: &Path) -> Result<bool> {
+    let mut it = std::fs::read_dir(dir).map_err(|e| io_error(&dir.display().to_string(), e))?;
+    Ok(it.next().is_none())
+}
+
+/// Removes a staging directory unless the receive got to rename it.
+struct Staging(Option<PathBuf>);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn receive_full(
+    dir: &Path,
+    r: &mut FrameReader<'_>,
+    header: StreamHeader,
+) -> Result<ReceiveReport> {
+    // Refuse early, before reading the stream, what cannot work.
+    if dir.exists() {
+        if !dir.is_dir() {
+            return Err(invalid(format!("{} is not a directory", dir.display())));
+        }
+        if !is_empty_dir(dir)? {
+            drop(lock_unmounted(dir, "receive")?);
+            return Err(invalid(format!(
+                "{} is not empty: a full stream is received into a new or empty data directory (an incremental one, memfs send --from BASE, applies to a directory holding BASE)",
+                dir.display()
+            )));
+        }
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = dir
+        .file_name()
+        .ok_or_else(|| invalid(format!("{} names no directory", dir.display())))?
+        .to_string_lossy()
+        .into_owned();
+    std::fs::create_dir_all(&parent).map_err(|e| io_error(&parent.display().to_string(), e))?;
+
+    let fs = Fs::new(materialize_config());
+    let info = image::read_image(&fs, r).map_err(stream_err)?;
+    let trailer = r.finish()?;
+    if info.commit != header.commit || info.required_end != header.commit {
+        return Err(invalid(format!(
+            "refused the stream: its image is at commit {} but its header says {}",
+            info.commit, header.commit
+        )));
+    }
+    fs.finish_rebuild(header.commit);
+    let tree = tree_sum(&fs);
+    check_tree(tree, &trailer)?;
+
+    // Everything checked: write the new directory aside, then rename it
+    // into place in one step.
+    let staging_path = parent.join(format!(".{file_name}.receive-{}", std::process::id()));
+    if staging_path.exists() {
+        std::fs::remove_dir_all(&staging_path)
+            .map_err(|e| io_error(&staging_path.display().to_string(), e))?;
+    }
+    let mut staging = Staging(Some(staging_path.clone()));
+    let lock = DataDir::open(&staging_path, true)?;
+    let commit = header.commit;
+    let mut w = SnapshotWriter::create(&staging_path, commit)?;
+    let write = |w: &mut SnapshotWriter| -> io::Result<()> {
+        let (nodes, pages) = image::write_nodes(&fs, commit, w)?;
+        image::write_trailer(
+            w,
+            &ImageInfo {
+                commit,
+                required_end: commit,
+                nodes,
+                pages,
+            },
+        )
+    };
+    if let Err(e) = write(&mut w) {
+        w.abandon();
+        return Err(io_error("writing the received checkpoint", e));
+    }
+    w.finish()?;
+    let t = now_ns();
+    History {
+        checkpoints: vec![CheckpointEntry {
+            commit,
+            required_end: commit,
+            time_ns: t,
+        }],
+        snapshots: vec![SnapshotEntry {
+            name: header.name.clone(),
+            commit,
+            time_ns: t,
+        }],
+    }
+    .save(&staging_path)?;
+    let mut m = Manifest {
+        snapshot: Some(SnapshotRef {
+            commit,
+            required_end: commit,
+        }),
+        ..Default::default()
+    };
+    m.publish(&staging_path)?;
+    lock.sync()?;
+    // rename(2) replaces an empty directory and fails on a non-empty one, so
+    // a directory filled meanwhile is never overwritten.
+    std::fs::rename(&staging_path, dir).map_err(|e| {
+        io_error(
+            &format!(
+                "moving the received directory {} to {}",
+                staging_path.display(),
+                dir.display()
+            ),
+            e,
+        )
+    })?;
+    staging.0 = None;
+    File::open(&parent)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| io_error(&parent.display().to_string(), e))?;
+    drop(lock);
+    Ok(ReceiveReport {
+        header,
+        bytes: r.data_bytes,
+        records: 0,
+        tree,
+    })
+}
+
+/// Reads `b.len()` bytes, or returns false at a clean end of the data.
+fn read_or_end(r: &mut dyn Read, b: &mut [u8]) -> Result<bool> {
+    let mut got = 0;
+    while got < b.len() {
+        match r.read(&mut b[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(invalid("refused the stream: it ends inside a record")),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(stream_err(e)),
+        }
+    }
+    Ok(true)
+}
+
+/// A spool file nobody can see: created unnamed in `dir` (`O_TMPFILE`), so
+/// it vanishes with the process whatever happens.
+fn spool_file(dir: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .mode(0o600)
+        .open(dir);
+    match tmp {
+        Ok(f) => Ok(f),
+        Err(_) => {
+            // File systems without O_TMPFILE: a named file unlinked at once.
+            let p = dir.join(format!(".receive-spool-{}", std::process::id()));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&p)
+                .map_err(|e| io_error(&p.display().to_string(), e))?;
+            std::fs::remove_file(&p).map_err(|e| io_error(&p.display().to_string(), e))?;
+            Ok(f)
+        }
+    }
+}
+
+fn receive_incremental(
+    dir: &Path,
+    r: &mut FrameReader<'_>,
+    header: StreamHeader,
+    (base_name, base_commit, base_sum): (String, u64, TreeSum),
+    opts: ReceiveOptions,
+) -> Result<ReceiveReport> {
+    if !dir.is_dir() {
+        return Err(invalid(format!(
+            "{} does not exist: an incremental stream (from {base_name:?}) applies to a data directory holding snapshot {base_name:?}; receive a full stream first",
+            dir.display()
+        )));
+    }
+    let lock = lock_unmounted(dir, "receive")?;
+    finish_rollback(dir)?;
+    let h = History::load(dir)?;
+    let latest = h
+        .snapshots
+        .iter()
+        .enumerate()
+        .max_by_key(|(i, s)| (s.commit, *i))
+        .map(|(_, s)| s.clone());
+    match &latest {
+        Some(s) if s.name == base_name && s.commit == base_commit => {}
+        Some(s) => {
+            return Err(invalid(format!(
+                "refused the stream: it applies to snapshot {base_name:?} (commit {base_commit}), but the latest snapshot of {} is {:?} (commit {})",
+                dir.display(),
+                s.name,
+                s.commit
+            )));
+        }
+        None => {
+            return Err(invalid(format!(
+                "refused the stream: it applies to snapshot {base_name:?} (commit {base_commit}), but {} has no snapshots",
+                dir.display()
+            )));
+        }
+    }
+    if h.snapshots.iter().any(|s| s.name == header.name) {
+        return Err(invalid(format!(
+            "refused the stream: {} already has a snapshot named {:?}",
+            dir.display(),
+            header.name
+        )));
+    }
+    let last = reach(dir)?.last;
+    if last != base_commit {
+        return Err(invalid(format!(
+            "refused the stream: {} changed since snapshot {base_name:?} (commit {base_commit}; it is at commit {last} now); memfs rollback --data-dir {} --to {base_name} first to discard those changes",
+            dir.display(),
+            dir.display()
+        )));
+    }
+    let fs = materialize(dir, base_commit, materialize_config())?;
+    let have = tree_sum(&fs);
+    if have != base_sum {
+        return Err(invalid(format!(
+            "refused the stream: snapshot {base_name:?} of {} ({have}) is not the sender's {base_name:?} ({base_sum}): they are different trees",
+            dir.display()
+        )));
+    }
+
+    // Apply every record to the tree in memory (which validates them) and
+    // keep them in a spool for the commit step.
+    let mut spool = io::BufWriter::with_capacity(1 << 20, spool_file(dir)?);
+    let spool_err = |e: io::Error| io_error("writing the receive spool", e);
+    let mut expected = base_commit + 1;
+    let mut payload = Vec::new();
+    let mut head = [0u8; 12];
+    while read_or_end(r, &mut head)? {
+        let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
+        let len = u32::from_le_bytes(head[8..12].try_into().expect("4")) as usize;
+        if id != expected || id > header.commit {
+            return Err(invalid(format!(
+                "refused the stream: record for commit {id} where {expected} was expected"
+            )));
+        }
+        if len > MAX_RECORD {
+            return Err(invalid(format!(
+                "refused the stream: record of {len} bytes for commit {id}"
+            )));
+        }
+        payload.resize(len, 0);
+        if !read_or_end(r, &mut payload)? && len > 0 {
+            return Err(invalid("refused the stream: it ends inside a record"));
+        }
+        let m = crate::codec::decode(&payload)
+            .map_err(|e| invalid(format!("refused the stream: commit {id}: {e}")))?;
+        fs.apply(&m);
+        spool.write_all(&head).map_err(spool_err)?;
+        spool.write_all(&payload).map_err(spool_err)?;
+        expected += 1;
+    }
+    let trailer = r.finish()?;
+    let records = expected - base_commit - 1;
+    if expected != header.commit + 1 || trailer.records != records {
+        return Err(invalid(format!(
+            "refused the stream: it holds {records} commits, {} were announced",
+            header.commit - base_commit
+        )));
+    }
+    fs.finish_rebuild(header.commit);
+    let tree = tree_sum(&fs);
+    check_tree(tree, &trailer)?;
+    drop(fs);
+    let mut spool = spool.into_inner().map_err(|e| spool_err(e.into_error()))?;
+    spool.rewind().map_err(spool_err)?;
+    let mut spool = io::BufReader::with_capacity(1 << 20, spool);
+
+    // Commit: the intent makes everything below one step. Until it is
+    // cleared, a crash brings the directory back to BASE at the next open.
+    let mut m = Manifest::load(dir)?.unwrap_or_default();
+    let after = m.snapshot.map_or(0, |s| s.commit);
+    m.user = format!("{ROLLBACK_PREFIX}{base_commit}").into_bytes();
+    m.publish(dir)?;
+    let jopts = JournalOptions {
+        durability: Durability::None,
+        ..Default::default()
+    };
+    let (journal, _) = Journal::open(&lock, jopts, after, &mut |_, _| Ok(()))?;
+    if journal.last_commit() != base_commit {
+        return Err(invalid(format!(
+            "{} changed while receiving: its journal is at commit {}",
+            dir.display(),
+            journal.last_commit()
+        )));
+    }
+    for _ in 0..records {
+        spool.read_exact(&mut head).map_err(spool_err)?;
+        let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
+        let len = u32::from_le_bytes(head[8..12].try_into().expect("4")) as usize;
+        payload.resize(len, 0);
+        spool.read_exact(&mut payload).map_err(spool_err)?;
+        let got = journal.commit(&payload)?;
+        if got != id {
+            return Err(invalid(format!(
+                "journal gave commit {got} to the stream's commit {id}"
+            )));
+        }
+    }
+    journal.sync()?;
+    journal.close()?;
+    let mut h = History::load(dir)?;
+    h.snapshots.push(SnapshotEntry {
+        name: header.name.clone(),
+        commit: header.commit,
+        time_ns: now_ns(),
+    });
+    h.save(dir)?;
+    if let Some(hook) = opts.before_commit_point {
+        hook();
+    }
+    m.user.clear();
+    m.publish(dir)?;
+    drop(lock);
+    Ok(ReceiveReport {
+        header,
+        bytes: r.data_bytes,
+        records,
+        tree,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_a_flipped_bit_is_caught() {
+        let h = StreamHeader {
+            name: "a".into(),
+            commit: 7,
+            base: None,
+            time_ns: 1,
+            source: "/x".into(),
+        };
+        let mut out = Vec::new();
+        let mut w = FrameWriter::new(&mut out, &h).unwrap();
+        let data: Vec<u8> = (0..3 * MAX_FRAME + 5).map(|i| i as u8).collect();
+        w.write_all(&data).unwrap();
+        w.finish(0, TreeSum::default()).unwrap();
+        let mut inp: &[u8] = &out;
+        let (mut r, got) = FrameReader::open(&mut inp).unwrap();
+        assert_eq!(got, h);
+        let mut back = Vec::new();
+        r.read_to_end(&mut back).unwrap();
+        assert_eq!(back, data);
+        assert_eq!(r.finish().unwrap().data_frames, 4);
+
+        let mut bad = out.clone();
+        bad[40] ^= 1;
+        let mut inp: &[u8] = &bad;
+        let err = match FrameReader::open(&mut inp) {
+            Err(e) => e.to_string(),
+            Ok((mut r, _)) => r.read_to_end(&mut Vec::new()).unwrap_err().to_string(),
+        };
+        assert!(err.contains("damaged"), "{err}");
+    }
+}
