@@ -21,6 +21,7 @@ const T_FALLOCATE: u8 = 7;
 const T_SETXATTR: u8 = 8;
 const T_REMOVEXATTR: u8 = 9;
 const T_FREE: u8 = 10;
+const T_SETFLAGS: u8 = 11;
 
 pub(crate) fn kind_code(k: FileType) -> u8 {
     match k {
@@ -168,6 +169,11 @@ pub fn encode<'a>(m: &Mutation<'a>, out: &mut Vec<u8>) -> Option<&'a [u8]> {
         Mutation::Free { ino } => {
             out.push(T_FREE);
             out.extend_from_slice(&ino.to_le_bytes());
+        }
+        Mutation::SetFlags { attr, flags } => {
+            out.push(T_SETFLAGS);
+            put_attr(out, &attr);
+            out.extend_from_slice(&flags.to_le_bytes());
         }
     }
     None
@@ -387,6 +393,10 @@ pub fn decode(payload: &[u8]) -> Result<Mutation<'_>, String> {
             Mutation::RemoveXattr { attr, name }
         }
         T_FREE => Mutation::Free { ino: c.u64()? },
+        T_SETFLAGS => Mutation::SetFlags {
+            attr: c.attr()?,
+            flags: c.u32()?,
+        },
         t => return Err(format!("unknown record type {t}")),
     };
     if !c.is_empty() {

@@ -1500,6 +1500,7 @@ pub fn log(dir: &Path, limit: usize) -> Result<Vec<LogEntry>> {
                 (attr.ino, Some(attr.ctime), Some(name), 0)
             }
             Mutation::Free { ino } => (ino, None, None, 0),
+            Mutation::SetFlags { attr, .. } => (attr.ino, Some(attr.ctime), None, 0),
         };
         if ring.len() == limit {
             ring.pop_front();

@@ -36,7 +36,7 @@ use crate::{Errno, Result};
 const PAGE: u64 = PAGE_SIZE as u64;
 /// The largest journal record of an operation, not counting its names'
 /// and data's bytes: four attribute blocks, two names, framing.
-const META_RECORD: u64 = 1024;
+pub(crate) const META_RECORD: u64 = 1024;
 
 /// One directory entry as `readdir` returns it.
 #[derive(Debug, Clone, Copy)]
@@ -148,6 +148,7 @@ impl Fs {
                 mtime: now,
                 ctime: now,
                 xattrs: None,
+                flags: 0,
             },
             Body::Dir(Box::new(Dir::new(ROOT_INO))),
         );
@@ -184,7 +185,7 @@ impl Fs {
 
     /// Records a change as the next commit. The mutation is built only when
     /// a recorder wants it: a pure in-memory file system pays one atomic add.
-    fn log<'m>(&self, m: impl FnOnce() -> Mutation<'m>) -> Result<()> {
+    pub(crate) fn log<'m>(&self, m: impl FnOnce() -> Mutation<'m>) -> Result<()> {
         match &self.recorder {
             None => {
                 self.commit.fetch_add(1, Ordering::AcqRel);
@@ -201,7 +202,7 @@ impl Fs {
     /// Before an operation changes anything: lets the recorder make sure its
     /// commit (at most `bytes`) can be stored, so that a full disk fails the
     /// operation (ENOSPC) instead of leaving memory ahead of the journal.
-    fn admit(&self, bytes: u64) -> Result<()> {
+    pub(crate) fn admit(&self, bytes: u64) -> Result<()> {
         match &self.recorder {
             Some(r) => r.admit(bytes),
             None => Ok(()),
@@ -418,6 +419,7 @@ impl Fs {
         self.admit(META_RECORD)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
+        st.meta.check_setattr(set)?;
         let now = Timespec::now();
         if let Some(size) = set.size {
             match inode.kind {
@@ -568,6 +570,7 @@ impl Fs {
         let dir = self.get(parent)?;
         let mut st = dir.state.write();
         st.check_new_entry(name)?;
+        st.meta.check_add_entry()?;
         if kind == FileType::Directory && st.meta.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -603,6 +606,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs: None,
+            flags: 0,
         };
         let inode = Arc::new(Inode::new(ino, kind, meta, body));
         let attr = inode.state.read().attr(ino, kind);
@@ -716,10 +720,12 @@ impl Fs {
         let dir = self.get(newparent)?;
         let mut dst = dir.state.write();
         dst.check_new_entry(newname)?;
+        dst.meta.check_add_entry()?;
         let mut st = inode.state.write();
         if st.meta.nlink == 0 {
             return Err(Errno::ENOENT);
         }
+        st.meta.check_modify()?;
         if st.meta.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -774,10 +780,12 @@ impl Fs {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
+        pst.meta.check_modify()?;
         let child = self.get(ino)?;
         let now = Timespec::now();
         {
             let mut cst = child.state.write();
+            cst.meta.check_modify()?;
             if want_dir {
                 if !cst.dir().is_some_and(|d| d.is_empty()) {
                     return Err(Errno::ENOTEMPTY);
@@ -968,6 +976,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs: None,
+            flags: 0,
         };
         let kind = FileType::CharDevice;
         let inode = Arc::new(Inode::new(wino, kind, meta, Body::Special));
@@ -1081,6 +1090,15 @@ impl Fs {
                 os = None;
             }
         }
+        pair.src().meta.check_modify()?;
+        match &os {
+            Some(o) => {
+                pair.dst().meta.check_modify()?;
+                o.meta.check_modify()?;
+            }
+            None => pair.dst().meta.check_add_entry()?,
+        }
+        ms.meta.check_modify()?;
         let now = Timespec::now();
         if flags.exchange {
             let (dino, dkind) = target.expect("checked");
@@ -1178,6 +1196,7 @@ impl Fs {
         {
             return Err(Errno::EISDIR);
         }
+        crate::flags::check_open(&inode.state.read().meta, flags)?;
         if flags & libc::O_TRUNC != 0
             && acc != libc::O_RDONLY
             && inode.kind == FileType::RegularFile
@@ -1224,7 +1243,8 @@ impl Fs {
         }
         let n = ((st.meta.size - off) as usize).min(buf.len());
         data.read(off, &mut buf[..n]);
-        let needs_atime = st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime;
+        let needs_atime = !st.meta.noatime()
+            && (st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime);
         drop(st);
         if needs_atime {
             // relatime: only when the last access predates the last change.
@@ -1255,6 +1275,7 @@ impl Fs {
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let (meta, file) = st.file_mut(Errno::EINVAL)?;
+        meta.check_write(append)?;
         let off = if append { meta.size } else { off };
         if data.is_empty() {
             return Ok(0);
@@ -1351,6 +1372,8 @@ impl Fs {
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let (meta, file) = st.file_mut(Errno::ENODEV)?;
+        // vfs_fallocate: only a plain allocation may touch an append-only file.
+        meta.check_write(!(mode.punch_hole || mode.zero_range))?;
         let now = Timespec::now();
         if mode.punch_hole {
             let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
@@ -1561,6 +1584,7 @@ impl Fs {
             return Err(Errno::EPERM);
         }
         let mut st = inode.state.write();
+        st.meta.check_modify()?;
         let xs = st
             .meta
             .xattrs
@@ -1609,6 +1633,7 @@ impl Fs {
         xattr::check_name(name)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
+        st.meta.check_modify()?;
         let xs = st.meta.xattrs.as_mut().ok_or(Errno::ENODATA)?;
         xs.remove(name)?;
         if xs.is_empty() {

@@ -15,6 +15,7 @@
 mod data;
 mod dir;
 mod error;
+mod flags;
 mod fs;
 mod inode;
 mod locks;
@@ -27,6 +28,7 @@ mod xattr;
 
 pub use data::INLINE_MAX;
 pub use error::{Errno, Result};
+pub use flags::{FS_APPEND_FL, FS_FL_SUPPORTED, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL};
 pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};

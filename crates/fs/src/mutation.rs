@@ -79,6 +79,11 @@ pub enum Mutation<'a> {
     Free {
         ino: u64,
     },
+    /// Inode flags replaced (`FS_IOC_SETFLAGS`); `attr` carries the new ctime.
+    SetFlags {
+        attr: Attr,
+        flags: u32,
+    },
 }
 
 impl Mutation<'_> {
@@ -107,6 +112,7 @@ impl Mutation<'_> {
             Mutation::SetXattr { .. } => "setxattr",
             Mutation::RemoveXattr { .. } => "removexattr",
             Mutation::Free { .. } => "free",
+            Mutation::SetFlags { .. } => "setflags",
         }
     }
 }
