@@ -28,6 +28,36 @@ pub const FS_NOATIME_FL: u32 = 0x0000_0080;
 /// tmpfs (`shmem_fileattr_set`).
 pub const FS_FL_SUPPORTED: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL | FS_NODUMP_FL | FS_NOATIME_FL;
 
+/// The `fsx_xflags` of `struct fsxattr` (FS_IOC_FSGETXATTR) for the same
+/// four flags, as the VFS translates them (`fileattr_fill_flags`).
+const XFLAGS: [(u32, u32); 4] = [
+    (FS_IMMUTABLE_FL, 0x0000_0008), // FS_XFLAG_IMMUTABLE
+    (FS_APPEND_FL, 0x0000_0010),    // FS_XFLAG_APPEND
+    (FS_NOATIME_FL, 0x0000_0040),   // FS_XFLAG_NOATIME
+    (FS_NODUMP_FL, 0x0000_0080),    // FS_XFLAG_NODUMP
+];
+
+/// `FS_*_FL` flags as `FS_XFLAG_*` flags.
+pub fn flags_to_xflags(flags: u32) -> u32 {
+    XFLAGS
+        .iter()
+        .filter(|(f, _)| flags & f != 0)
+        .fold(0, |x, (_, xf)| x | xf)
+}
+
+/// `FS_XFLAG_*` flags as `FS_*_FL` flags; `EOPNOTSUPP` for any other
+/// xflag, as tmpfs answers FS_IOC_FSSETXATTR beyond the common flags.
+pub fn xflags_to_flags(xflags: u32) -> Result<u32> {
+    let known = XFLAGS.iter().fold(0, |x, (_, xf)| x | xf);
+    if xflags & !known != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    Ok(XFLAGS
+        .iter()
+        .filter(|(_, xf)| xflags & xf != 0)
+        .fold(0, |f, (fl, _)| f | fl))
+}
+
 /// Flags whose change needs CAP_LINUX_IMMUTABLE (`fileattr_set_prepare`).
 const PRIVILEGED: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL;
 

@@ -28,7 +28,10 @@ mod xattr;
 
 pub use data::INLINE_MAX;
 pub use error::{Errno, Result};
-pub use flags::{FS_APPEND_FL, FS_FL_SUPPORTED, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL};
+pub use flags::{
+    FS_APPEND_FL, FS_FL_SUPPORTED, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, flags_to_xflags,
+    xflags_to_flags,
+};
 pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};
