@@ -109,8 +109,8 @@ impl Meta {
     /// mode, owner, explicit times and size are refused on immutable and
     /// append-only nodes; times set to "now" only on immutable ones.
     pub(crate) fn check_setattr(&self, set: &SetAttr) -> Result<()> {
-        let explicit_time = matches!(set.atime, Some(SetTime::At(_)))
-            || matches!(set.mtime, Some(SetTime::At(_)));
+        let explicit_time =
+            matches!(set.atime, Some(SetTime::At(_))) || matches!(set.mtime, Some(SetTime::At(_)));
         if set.mode.is_some()
             || set.uid.is_some()
             || set.gid.is_some()

@@ -79,11 +79,15 @@ fn only_owner_sets_flags_and_only_root_append_or_immutable() {
     .unwrap();
     fs.set_flags(USER, f, FS_NODUMP_FL | FS_NOATIME_FL).unwrap();
     eperm(fs.set_flags(USER, f, FS_APPEND_FL), "owner sets append");
-    eperm(fs.set_flags(USER, f, FS_IMMUTABLE_FL), "owner sets immutable");
+    eperm(
+        fs.set_flags(USER, f, FS_IMMUTABLE_FL),
+        "owner sets immutable",
+    );
     fs.set_flags(ROOT, f, FS_IMMUTABLE_FL).unwrap();
     eperm(fs.set_flags(USER, f, 0), "owner clears immutable");
     // Leaving the privileged bits as they are is allowed to the owner.
-    fs.set_flags(USER, f, FS_IMMUTABLE_FL | FS_NODUMP_FL).unwrap();
+    fs.set_flags(USER, f, FS_IMMUTABLE_FL | FS_NODUMP_FL)
+        .unwrap();
     assert_eq!(fs.get_flags(f).unwrap(), FS_IMMUTABLE_FL | FS_NODUMP_FL);
 }
 
@@ -135,10 +139,7 @@ fn immutable_file_refuses_every_change() {
         fs.fallocate(f, 0, 4096, FallocateMode::ALLOCATE),
         "fallocate",
     );
-    eperm(
-        fs.setxattr(f, b"user.b", b"1", XattrMode::Any),
-        "setxattr",
-    );
+    eperm(fs.setxattr(f, b"user.b", b"1", XattrMode::Any), "setxattr");
     eperm(fs.removexattr(f, b"user.a"), "removexattr");
     eperm(fs.link(f, ROOT_INO, b"g"), "link");
     eperm(fs.unlink(ROOT_INO, b"f"), "unlink");
@@ -180,7 +181,10 @@ fn append_only_file_accepts_only_appends() {
     eperm(fs.write(ROOT, f, 0, b"x", false), "write in place");
     assert_eq!(fs.write(ROOT, f, 0, b" world", true).unwrap(), 6);
     assert_eq!(fs.read_vec(f, 0, 100).unwrap(), b"hello world");
-    eperm(fs.open(f, libc::O_WRONLY), "open for write without O_APPEND");
+    eperm(
+        fs.open(f, libc::O_WRONLY),
+        "open for write without O_APPEND",
+    );
     eperm(
         fs.open(f, libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC),
         "open O_TRUNC",
@@ -233,10 +237,7 @@ fn append_only_file_accepts_only_appends() {
         "punch hole",
     );
     fs.fallocate(f, 0, 8192, FallocateMode::ALLOCATE).unwrap();
-    eperm(
-        fs.setxattr(f, b"user.b", b"1", XattrMode::Any),
-        "setxattr",
-    );
+    eperm(fs.setxattr(f, b"user.b", b"1", XattrMode::Any), "setxattr");
     eperm(fs.link(f, ROOT_INO, b"g"), "link");
     eperm(fs.unlink(ROOT_INO, b"f"), "unlink");
     eperm(
@@ -255,7 +256,10 @@ fn flagged_directories_guard_their_entries() {
     let outside = file(&fs, "f");
 
     fs.set_flags(ROOT, d, FS_IMMUTABLE_FL).unwrap();
-    eperm(fs.create(ROOT, d, b"new", 0o644, true), "create in immutable");
+    eperm(
+        fs.create(ROOT, d, b"new", 0o644, true),
+        "create in immutable",
+    );
     eperm(fs.mkdir(ROOT, d, b"sub", 0o755), "mkdir in immutable");
     eperm(fs.symlink(ROOT, d, b"s", b"t"), "symlink in immutable");
     eperm(fs.mknod(ROOT, d, b"p", libc::S_IFIFO | 0o644, 0), "mknod");
