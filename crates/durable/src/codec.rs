@@ -483,6 +483,10 @@ mod tests {
                 name: b"user.k",
             },
             Mutation::Free { ino: 12 },
+            Mutation::SetFlags {
+                attr: f,
+                flags: memfs_fs::FS_APPEND_FL | memfs_fs::FS_NODUMP_FL,
+            },
         ];
         for m in cases {
             let mut out = Vec::new();

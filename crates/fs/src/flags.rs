@@ -58,6 +58,9 @@ pub fn xflags_to_flags(xflags: u32) -> Result<u32> {
         .fold(0, |f, (fl, _)| f | fl))
 }
 
+/// Flags a new node takes from its directory (`SHMEM_FL_INHERITED`).
+pub(crate) const INHERITED: u32 = FS_NODUMP_FL | FS_NOATIME_FL;
+
 /// Flags whose change needs CAP_LINUX_IMMUTABLE (`fileattr_set_prepare`).
 const PRIVILEGED: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL;
 

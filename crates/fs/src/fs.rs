@@ -592,6 +592,13 @@ impl Fs {
             FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
             _ => Body::Special,
         };
+        // nodump and noatime pass to new regular files and directories, as on tmpfs.
+        let inherited = match kind {
+            FileType::RegularFile | FileType::Directory => {
+                (st.meta.flags as u32 & crate::flags::INHERITED) as u8
+            }
+            _ => 0,
+        };
         let meta = Meta {
             perm,
             nlink: if kind == FileType::Directory { 2 } else { 1 },
@@ -606,7 +613,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs: None,
-            flags: 0,
+            flags: inherited,
         };
         let inode = Arc::new(Inode::new(ino, kind, meta, body));
         let attr = inode.state.read().attr(ino, kind);
@@ -628,6 +635,12 @@ impl Fs {
             attr,
             symlink_target: symlink,
         })?;
+        if inherited != 0 {
+            self.log(|| Mutation::SetFlags {
+                attr,
+                flags: inherited as u32,
+            })?;
+        }
         Ok(attr)
     }
 

@@ -324,6 +324,21 @@ fn noatime_keeps_access_time() {
     assert!(fs.getattr(f).unwrap().atime > old, "read without noatime");
 }
 
+#[test]
+fn new_nodes_inherit_nodump_and_noatime() {
+    let fs = fs();
+    let d = fs.mkdir(ROOT, ROOT_INO, b"d", 0o755).unwrap().ino;
+    fs.set_flags(ROOT, d, FS_NODUMP_FL | FS_NOATIME_FL | FS_APPEND_FL)
+        .unwrap();
+    let (f, _) = fs.create(ROOT, d, b"f", 0o644, true).unwrap();
+    let sub = fs.mkdir(ROOT, d, b"sub", 0o755).unwrap();
+    // Append-only is not inherited; nodump and noatime are (tmpfs).
+    assert_eq!(fs.get_flags(f.ino).unwrap(), FS_NODUMP_FL | FS_NOATIME_FL);
+    assert_eq!(fs.get_flags(sub.ino).unwrap(), FS_NODUMP_FL | FS_NOATIME_FL);
+    let (plain, _) = fs.create(ROOT, ROOT_INO, b"p", 0o644, true).unwrap();
+    assert_eq!(fs.get_flags(plain.ino).unwrap(), 0);
+}
+
 /// Keeps the SetFlags records a file system makes.
 #[derive(Default)]
 struct Keep(Mutex<Vec<(Attr, u32)>>);
@@ -347,6 +362,12 @@ fn set_flags_is_recorded_and_replayed() {
     fs.set_flags(ROOT, f, FS_APPEND_FL | FS_NODUMP_FL).unwrap();
     let recorded = keep.0.lock().unwrap().clone();
     assert_eq!(recorded.len(), 1);
+    // Inherited flags are recorded with the create, so replay keeps them.
+    let d = fs.mkdir(ROOT, ROOT_INO, b"d", 0o755).unwrap().ino;
+    fs.set_flags(ROOT, d, FS_NOATIME_FL).unwrap();
+    let (g, _) = fs.create(ROOT, d, b"g", 0o644, true).unwrap();
+    let last = *keep.0.lock().unwrap().last().unwrap();
+    assert_eq!((last.0.ino, last.1), (g.ino, FS_NOATIME_FL));
     let (attr, flags) = recorded[0];
     assert_eq!(flags, FS_APPEND_FL | FS_NODUMP_FL);
 
