@@ -23,6 +23,8 @@ const T_REMOVEXATTR: u8 = 9;
 const T_FREE: u8 = 10;
 /// Added after the first release: older journals never hold it.
 const T_TMPFILE: u8 = 11;
+/// Added after the first release: older journals never hold it.
+const T_SETFLAGS: u8 = 12;
 
 pub(crate) fn kind_code(k: FileType) -> u8 {
     match k {
@@ -174,6 +176,11 @@ pub fn encode<'a>(m: &Mutation<'a>, out: &mut Vec<u8>) -> Option<&'a [u8]> {
         Mutation::Tmpfile { attr } => {
             out.push(T_TMPFILE);
             put_attr(out, &attr);
+        }
+        Mutation::SetFlags { attr, flags } => {
+            out.push(T_SETFLAGS);
+            put_attr(out, &attr);
+            out.extend_from_slice(&flags.to_le_bytes());
         }
     }
     None
@@ -403,6 +410,10 @@ pub fn decode(payload: &[u8]) -> Result<Mutation<'_>, String> {
             }
             Mutation::Tmpfile { attr }
         }
+        T_SETFLAGS => Mutation::SetFlags {
+            attr: c.attr()?,
+            flags: c.u32()?,
+        },
         t => return Err(format!("unknown record type {t}")),
     };
     if !c.is_empty() {
@@ -491,6 +502,10 @@ mod tests {
             Mutation::Free { ino: 12 },
             Mutation::Tmpfile {
                 attr: Attr { nlink: 0, ..f },
+            },
+            Mutation::SetFlags {
+                attr: f,
+                flags: memfs_fs::FS_APPEND_FL | memfs_fs::FS_NODUMP_FL,
             },
         ];
         for m in cases {

@@ -1501,6 +1501,7 @@ pub fn log(dir: &Path, limit: usize) -> Result<Vec<LogEntry>> {
             }
             Mutation::Free { ino } => (ino, None, None, 0),
             Mutation::Tmpfile { attr } => (attr.ino, Some(attr.ctime), None, 0),
+            Mutation::SetFlags { attr, .. } => (attr.ino, Some(attr.ctime), None, 0),
         };
         if ring.len() == limit {
             ring.pop_front();

@@ -19,6 +19,9 @@ pub const IMAGE_MAGIC: &[u8; 8] = b"MFSIMG01";
 const R_NODE: u8 = 1;
 const R_ENTRIES: u8 = 2;
 const R_PAGES: u8 = 3;
+/// A node's inode flags (`chattr`), after its R_NODE; only for nodes that
+/// have any, so images without flags are as before and older images load.
+const R_FLAGS: u8 = 4;
 const R_END: u8 = 0xFF;
 
 /// Pages copied per lock hold (256 KiB: tens of microseconds of memcpy).
@@ -147,6 +150,12 @@ fn write_node(fs: &Fs, inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
         for (n, v) in xs {
             put_bytes16(buf, n);
             put_bytes32(buf, v);
+        }
+        let flags = st.flags();
+        if flags != 0 {
+            buf.push(R_FLAGS);
+            buf.extend_from_slice(&inode.ino().to_le_bytes());
+            buf.extend_from_slice(&flags.to_le_bytes());
         }
         Ok(true)
     })
@@ -290,6 +299,17 @@ fn read_image_into(fs: Option<&Fs>, r: &mut dyn Read) -> Result<ImageInfo, Strin
                     fs.apply_pages(ino, idx, &buf[16..]);
                 }
                 pages += 1;
+            }
+            R_FLAGS => {
+                read_n(r, &mut buf, 12)?;
+                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+                let flags = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
+                if flags & !memfs_fs::FS_FL_SUPPORTED != 0 {
+                    return Err(format!("node {ino}: unknown inode flags {flags:#x}"));
+                }
+                if let Some(fs) = fs {
+                    fs.apply_flags(ino, flags);
+                }
             }
             R_END => {
                 info.required_end = read_u64(r, &mut buf)?;

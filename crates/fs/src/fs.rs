@@ -40,7 +40,7 @@ use crate::{Errno, Result};
 const PAGE: u64 = PAGE_SIZE as u64;
 /// The largest journal record of an operation, not counting its names'
 /// and data's bytes: four attribute blocks, two names, framing.
-const META_RECORD: u64 = 1024;
+pub(crate) const META_RECORD: u64 = 1024;
 
 /// One directory entry as `readdir` returns it.
 #[derive(Debug, Clone, Copy)]
@@ -157,6 +157,7 @@ impl Fs {
                 mtime: now,
                 ctime: now,
                 xattrs: None,
+                flags: 0,
             },
             Body::Dir(Box::new(Dir::new(ROOT_INO))),
         );
@@ -194,7 +195,7 @@ impl Fs {
 
     /// Records a change as the next commit. The mutation is built only when
     /// a recorder wants it: a pure in-memory file system pays one atomic add.
-    fn log<'m>(&self, m: impl FnOnce() -> Mutation<'m>) -> Result<()> {
+    pub(crate) fn log<'m>(&self, m: impl FnOnce() -> Mutation<'m>) -> Result<()> {
         match &self.recorder {
             None => {
                 self.commit.fetch_add(1, Ordering::AcqRel);
@@ -211,7 +212,7 @@ impl Fs {
     /// Before an operation changes anything: lets the recorder make sure its
     /// commit (at most `bytes`) can be stored, so that a full disk fails the
     /// operation (ENOSPC) instead of leaving memory ahead of the journal.
-    fn admit(&self, bytes: u64) -> Result<()> {
+    pub(crate) fn admit(&self, bytes: u64) -> Result<()> {
         match &self.recorder {
             Some(r) => r.admit(bytes),
             None => Ok(()),
@@ -438,6 +439,7 @@ impl Fs {
         };
         self.admit(META_RECORD + acl_bytes)?;
         let mut st = inode.state.write();
+        st.meta.check_setattr(set)?;
         let now = Timespec::now();
         let mut chmod_acl = None;
         if let Some(size) = set.size {
@@ -640,6 +642,7 @@ impl Fs {
         let dir = self.get(parent)?;
         let mut st = dir.state.write();
         st.check_new_entry(name)?;
+        st.meta.check_add_entry()?;
         if kind == FileType::Directory && st.meta.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -666,6 +669,13 @@ impl Fs {
             FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
             _ => Body::Special,
         };
+        // nodump and noatime pass to new regular files and directories, as on tmpfs.
+        let inherited_flags = match kind {
+            FileType::RegularFile | FileType::Directory => {
+                (st.meta.flags as u32 & crate::flags::INHERITED) as u8
+            }
+            _ => 0,
+        };
         let meta = Meta {
             perm,
             nlink: if kind == FileType::Directory { 2 } else { 1 },
@@ -680,6 +690,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs,
+            flags: inherited_flags,
         };
         let inode = Arc::new(Inode::new(ino, kind, meta, body));
         let attr = inode.state.read().attr(ino, kind);
@@ -716,24 +727,38 @@ impl Fs {
                 self.log(|| Mutation::SetXattr { attr, name, value })?;
             }
         }
+        if inherited_flags != 0 {
+            self.log(|| Mutation::SetFlags {
+                attr,
+                flags: inherited_flags as u32,
+            })?;
+        }
         Ok(attr)
     }
 
     /// A bound on the records of the ACLs a node created in `parent` would
     /// inherit (an access and a default ACL, each at most the parent's
-    /// default ACL), for admission before anything is locked.
+    /// default ACL) and of its inherited flags, for admission before
+    /// anything is locked.
     fn inherited_bytes(&self, parent: u64) -> u64 {
         let Ok(dir) = self.get(parent) else {
             return 0;
         };
         let st = dir.state.read();
-        st.meta
-            .xattrs
-            .as_ref()
-            .and_then(|x| x.get(acl::ACL_DEFAULT))
-            .map_or(0, |v| {
-                2 * (META_RECORD + (acl::ACL_DEFAULT.len() + v.len()) as u64)
-            })
+        // Inherited inode flags are one more record.
+        let flags = if st.meta.flags as u32 & crate::flags::INHERITED != 0 {
+            META_RECORD
+        } else {
+            0
+        };
+        flags
+            + st.meta
+                .xattrs
+                .as_ref()
+                .and_then(|x| x.get(acl::ACL_DEFAULT))
+                .map_or(0, |v| {
+                    2 * (META_RECORD + (acl::ACL_DEFAULT.len() + v.len()) as u64)
+                })
     }
 
     /// `posix_acl_create`: a new node in a directory with a default ACL
@@ -915,13 +940,15 @@ impl Fs {
         self.admit(META_RECORD + inherited)?;
         let d = self.get(dir)?;
         let mut perm = (mode & 0o7777) as u16;
-        let (gid, xattrs) = {
+        let (gid, xattrs, inherited_flags) = {
             let st = d.state.read();
             st.dir().ok_or(Errno::ENOTDIR)?;
             let parent_sgid = st.meta.perm & libc::S_ISGID as u16 != 0;
             let gid = if parent_sgid { st.meta.gid } else { ctx.gid };
             let xattrs = Self::inherit_acl(&st.meta, FileType::RegularFile, umask, &mut perm);
-            (gid, xattrs)
+            // nodump and noatime pass to the new file, as in make_node.
+            let flags = (st.meta.flags as u32 & crate::flags::INHERITED) as u8;
+            (gid, xattrs, flags)
         };
         if ctx.uid != 0 && gid != ctx.gid {
             // As make_node: no setgid on a file whose group the creator is not in.
@@ -940,6 +967,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs,
+            flags: inherited_flags,
         };
         let kind = FileType::RegularFile;
         let inode = Arc::new(Inode::new(ino, kind, meta, Body::File(FileData::default())));
@@ -959,6 +987,12 @@ impl Fs {
             // reach the node before this returns.
             for (name, value) in st.meta.xattrs.iter().flat_map(|x| x.iter()) {
                 self.log(|| Mutation::SetXattr { attr, name, value })?;
+            }
+            if inherited_flags != 0 {
+                self.log(|| Mutation::SetFlags {
+                    attr,
+                    flags: inherited_flags as u32,
+                })?;
             }
             Ok(())
         });
@@ -991,12 +1025,14 @@ impl Fs {
         let dir = self.get(newparent)?;
         let mut dst = dir.state.write();
         dst.check_new_entry(newname)?;
+        dst.meta.check_add_entry()?;
         let mut st = inode.state.write();
         // A removed node stays removed, except a linkable tmpfile's first
         // name; it is an ordinary file from then on, as with Linux's I_LINKABLE.
         if st.meta.nlink == 0 && self.linkable.remove(&ino).is_none() {
             return Err(Errno::ENOENT);
         }
+        st.meta.check_modify()?;
         if st.meta.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
@@ -1051,10 +1087,12 @@ impl Fs {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
+        pst.meta.check_modify()?;
         let child = self.get(ino)?;
         let now = Timespec::now();
         {
             let mut cst = child.state.write();
+            cst.meta.check_modify()?;
             if want_dir {
                 if !cst.dir().is_some_and(|d| d.is_empty()) {
                     return Err(Errno::ENOTEMPTY);
@@ -1245,6 +1283,7 @@ impl Fs {
             mtime: now,
             ctime: now,
             xattrs: None,
+            flags: 0,
         };
         let kind = FileType::CharDevice;
         let inode = Arc::new(Inode::new(wino, kind, meta, Body::Special));
@@ -1373,6 +1412,15 @@ impl Fs {
                 os = None;
             }
         }
+        pair.src().meta.check_modify()?;
+        match &os {
+            Some(o) => {
+                pair.dst().meta.check_modify()?;
+                o.meta.check_modify()?;
+            }
+            None => pair.dst().meta.check_add_entry()?,
+        }
+        ms.meta.check_modify()?;
         let now = Timespec::now();
         if flags.exchange {
             let (dino, dkind) = target.expect("checked");
@@ -1470,6 +1518,7 @@ impl Fs {
         {
             return Err(Errno::EISDIR);
         }
+        crate::flags::check_open(&inode.state.read().meta, flags)?;
         if flags & libc::O_TRUNC != 0
             && acc != libc::O_RDONLY
             && inode.kind == FileType::RegularFile
@@ -1516,7 +1565,8 @@ impl Fs {
         }
         let n = ((st.meta.size - off) as usize).min(buf.len());
         data.read(off, &mut buf[..n]);
-        let needs_atime = st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime;
+        let needs_atime = !st.meta.noatime()
+            && (st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime);
         drop(st);
         if needs_atime {
             // relatime: only when the last access predates the last change.
@@ -1547,6 +1597,7 @@ impl Fs {
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let (meta, file) = st.file_mut(Errno::EINVAL)?;
+        meta.check_write(append)?;
         let off = if append { meta.size } else { off };
         if data.is_empty() {
             return Ok(0);
@@ -1643,6 +1694,8 @@ impl Fs {
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
         let (meta, file) = st.file_mut(Errno::ENODEV)?;
+        // vfs_fallocate: only a plain allocation may touch an append-only file.
+        meta.check_write(!(mode.punch_hole || mode.zero_range))?;
         let now = Timespec::now();
         if mode.punch_hole {
             let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
@@ -1871,6 +1924,7 @@ impl Fs {
             return Err(Errno::EPERM);
         }
         let mut st = inode.state.write();
+        st.meta.check_modify()?;
         let xs = st
             .meta
             .xattrs
@@ -1987,6 +2041,7 @@ impl Fs {
         xattr::check_name(name)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
+        st.meta.check_modify()?;
         let xs = st.meta.xattrs.as_mut().ok_or(Errno::ENODATA)?;
         xs.remove(name)?;
         if xs.is_empty() {

@@ -44,6 +44,8 @@ pub(crate) struct Meta {
     pub mtime: Timespec,
     pub ctime: Timespec,
     pub xattrs: Option<Box<Xattrs>>,
+    /// Inode flags (`FS_*_FL`, all in the low byte: see `flags.rs`).
+    pub flags: u8,
 }
 
 pub(crate) enum Body {

@@ -16,6 +16,7 @@ pub mod acl;
 mod data;
 mod dir;
 mod error;
+mod flags;
 mod fs;
 mod inode;
 mod locks;
@@ -28,6 +29,10 @@ mod xattr;
 
 pub use data::INLINE_MAX;
 pub use error::{Errno, Result};
+pub use flags::{
+    FS_APPEND_FL, FS_FL_SUPPORTED, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, flags_to_xflags,
+    xflags_to_flags,
+};
 pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};

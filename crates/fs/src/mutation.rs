@@ -84,6 +84,11 @@ pub enum Mutation<'a> {
     Tmpfile {
         attr: Attr,
     },
+    /// Inode flags replaced (`FS_IOC_SETFLAGS`); `attr` carries the new ctime.
+    SetFlags {
+        attr: Attr,
+        flags: u32,
+    },
 }
 
 impl Mutation<'_> {
@@ -113,6 +118,7 @@ impl Mutation<'_> {
             Mutation::RemoveXattr { .. } => "removexattr",
             Mutation::Free { .. } => "free",
             Mutation::Tmpfile { .. } => "tmpfile",
+            Mutation::SetFlags { .. } => "setflags",
         }
     }
 }

@@ -63,6 +63,11 @@ impl NodeView<'_> {
         self.st.meta.nlink
     }
 
+    /// Inode flags (`FS_*_FL`, see [`crate::Fs::set_flags`]).
+    pub fn flags(&self) -> u32 {
+        self.st.meta.flags as u32
+    }
+
     /// A directory's `..`; `None` for other types.
     pub fn dir_parent(&self) -> Option<u64> {
         self.st.dir().map(|d| d.parent)

@@ -49,6 +49,7 @@ fn meta_of(a: &Attr) -> Meta {
         mtime: a.mtime,
         ctime: a.ctime,
         xattrs: None,
+        flags: 0,
     }
 }
 
@@ -301,6 +302,10 @@ impl Fs {
                     }
                 }
                 self.set_attr(&attr);
+            }
+            Mutation::SetFlags { attr, flags } => {
+                let n = self.set_attr(&attr);
+                crate::flags::set_raw(&n, flags);
             }
             Mutation::Free { ino } => {
                 if ino != ROOT_INO

@@ -1258,6 +1258,80 @@ impl Filesystem for MemFuse {
         Self::empty(reply, self.settled(r));
     }
 
+    /// Inode flags (`chattr`/`lsattr`). The kernel sends these ioctls from
+    /// `fuse_fileattr_get/set` (fs/fuse/ioctl.c) after its own checks
+    /// (owner, CAP_LINUX_IMMUTABLE): FS_IOC_GETFLAGS/SETFLAGS with an
+    /// `unsigned int` (4 bytes, though the command number is encoded with
+    /// `long`; 8 bytes are accepted too) and FS_IOC_FSGETXATTR/FSSETXATTR
+    /// with a `struct fsxattr` (28 bytes). Both reach regular files and
+    /// directories without FUSE_IOCTL_DIR, which only gates ioctls the VFS
+    /// does not handle itself. Anything else is ENOTTY.
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        const GETFLAGS: [u32; 2] = [0x8008_6601, 0x8004_6601];
+        const SETFLAGS: [u32; 2] = [0x4008_6602, 0x4004_6602];
+        const FSGETXATTR: u32 = 0x801c_581f;
+        const FSSETXATTR: u32 = 0x401c_5820;
+        const FSXATTR_LEN: usize = 28;
+        let fs = self.fs.get();
+        let u32_at = |b: &[u8], at: usize| -> memfs_fs::Result<u32> {
+            b.get(at..at + 4)
+                .map(|v| u32::from_le_bytes(v.try_into().expect("4 bytes")))
+                .ok_or(Errno::EINVAL)
+        };
+        let r: memfs_fs::Result<Vec<u8>> = match cmd {
+            c if GETFLAGS.contains(&c) => fs.get_flags(ino.0).map(|f| {
+                let mut out = (f as u64).to_le_bytes().to_vec();
+                out.truncate(out_size as usize);
+                out
+            }),
+            c if SETFLAGS.contains(&c) => u32_at(in_data, 0)
+                .and_then(|f| self.settled(fs.set_flags(ctx(req), ino.0, f)))
+                .map(|_| Vec::new()),
+            FSGETXATTR => fs.get_flags(ino.0).map(|f| {
+                let mut out = vec![0; FSXATTR_LEN];
+                out[..4].copy_from_slice(&memfs_fs::flags_to_xflags(f).to_le_bytes());
+                out.truncate(out_size as usize);
+                out
+            }),
+            FSSETXATTR => {
+                // extsize, nextents, projid and cowextsize must stay zero:
+                // tmpfs refuses them too (fileattr_has_fsx).
+                let extra = (1..5).any(|i| u32_at(in_data, 4 * i).is_ok_and(|v| v != 0));
+                u32_at(in_data, 0)
+                    .and_then(|x| {
+                        if extra {
+                            Err(Errno::EOPNOTSUPP)
+                        } else {
+                            memfs_fs::xflags_to_flags(x)
+                        }
+                    })
+                    .and_then(|f| self.settled(fs.set_flags(ctx(req), ino.0, f)))
+                    .map(|_| Vec::new())
+            }
+            _ => Err(Errno(libc::ENOTTY)),
+        };
+        match r {
+            Ok(out) => {
+                if matches!(cmd, c if SETFLAGS.contains(&c) || c == FSSETXATTR) {
+                    // The ctime changed behind the kernel's attribute cache.
+                    self.attributes_changed(ino.0);
+                }
+                reply.ioctl(0, &out)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
     fn lseek(
         &self,
         _req: &Request,
