@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use memfs_fs::{Config, Fs};
+use memfs_fs::{AtimeMode, Config, Fs};
 use memfs_fuse::MountOptions;
 use memfs_fuse::mounts::unescape_mount_path;
 pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
@@ -169,8 +169,9 @@ const IGNORED_OPTIONS: &[&str] = &[
     "rootmode",
     "blksize",
     "max_read",
-    // Atime policies beyond atime/noatime: applied by `remount` (mount(2)
-    // flags); at mount time the kernel's default (relatime) stands.
+    // The engine never updates a directory's atime (readdir records no
+    // access), as with nodiratime; norelatime and nostrictatime leave
+    // Linux's default, relatime.
     "nodiratime",
     "diratime",
     "nostrictatime",
@@ -185,9 +186,7 @@ const IGNORED_OPTIONS: &[&str] = &[
     "nouser",
     "nofail",
     "_netdev",
-    "relatime",
     "norelatime",
-    "strictatime",
     "lazytime",
     "nolazytime",
     "silent",
@@ -266,14 +265,32 @@ impl MountArgs {
                 "checkpoint_interval" => interval = Some(need()?.to_string()),
                 "retention" => retention = Some(need()?.to_string()),
                 "remount" => remount = true,
+                // The FUSE kernel never updates atime itself: the policy is
+                // the engine's (noatime is also passed on as the mount flag).
+                "relatime" => fuse.atime = AtimeMode::Relative,
+                "strictatime" => fuse.atime = AtimeMode::Strict,
+                "atime" => {
+                    fuse.atime = AtimeMode::Relative;
+                    fuse.extra.push(opt.to_string())
+                }
+                "noatime" => {
+                    fuse.atime = AtimeMode::Never;
+                    fuse.extra.push(opt.to_string())
+                }
                 k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
-                "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "atime"
-                | "noatime" | "sync" | "async" | "dirsync" => fuse.extra.push(opt.to_string()),
+                "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "sync"
+                | "async" | "dirsync" => fuse.extra.push(opt.to_string()),
                 _ => bail!("unknown mount option {opt:?}"),
             }
         }
         if fuse.threads == 0 {
             bail!("--threads must be at least 1");
+        }
+        // Reading a read-only file system records no access (generic/003).
+        // The policy is fixed for the life of the server: a later
+        // `remount,rw` (mount(2) flags only) does not bring atime back.
+        if fuse.extra.iter().rev().find(|o| *o == "ro" || *o == "rw") == Some(&"ro".to_string()) {
+            fuse.atime = AtimeMode::Never;
         }
         let remount =
             remount.then(|| remount_flags(self.options.iter().flat_map(|o| o.split(','))));

@@ -374,3 +374,74 @@ fn rename_whiteout_in_memory_and_durable() {
     assert_eq!(std::fs::read(m.p("moved")).unwrap(), b"data");
     m.unmount();
 }
+
+/// Reads `path` whole through a new open (as `cat` does), then returns its
+/// atime as statx gives it (the kernel refetches atime after a READ).
+fn read_then_atime(path: &Path) -> std::time::SystemTime {
+    std::fs::read(path).unwrap();
+    std::fs::metadata(path).unwrap().accessed().unwrap()
+}
+
+fn set_atime(path: &Path, t: std::time::SystemTime) {
+    let f = std::fs::File::open(path).unwrap();
+    f.set_times(std::fs::FileTimes::new().set_accessed(t))
+        .unwrap();
+}
+
+/// The atime policy given at mount time (generic/003) is the engine's: a
+/// FUSE kernel never updates atime itself. relatime (the default) records a
+/// read when the last access is not later than the last change; strictatime
+/// records every read after an open (the page cache is not kept across
+/// opens, or a cached read would go unseen); noatime none.
+#[test]
+fn atime_policy_at_mount_time() {
+    use std::time::{Duration, SystemTime};
+    let past = SystemTime::now() - Duration::from_secs(1000);
+    let future = SystemTime::now() + Duration::from_secs(1000);
+
+    let m = Mount::new();
+    let f = m.p("f");
+    std::fs::write(&f, b"data").unwrap();
+    // Setting it changes ctime, so an access in the past predates the change.
+    set_atime(&f, past);
+    let first = read_then_atime(&f);
+    assert!(
+        first > past,
+        "relatime records the first read after a change"
+    );
+    set_atime(&f, future);
+    assert_eq!(
+        read_then_atime(&f),
+        future,
+        "relatime: a later access stays"
+    );
+    drop(m);
+
+    let m = Mount::with_args(&["-o", "strictatime"]);
+    let f = m.p("f");
+    std::fs::write(&f, b"data").unwrap();
+    for round in 0..2 {
+        set_atime(&f, future);
+        assert_ne!(
+            read_then_atime(&f),
+            future,
+            "strictatime records every read (open {round})"
+        );
+    }
+    drop(m);
+
+    let m = Mount::with_args(&["-o", "noatime,nodiratime"]);
+    let f = m.p("f");
+    std::fs::write(&f, b"data").unwrap();
+    set_atime(&f, past);
+    assert_eq!(read_then_atime(&f), past, "noatime records no read");
+    let line = mountinfo_line(&m.path()).expect("mounted");
+    assert!(
+        line.split(' ')
+            .nth(5)
+            .unwrap()
+            .split(',')
+            .any(|o| o == "noatime"),
+        "noatime is the mount's flag too: {line}"
+    );
+}

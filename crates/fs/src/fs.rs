@@ -1553,6 +1553,11 @@ impl Fs {
 
     /// Reads up to `buf.len()` bytes at `off`; returns the count (0 at end of file).
     pub fn read(&self, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.read_atime(ino, off, buf, AtimeMode::Relative)
+    }
+
+    /// [`Fs::read`] with the mount's atime policy.
+    pub fn read_atime(&self, ino: u64, off: u64, buf: &mut [u8], mode: AtimeMode) -> Result<usize> {
         let inode = self.get(ino)?;
         let st = inode.state.read();
         let data = match &st.body {
@@ -1565,14 +1570,23 @@ impl Fs {
         }
         let n = ((st.meta.size - off) as usize).min(buf.len());
         data.read(off, &mut buf[..n]);
-        let needs_atime = !st.meta.noatime()
-            && (st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime);
+        // relatime, as Linux's relatime_need_update: the access is news when
+        // the last one is not later than the last change, or a day old.
+        let stale = |m: &Meta| {
+            m.atime <= m.mtime || m.atime <= m.ctime || Timespec::now().sec - m.atime.sec >= 86_400
+        };
+        // The noatime inode flag (chattr +A) wins over any mount policy.
+        let needs_atime = match mode {
+            _ if st.meta.noatime() => false,
+            AtimeMode::Never => false,
+            AtimeMode::Strict => true,
+            AtimeMode::Relative => stale(&st.meta),
+        };
         drop(st);
         if needs_atime {
-            // relatime: only when the last access predates the last change.
             let now = Timespec::now();
             let mut st = inode.state.write();
-            if st.meta.atime <= st.meta.mtime || st.meta.atime <= st.meta.ctime {
+            if mode == AtimeMode::Strict || stale(&st.meta) {
                 st.meta.atime = now;
             }
         }

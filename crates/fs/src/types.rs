@@ -247,6 +247,21 @@ pub fn physical_memory() -> u64 {
     pages as u64 * size as u64
 }
 
+/// When reading a file updates its access time: the mount's atime policy
+/// (`relatime`, `strictatime`, `noatime`). A FUSE kernel never updates atime
+/// itself (it marks every inode S_NOATIME), so the policy has to live here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AtimeMode {
+    /// `relatime`, Linux's default: when the last access is not later than
+    /// the last change, or is a day old.
+    #[default]
+    Relative,
+    /// `strictatime`: on every read.
+    Strict,
+    /// `noatime`: never.
+    Never,
+}
+
 /// Flags of `rename`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {

@@ -159,6 +159,61 @@ fn times_of_rename() {
 }
 
 #[test]
+fn atime_modes_of_reads() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.write(C, f, 0, b"hello", false).unwrap();
+    let mut buf = [0u8; 5];
+    let set_atime = |t: Timespec| {
+        set(
+            &fs,
+            f,
+            SetAttr {
+                atime: Some(SetTime::At(t)),
+                ..Default::default()
+            },
+        )
+    };
+    let atime = || fs.getattr(f).unwrap().atime;
+
+    // noatime: even an access older than the last change stays.
+    set_atime(OLD);
+    fs.read_atime(f, 0, &mut buf, AtimeMode::Never).unwrap();
+    assert_eq!(atime(), OLD, "noatime");
+
+    // relatime: an access later than the last change, less than a day old, stays...
+    let mtime = fs.getattr(f).unwrap().mtime;
+    let recent = Timespec {
+        sec: mtime.sec + 1,
+        nsec: 0,
+    };
+    set_atime(recent);
+    fs.read_atime(f, 0, &mut buf, AtimeMode::Relative).unwrap();
+    assert_eq!(atime(), recent, "relatime, recent access");
+    // ...while strictatime records every read.
+    fs.read_atime(f, 0, &mut buf, AtimeMode::Strict).unwrap();
+    assert_ne!(atime(), recent, "strictatime");
+
+    // relatime: a day-old access is renewed even when later than the last change.
+    let day_old = Timespec {
+        sec: Timespec::now().sec - 86_401,
+        nsec: 0,
+    };
+    set(
+        &fs,
+        f,
+        SetAttr {
+            atime: Some(SetTime::At(day_old)),
+            mtime: Some(SetTime::At(OLD)),
+            ctime: Some(OLD),
+            ..Default::default()
+        },
+    );
+    fs.read_atime(f, 0, &mut buf, AtimeMode::Relative).unwrap();
+    assert!(atime().sec > day_old.sec, "relatime, day-old access");
+}
+
+#[test]
 fn times_of_data_and_attribute_changes() {
     let fs = fs();
     let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;

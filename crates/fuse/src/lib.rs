@@ -36,8 +36,8 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use memfs_fs::{
-    Attr, Ctx, Errno, FallocateMode, FileType, Fs, RenameFlags, SetAttr, SetTime, Timespec,
-    XattrMode,
+    AtimeMode, Attr, Ctx, Errno, FallocateMode, FileType, Fs, RenameFlags, SetAttr, SetTime,
+    Timespec, XattrMode,
 };
 
 /// Largest request the kernel sends us: 1 MiB (256 pages).
@@ -81,6 +81,9 @@ pub struct MountOptions {
     pub subtype: String,
     /// Further mount options passed to the kernel as they are.
     pub extra: Vec<String>,
+    /// When reads update atime (`relatime`, `strictatime`, `noatime`): the
+    /// FUSE kernel leaves atime to the server whatever the mount flags say.
+    pub atime: AtimeMode,
 }
 
 impl Default for MountOptions {
@@ -102,6 +105,7 @@ impl Default for MountOptions {
             fsname: "memfs".into(),
             subtype: "memfs".into(),
             extra: Vec::new(),
+            atime: AtimeMode::Relative,
         }
     }
 }
@@ -190,6 +194,8 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         let opposite = match o {
             MountOption::NoDev => Some(MountOption::Dev),
             MountOption::NoSuid => Some(MountOption::Suid),
+            MountOption::Atime => Some(MountOption::NoAtime),
+            MountOption::NoAtime => Some(MountOption::Atime),
             _ => None,
         };
         mount_options.retain(|m| Some(m) != opposite.as_ref());
@@ -243,6 +249,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         writeback: opts.writeback_cache,
         io_uring: opts.io_uring,
         engine_locks: opts.locks == LockMode::Engine,
+        atime: opts.atime,
         any_locks: AtomicBool::new(false),
         no_opendir: AtomicBool::new(false),
         data_path: opts.data_path,
@@ -295,6 +302,10 @@ pub struct MemFuse {
     io_uring: bool,
     /// [`LockMode::Engine`]: locks, opens and closes come to us.
     engine_locks: bool,
+    /// The atime policy of reads. With `Strict`, opens are answered without
+    /// FOPEN_KEEP_CACHE, so that a read after each open reaches us and is
+    /// recorded (reads served from the page cache never are).
+    atime: AtimeMode,
     /// Whether any handle ever locked: keeps the map out of the release path until then.
     any_locks: AtomicBool,
     /// The kernel accepted NO_OPENDIR_SUPPORT: OPENDIR is declined.
@@ -479,9 +490,14 @@ impl MemFuse {
 
     fn open_flags(&self) -> FopenFlags {
         // Every change goes through this kernel, so its page cache never goes
-        // stale: keep it across opens. Direct writes to one file may run in parallel:
-        // the engine serialises them per inode itself.
-        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        // stale: keep it across opens (except for strictatime, see `atime`).
+        // Direct writes to one file may run in parallel: the engine
+        // serialises them per inode itself.
+        if self.atime == AtimeMode::Strict {
+            FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        }
     }
 }
 
@@ -759,7 +775,7 @@ impl Filesystem for MemFuse {
             b.fuse_opened(ino.0);
             return reply.opened(fh, self.open_flags());
         }
-        if !self.engine_locks {
+        if !self.engine_locks && self.atime != AtimeMode::Strict {
             // Zero-message opens from now on: the kernel has checked access,
             // sends O_TRUNC as a SETATTR, and holds a lookup reference while
             // the file is open, so an unlinked open file lives until FORGET.
@@ -790,7 +806,7 @@ impl Filesystem for MemFuse {
             let buf = &mut buf[..size as usize];
             let r = match &backed {
                 Some(b) => b.read_at(offset, buf),
-                None => self.fs.get().read(ino.0, offset, buf),
+                None => self.fs.get().read_atime(ino.0, offset, buf, self.atime),
             };
             match r {
                 Ok(n) => reply.data(&buf[..n]),
@@ -1429,7 +1445,11 @@ impl MemFuse {
                     buf.resize((len - done).min(CHUNK) as usize, 0);
                     let n = match b_in {
                         Some(b) => b.read_at(off_in + done, &mut buf)?,
-                        None => self.fs.get().read(ino_in, off_in + done, &mut buf)?,
+                        None => {
+                            self.fs
+                                .get()
+                                .read_atime(ino_in, off_in + done, &mut buf, self.atime)?
+                        }
                     };
                     if n == 0 {
                         break;
