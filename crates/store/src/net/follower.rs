@@ -9,7 +9,7 @@
 //! continue from its own block.
 
 use super::client::{Client, ClientConfig, ClientError, Event, Subscription, decode_event};
-use super::protocol::{self as p, ErrorCode, Role};
+use super::protocol::{ErrorCode, Role};
 use crate::{Durability, Store, StoreError, StoreOptions};
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use std::path::{Path, PathBuf};
@@ -463,8 +463,7 @@ fn apply_frames(
         }
         match ev {
             Event::Block { block, entries, .. } => {
-                let ops: Vec<(&[u8], &[u8])> = p::entries(entries, kw).collect();
-                st.set(block, &ops).map_err(diverged)?;
+                st.set_encoded(block, entries).map_err(diverged)?;
             }
             Event::Rollback { target, result, .. } => {
                 st.rollback(target).map_err(diverged)?;
