@@ -238,7 +238,7 @@ struct WindowState {
 impl Shared {
     #[inline]
     fn shard_of(&self, h: u64) -> usize {
-        (((h >> 32) * self.shards.len() as u64) >> 32) as usize
+        shard_of(h, self.shards.len())
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -552,10 +552,47 @@ impl Store {
                 offsets: &offsets,
                 kw: self.shared.kw,
             };
-            self.apply_locked(&mut w, t0, block, &ops, Some(entries))
+            self.apply_locked(&mut w, t0, block, &ops, Some(entries), None)
         });
         w.offsets = offsets;
         r.map(|_| ())
+    }
+
+    /// [`set_encoded`](Self::set_encoded) with entries indexed and hashed
+    /// beforehand by [`PreparedBlock::prepare`], e.g. on another thread
+    /// while the previous block is applied (a follower's receiving thread).
+    pub fn set_prepared(&self, block: u64, prepared: &PreparedBlock) -> Result<()> {
+        let t0 = Instant::now();
+        let Some(range) = prepared.entries.clone() else {
+            return Err(StoreError::Invalid(
+                "the block was not prepared (PreparedBlock::prepare)".into(),
+            ));
+        };
+        if prepared.kw != self.shared.kw || prepared.shards != self.shared.shards.len() {
+            return Err(StoreError::Invalid(format!(
+                "the block was prepared for {}-byte keys and {} shards, the store has {}-byte keys and {} shards",
+                prepared.kw,
+                prepared.shards,
+                self.shared.kw,
+                self.shared.shards.len()
+            )));
+        }
+        let entries = &prepared.bytes[range];
+        let ops = Encoded {
+            bytes: entries,
+            offsets: &prepared.offsets,
+            kw: self.shared.kw,
+        };
+        let mut w = self.w.lock();
+        self.apply_locked(
+            &mut w,
+            t0,
+            block,
+            &ops,
+            Some(entries),
+            Some((&prepared.hashes, &prepared.by_shard)),
+        )
+        .map(|_| ())
     }
 
     /// Deletes `key` in block `block`, returning its previous value.
@@ -603,7 +640,7 @@ impl Store {
         let t0 = Instant::now();
         self.validate(ops)?;
         let mut w = self.w.lock();
-        self.apply_locked(&mut w, t0, block, &Pairs(ops), None)
+        self.apply_locked(&mut w, t0, block, &Pairs(ops), None, None)
     }
 
     /// Applies a validated block with the writer lock held. `encoded` is the
@@ -615,6 +652,7 @@ impl Store {
         block: u64,
         ops: &O,
         encoded: Option<&[u8]>,
+        bucketed: Option<(&[u64], &[Vec<u32>])>,
     ) -> Result<Arc<UndoBlock>> {
         self.shared.check_failed()?;
         let current = self.current_block();
@@ -660,7 +698,10 @@ impl Store {
         let (res, undo) = if overlap {
             std::thread::scope(|sc| {
                 let h = sc.spawn(|| journal.commit_reserved(&[&header, entries], reserved));
-                let undo = apply_ops(&self.shared, w, ops);
+                let undo = match bucketed {
+                    Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
+                    None => apply_ops(&self.shared, w, ops),
+                };
                 let res = h.join().unwrap_or_else(|_| {
                     Err(memfs_journal::Error::Failed(
                         "journal thread panicked".into(),
@@ -669,7 +710,10 @@ impl Store {
                 (res, undo)
             })
         } else {
-            let undo = apply_ops(&self.shared, w, ops);
+            let undo = match bucketed {
+                Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
+                None => apply_ops(&self.shared, w, ops),
+            };
             (journal.commit_reserved(&[&header, entries], reserved), undo)
         };
         recycle(w, vec![redo]);
@@ -939,6 +983,65 @@ fn recycle(w: &mut Writer, bufs: Vec<Vec<u8>>) {
     }
 }
 
+/// A block in its encoded form (see [`Store::set_encoded`]), owning its
+/// buffer, with its entries indexed, hashed and bucketed by shard ahead of
+/// [`Store::set_prepared`]. Reuse one per pipeline slot: nothing is
+/// allocated once its buffers have grown.
+#[derive(Default)]
+pub struct PreparedBlock {
+    bytes: Vec<u8>,
+    /// The entries within `bytes`, once prepared.
+    entries: Option<std::ops::Range<usize>>,
+    kw: usize,
+    shards: usize,
+    offsets: Vec<u32>,
+    hashes: Vec<u64>,
+    by_shard: Vec<Vec<u32>>,
+}
+
+impl PreparedBlock {
+    /// The buffer, to fill; this undoes [`prepare`](Self::prepare).
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        self.entries = None;
+        &mut self.bytes
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Indexes the entries found at `entries` in the buffer, for a store
+    /// with `key_width`-byte keys and `shards` shards. A malformed range or
+    /// buffer is an error and leaves the block unprepared.
+    pub fn prepare(
+        &mut self,
+        entries: std::ops::Range<usize>,
+        key_width: usize,
+        shards: usize,
+    ) -> Result<()> {
+        self.entries = None;
+        let Some(bytes) = self.bytes.get(entries.clone()) else {
+            return Err(StoreError::Invalid(format!(
+                "entries at {entries:?} are outside the {}-byte buffer",
+                self.bytes.len()
+            )));
+        };
+        if shards == 0 {
+            return Err(StoreError::Invalid("a store has at least one shard".into()));
+        }
+        index_entries(bytes, key_width, &mut self.offsets)?;
+        let ops = Encoded {
+            bytes,
+            offsets: &self.offsets,
+            kw: key_width,
+        };
+        bucket(&ops, shards, &mut self.hashes, &mut self.by_shard);
+        (self.kw, self.shards) = (key_width, shards);
+        self.entries = Some(entries);
+        Ok(())
+    }
+}
+
 /// A block's operations, read by index.
 trait Ops: Sync {
     fn len(&self) -> usize;
@@ -1026,19 +1129,45 @@ fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> 
 /// Applies `ops` to the shards. Returns, per touched shard, the undo entries
 /// (`[key][len][old value]`, for the rollback window).
 fn apply_ops<O: Ops>(shared: &Shared, w: &mut Writer, ops: &O) -> Vec<Vec<u8>> {
-    let n = shared.shards.len();
-    w.hashes.clear();
-    for b in &mut w.by_shard {
+    let mut hashes = std::mem::take(&mut w.hashes);
+    let mut by_shard = std::mem::take(&mut w.by_shard);
+    bucket(ops, shared.shards.len(), &mut hashes, &mut by_shard);
+    let undo = apply_bucketed(shared, w, ops, &hashes, &by_shard);
+    w.hashes = hashes;
+    w.by_shard = by_shard;
+    undo
+}
+
+/// Hashes every key of `ops` and lists the operation indices of each shard
+/// (in block order).
+fn bucket<O: Ops>(ops: &O, shards: usize, hashes: &mut Vec<u64>, by_shard: &mut Vec<Vec<u32>>) {
+    hashes.clear();
+    by_shard.resize_with(shards, Vec::new);
+    for b in by_shard.iter_mut() {
         b.clear();
     }
     for i in 0..ops.len() {
         let h = hash_key(ops.key(i));
-        w.hashes.push(h);
-        w.by_shard[shared.shard_of(h)].push(i as u32);
+        hashes.push(h);
+        by_shard[shard_of(h, shards)].push(i as u32);
     }
+}
+
+#[inline]
+fn shard_of(h: u64, shards: usize) -> usize {
+    (((h >> 32) * shards as u64) >> 32) as usize
+}
+
+/// [`apply_ops`] with the keys already hashed and bucketed by [`bucket`].
+fn apply_bucketed<O: Ops>(
+    shared: &Shared,
+    w: &mut Writer,
+    ops: &O,
+    hashes: &[u64],
+    by_shard: &[Vec<u32>],
+) -> Vec<Vec<u8>> {
+    let n = shared.shards.len();
     let kw = shared.kw;
-    let hashes = &w.hashes;
-    let by_shard = &w.by_shard;
     let apply_shard = |s: usize, undo: &mut Vec<u8>| {
         let idx = &by_shard[s];
         undo.reserve(idx.len() * (kw + 2 + 8));
