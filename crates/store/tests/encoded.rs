@@ -136,3 +136,55 @@ fn malformed_encoded_blocks_change_nothing() {
     assert_eq!(s.get(b"zzzzzzzz").unwrap(), Some(vec![7; 30]));
     assert_eq!(s.len(), 3_002);
 }
+
+/// `set_prepared` (the follower's path: entries indexed and hashed on its
+/// receiving thread) gives what `set` gives, and refuses a block that was
+/// not prepared, or prepared for another layout, without changing anything.
+#[test]
+fn set_prepared_equals_set_and_checks_its_layout() {
+    use memfs_store::PreparedBlock;
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = Store::create(ta.path(), opts(2)).unwrap();
+    let b = Store::create(tb.path(), opts(2)).unwrap();
+    let mut pb = PreparedBlock::default();
+    let mut rng = 7u64;
+    for block in 1..=12u64 {
+        let ops: Vec<(Vec<u8>, Vec<u8>)> = (0..2_500)
+            .map(|_| {
+                let k = (xorshift(&mut rng) % 3_000).to_le_bytes().to_vec();
+                let len = (xorshift(&mut rng) % 12) as usize;
+                (k, vec![block as u8; len])
+            })
+            .collect();
+        a.set(block, &ops).unwrap();
+        // Entries after a 5-byte header, as in a received frame.
+        let buf = pb.bytes_mut();
+        buf.clear();
+        buf.extend_from_slice(b"head:");
+        buf.extend_from_slice(&encode(&ops));
+        let end = pb.bytes().len();
+        pb.prepare(5..end, 8, 4).unwrap();
+        b.set_prepared(block, &pb).unwrap();
+    }
+    assert_eq!(contents(&b), contents(&a));
+    let before = (contents(&b), b.current_block(), b.last_commit());
+    // Refilling the buffer undoes the preparation.
+    pb.bytes_mut().truncate(5);
+    let err = b.set_prepared(20, &pb).unwrap_err();
+    assert!(err.to_string().contains("not prepared"), "{err}");
+    // Prepared for another shard count or key width.
+    pb.bytes_mut()
+        .extend_from_slice(&encode(&[(vec![1; 8], vec![2])]));
+    pb.prepare(5..16, 8, 3).unwrap();
+    let err = b.set_prepared(20, &pb).unwrap_err();
+    assert!(err.to_string().contains("3 shards"), "{err}");
+    assert!(
+        pb.prepare(5..16, 10, 4).is_err(),
+        "cut short for 10-byte keys"
+    );
+    assert!(pb.prepare(5..17, 8, 4).is_err(), "range outside the buffer");
+    assert_eq!((contents(&b), b.current_block(), b.last_commit()), before);
+    pb.prepare(5..16, 8, 4).unwrap();
+    b.set_prepared(20, &pb).unwrap();
+    assert_eq!(b.get(&[1; 8]).unwrap(), Some(vec![2]));
+}

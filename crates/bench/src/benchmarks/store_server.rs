@@ -43,8 +43,10 @@ pub struct Args {
     /// Only the follower-lag run.
     #[arg(long)]
     lag_only: bool,
-    /// Threads the follower applies a block with.
-    #[arg(long, default_value_t = 2)]
+    /// Threads the follower applies a block with. 1 by default: here the
+    /// follower shares two cores with the writer, and a block applied by 2
+    /// threads waits for the slower of them (docs/store.md).
+    #[arg(long, default_value_t = 1)]
     follower_threads: usize,
 }
 
