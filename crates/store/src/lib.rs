@@ -71,6 +71,10 @@ pub enum StoreError {
     Layout(String),
     #[error("invalid options: {0}")]
     Invalid(String),
+    /// A block in the encoded form that does not parse, or a
+    /// [`PreparedBlock`] that does not fit the store.
+    #[error("malformed block: {0}")]
+    Malformed(String),
     #[error("corrupt store data: {0}")]
     Corrupt(String),
     #[error("I/O error on {path}: {source}")]
@@ -564,12 +568,12 @@ impl Store {
     pub fn set_prepared(&self, block: u64, prepared: &PreparedBlock) -> Result<()> {
         let t0 = Instant::now();
         let Some(range) = prepared.entries.clone() else {
-            return Err(StoreError::Invalid(
+            return Err(StoreError::Malformed(
                 "the block was not prepared (PreparedBlock::prepare)".into(),
             ));
         };
         if prepared.kw != self.shared.kw || prepared.shards != self.shared.shards.len() {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Malformed(format!(
                 "the block was prepared for {}-byte keys and {} shards, the store has {}-byte keys and {} shards",
                 prepared.kw,
                 prepared.shards,
@@ -1021,13 +1025,15 @@ impl PreparedBlock {
     ) -> Result<()> {
         self.entries = None;
         let Some(bytes) = self.bytes.get(entries.clone()) else {
-            return Err(StoreError::Invalid(format!(
+            return Err(StoreError::Malformed(format!(
                 "entries at {entries:?} are outside the {}-byte buffer",
                 self.bytes.len()
             )));
         };
         if shards == 0 {
-            return Err(StoreError::Invalid("a store has at least one shard".into()));
+            return Err(StoreError::Malformed(
+                "a store has at least one shard".into(),
+            ));
         }
         index_entries(bytes, key_width, &mut self.offsets)?;
         let ops = Encoded {
@@ -1096,7 +1102,7 @@ impl Ops for Encoded<'_> {
 fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> {
     offsets.clear();
     if bytes.len() > u32::MAX as usize {
-        return Err(StoreError::Invalid(format!(
+        return Err(StoreError::Malformed(format!(
             "an encoded block of {} bytes is too large (at most 4 GiB)",
             bytes.len()
         )));
@@ -1104,10 +1110,10 @@ fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> 
     let mut o = 0usize;
     while o < bytes.len() {
         let Some(len) = bytes.get(o + kw..o + kw + 2) else {
+            let at = offsets.len();
             offsets.clear();
-            return Err(StoreError::Invalid(format!(
-                "encoded block: entry {} at byte {o} is cut short (key width {kw})",
-                offsets.len()
+            return Err(StoreError::Malformed(format!(
+                "entry {at} at byte {o} is cut short (key width {kw})"
             )));
         };
         let len = u16::from_le_bytes([len[0], len[1]]) as usize;
@@ -1115,8 +1121,8 @@ fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> 
         if end > bytes.len() {
             let at = offsets.len();
             offsets.clear();
-            return Err(StoreError::Invalid(format!(
-                "encoded block: the value of entry {at} at byte {o} ({len} bytes) runs past the end ({} bytes)",
+            return Err(StoreError::Malformed(format!(
+                "the value of entry {at} at byte {o} ({len} bytes) runs past the end ({} bytes)",
                 bytes.len()
             )));
         }

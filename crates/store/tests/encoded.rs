@@ -112,7 +112,7 @@ fn malformed_encoded_blocks_change_nothing() {
     // Cut inside the last key, inside its length, inside its value.
     for cut in [full.len() - 35, full.len() - 31, full.len() - 1] {
         let err = s.set_encoded(2, &full[..cut]).unwrap_err();
-        assert!(matches!(err, StoreError::Invalid(_)), "{err}");
+        assert!(matches!(err, StoreError::Malformed(_)), "{err}");
         assert!(err.to_string().contains("entry 3000"), "{err}");
         assert_eq!((contents(&s), s.current_block(), s.last_commit()), before);
     }
