@@ -71,6 +71,10 @@ pub enum StoreError {
     Layout(String),
     #[error("invalid options: {0}")]
     Invalid(String),
+    /// A block in the encoded form that does not parse, or a
+    /// [`PreparedBlock`] that does not fit the store.
+    #[error("malformed block: {0}")]
+    Malformed(String),
     #[error("corrupt store data: {0}")]
     Corrupt(String),
     #[error("I/O error on {path}: {source}")]
@@ -238,7 +242,7 @@ struct WindowState {
 impl Shared {
     #[inline]
     fn shard_of(&self, h: u64) -> usize {
-        (((h >> 32) * self.shards.len() as u64) >> 32) as usize
+        shard_of(h, self.shards.len())
     }
 
     fn check_failed(&self) -> Result<()> {
@@ -265,6 +269,8 @@ struct Writer {
     hashes: Vec<u64>,
     by_shard: Vec<Vec<u32>>,
     spare: Vec<Vec<u8>>,
+    /// Entry offsets of a block given in the encoded form ([`Store::set_encoded`]).
+    offsets: Vec<u32>,
 }
 
 /// The block store. Share it between threads by reference or `Arc`; writes
@@ -444,6 +450,7 @@ impl Store {
             hashes: Vec::new(),
             by_shard: vec![Vec::new(); opts.shards],
             spare: Vec::new(),
+            offsets: Vec::new(),
             opts: opts.clone(),
         };
         Ok(Store {
@@ -533,6 +540,65 @@ impl Store {
         self.apply_block(block, ops).map(|_| ())
     }
 
+    /// [`set`](Self::set) with the operations in their encoded form,
+    /// `{ [key: key width][len u16 LE][value: len bytes] }*` (len 0 deletes):
+    /// the body of the protocol's SET and EV_BLOCK frames after the count,
+    /// and the store's own journal entry. Nothing is copied or allocated per
+    /// operation: `entries` is indexed in place and written to the journal
+    /// as is. A malformed buffer is refused before anything changes.
+    pub fn set_encoded(&self, block: u64, entries: &[u8]) -> Result<()> {
+        let t0 = Instant::now();
+        let mut w = self.w.lock();
+        let mut offsets = std::mem::take(&mut w.offsets);
+        let r = index_entries(entries, self.shared.kw, &mut offsets).and_then(|()| {
+            let ops = Encoded {
+                bytes: entries,
+                offsets: &offsets,
+                kw: self.shared.kw,
+            };
+            self.apply_locked(&mut w, t0, block, &ops, Some(entries), None)
+        });
+        w.offsets = offsets;
+        r.map(|_| ())
+    }
+
+    /// [`set_encoded`](Self::set_encoded) with entries indexed and hashed
+    /// beforehand by [`PreparedBlock::prepare`], e.g. on another thread
+    /// while the previous block is applied (a follower's receiving thread).
+    pub fn set_prepared(&self, block: u64, prepared: &PreparedBlock) -> Result<()> {
+        let t0 = Instant::now();
+        let Some(range) = prepared.entries.clone() else {
+            return Err(StoreError::Malformed(
+                "the block was not prepared (PreparedBlock::prepare)".into(),
+            ));
+        };
+        if prepared.kw != self.shared.kw || prepared.shards != self.shared.shards.len() {
+            return Err(StoreError::Malformed(format!(
+                "the block was prepared for {}-byte keys and {} shards, the store has {}-byte keys and {} shards",
+                prepared.kw,
+                prepared.shards,
+                self.shared.kw,
+                self.shared.shards.len()
+            )));
+        }
+        let entries = &prepared.bytes[range];
+        let ops = Encoded {
+            bytes: entries,
+            offsets: &prepared.offsets,
+            kw: self.shared.kw,
+        };
+        let mut w = self.w.lock();
+        self.apply_locked(
+            &mut w,
+            t0,
+            block,
+            &ops,
+            Some(entries),
+            Some((&prepared.hashes, &prepared.by_shard)),
+        )
+        .map(|_| ())
+    }
+
     /// Deletes `key` in block `block`, returning its previous value.
     pub fn pop(&self, block: u64, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let ops: [(&[u8], &[u8]); 1] = [(key, b"")];
@@ -578,6 +644,20 @@ impl Store {
         let t0 = Instant::now();
         self.validate(ops)?;
         let mut w = self.w.lock();
+        self.apply_locked(&mut w, t0, block, &Pairs(ops), None, None)
+    }
+
+    /// Applies a validated block with the writer lock held. `encoded` is the
+    /// journal form of `ops` when the caller has it (else it is encoded here).
+    fn apply_locked<O: Ops>(
+        &self,
+        w: &mut Writer,
+        t0: Instant,
+        block: u64,
+        ops: &O,
+        encoded: Option<&[u8]>,
+        bucketed: Option<(&[u64], &[Vec<u32>])>,
+    ) -> Result<Arc<UndoBlock>> {
         self.shared.check_failed()?;
         let current = self.current_block();
         if block <= current {
@@ -589,20 +669,23 @@ impl Store {
         // while the tables are updated. In `sync` mode the fsync overlaps the
         // in-memory work instead of following it.
         let mut redo = w.spare.pop().unwrap_or_default();
-        redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
-        for (k, v) in ops {
-            let (k, v) = (k.as_ref(), v.as_ref());
-            redo.extend_from_slice(k);
-            redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
-            redo.extend_from_slice(v);
+        if encoded.is_none() {
+            redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
+            for i in 0..ops.len() {
+                let (k, v) = (ops.key(i), ops.value(i));
+                redo.extend_from_slice(k);
+                redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
+                redo.extend_from_slice(v);
+            }
         }
+        let entries = encoded.unwrap_or(&redo);
         let header = codec::block_header(block);
         // Space first: a block that cannot be journaled is refused before
         // anything changes, and the store stays at the previous block.
-        let reserved = match w.journal.reserve((header.len() + redo.len()) as u64) {
+        let reserved = match w.journal.reserve((header.len() + entries.len()) as u64) {
             Ok(n) => n,
             Err(e) => {
-                recycle(&mut w, vec![redo]);
+                recycle(w, vec![redo]);
                 let e = StoreError::from(e);
                 if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
                     self.shared.fail(&e);
@@ -618,8 +701,11 @@ impl Store {
         let journal = w.journal.clone();
         let (res, undo) = if overlap {
             std::thread::scope(|sc| {
-                let h = sc.spawn(|| journal.commit_reserved(&[&header, &redo], reserved));
-                let undo = apply_ops(&self.shared, &mut w, ops);
+                let h = sc.spawn(|| journal.commit_reserved(&[&header, entries], reserved));
+                let undo = match bucketed {
+                    Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
+                    None => apply_ops(&self.shared, w, ops),
+                };
                 let res = h.join().unwrap_or_else(|_| {
                     Err(memfs_journal::Error::Failed(
                         "journal thread panicked".into(),
@@ -628,10 +714,13 @@ impl Store {
                 (res, undo)
             })
         } else {
-            let undo = apply_ops(&self.shared, &mut w, ops);
-            (journal.commit_reserved(&[&header, &redo], reserved), undo)
+            let undo = match bucketed {
+                Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
+                None => apply_ops(&self.shared, w, ops),
+            };
+            (journal.commit_reserved(&[&header, entries], reserved), undo)
         };
-        recycle(&mut w, vec![redo]);
+        recycle(w, vec![redo]);
         if let Err(e) = res {
             drop(gate);
             let e = StoreError::from(e);
@@ -646,7 +735,7 @@ impl Store {
         self.shared.metrics.record_block(ops.len(), t0.elapsed());
         w.blocks_since_snapshot += 1;
         if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
-            self.maybe_start_snapshot(&mut w);
+            self.maybe_start_snapshot(w);
         }
         Ok(undo)
     }
@@ -898,26 +987,193 @@ fn recycle(w: &mut Writer, bufs: Vec<Vec<u8>>) {
     }
 }
 
+/// A block in its encoded form (see [`Store::set_encoded`]), owning its
+/// buffer, with its entries indexed, hashed and bucketed by shard ahead of
+/// [`Store::set_prepared`]. Reuse one per pipeline slot: nothing is
+/// allocated once its buffers have grown.
+#[derive(Default)]
+pub struct PreparedBlock {
+    bytes: Vec<u8>,
+    /// The entries within `bytes`, once prepared.
+    entries: Option<std::ops::Range<usize>>,
+    kw: usize,
+    shards: usize,
+    offsets: Vec<u32>,
+    hashes: Vec<u64>,
+    by_shard: Vec<Vec<u32>>,
+}
+
+impl PreparedBlock {
+    /// The buffer, to fill; this undoes [`prepare`](Self::prepare).
+    pub fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        self.entries = None;
+        &mut self.bytes
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Indexes the entries found at `entries` in the buffer, for a store
+    /// with `key_width`-byte keys and `shards` shards. A malformed range or
+    /// buffer is an error and leaves the block unprepared.
+    pub fn prepare(
+        &mut self,
+        entries: std::ops::Range<usize>,
+        key_width: usize,
+        shards: usize,
+    ) -> Result<()> {
+        self.entries = None;
+        let Some(bytes) = self.bytes.get(entries.clone()) else {
+            return Err(StoreError::Malformed(format!(
+                "entries at {entries:?} are outside the {}-byte buffer",
+                self.bytes.len()
+            )));
+        };
+        if shards == 0 {
+            return Err(StoreError::Malformed(
+                "a store has at least one shard".into(),
+            ));
+        }
+        index_entries(bytes, key_width, &mut self.offsets)?;
+        let ops = Encoded {
+            bytes,
+            offsets: &self.offsets,
+            kw: key_width,
+        };
+        bucket(&ops, shards, &mut self.hashes, &mut self.by_shard);
+        (self.kw, self.shards) = (key_width, shards);
+        self.entries = Some(entries);
+        Ok(())
+    }
+}
+
+/// A block's operations, read by index.
+trait Ops: Sync {
+    fn len(&self) -> usize;
+    fn key(&self, i: usize) -> &[u8];
+    /// The new value; empty deletes.
+    fn value(&self, i: usize) -> &[u8];
+}
+
+/// Operations given as (key, value) pairs.
+struct Pairs<'a, K, V>(&'a [(K, V)]);
+
+impl<K: AsRef<[u8]> + Sync, V: AsRef<[u8]> + Sync> Ops for Pairs<'_, K, V> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    #[inline]
+    fn key(&self, i: usize) -> &[u8] {
+        self.0[i].0.as_ref()
+    }
+    #[inline]
+    fn value(&self, i: usize) -> &[u8] {
+        self.0[i].1.as_ref()
+    }
+}
+
+/// Operations in their encoded form, indexed by [`index_entries`].
+struct Encoded<'a> {
+    bytes: &'a [u8],
+    offsets: &'a [u32],
+    kw: usize,
+}
+
+impl Ops for Encoded<'_> {
+    fn len(&self) -> usize {
+        self.offsets.len()
+    }
+    #[inline]
+    fn key(&self, i: usize) -> &[u8] {
+        let o = self.offsets[i] as usize;
+        &self.bytes[o..o + self.kw]
+    }
+    #[inline]
+    fn value(&self, i: usize) -> &[u8] {
+        let o = self.offsets[i] as usize + self.kw;
+        let len = u16::from_le_bytes([self.bytes[o], self.bytes[o + 1]]) as usize;
+        &self.bytes[o + 2..o + 2 + len]
+    }
+}
+
+/// Fills `offsets` with the start of each entry of `bytes`
+/// (`{ [key: kw][len u16][value] }*`), checking that the entries tile it.
+fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> {
+    offsets.clear();
+    if bytes.len() > u32::MAX as usize {
+        return Err(StoreError::Malformed(format!(
+            "an encoded block of {} bytes is too large (at most 4 GiB)",
+            bytes.len()
+        )));
+    }
+    let mut o = 0usize;
+    while o < bytes.len() {
+        let Some(len) = bytes.get(o + kw..o + kw + 2) else {
+            let at = offsets.len();
+            offsets.clear();
+            return Err(StoreError::Malformed(format!(
+                "entry {at} at byte {o} is cut short (key width {kw})"
+            )));
+        };
+        let len = u16::from_le_bytes([len[0], len[1]]) as usize;
+        let end = o + kw + 2 + len;
+        if end > bytes.len() {
+            let at = offsets.len();
+            offsets.clear();
+            return Err(StoreError::Malformed(format!(
+                "the value of entry {at} at byte {o} ({len} bytes) runs past the end ({} bytes)",
+                bytes.len()
+            )));
+        }
+        offsets.push(o as u32);
+        o = end;
+    }
+    Ok(())
+}
+
 /// Applies `ops` to the shards. Returns, per touched shard, the undo entries
 /// (`[key][len][old value]`, for the rollback window).
-fn apply_ops<K, V>(shared: &Shared, w: &mut Writer, ops: &[(K, V)]) -> Vec<Vec<u8>>
-where
-    K: AsRef<[u8]> + Sync,
-    V: AsRef<[u8]> + Sync,
-{
-    let n = shared.shards.len();
-    w.hashes.clear();
-    for b in &mut w.by_shard {
+fn apply_ops<O: Ops>(shared: &Shared, w: &mut Writer, ops: &O) -> Vec<Vec<u8>> {
+    let mut hashes = std::mem::take(&mut w.hashes);
+    let mut by_shard = std::mem::take(&mut w.by_shard);
+    bucket(ops, shared.shards.len(), &mut hashes, &mut by_shard);
+    let undo = apply_bucketed(shared, w, ops, &hashes, &by_shard);
+    w.hashes = hashes;
+    w.by_shard = by_shard;
+    undo
+}
+
+/// Hashes every key of `ops` and lists the operation indices of each shard
+/// (in block order).
+fn bucket<O: Ops>(ops: &O, shards: usize, hashes: &mut Vec<u64>, by_shard: &mut Vec<Vec<u32>>) {
+    hashes.clear();
+    by_shard.resize_with(shards, Vec::new);
+    for b in by_shard.iter_mut() {
         b.clear();
     }
-    for (i, (k, _)) in ops.iter().enumerate() {
-        let h = hash_key(k.as_ref());
-        w.hashes.push(h);
-        w.by_shard[shared.shard_of(h)].push(i as u32);
+    for i in 0..ops.len() {
+        let h = hash_key(ops.key(i));
+        hashes.push(h);
+        by_shard[shard_of(h, shards)].push(i as u32);
     }
+}
+
+#[inline]
+fn shard_of(h: u64, shards: usize) -> usize {
+    (((h >> 32) * shards as u64) >> 32) as usize
+}
+
+/// [`apply_ops`] with the keys already hashed and bucketed by [`bucket`].
+fn apply_bucketed<O: Ops>(
+    shared: &Shared,
+    w: &mut Writer,
+    ops: &O,
+    hashes: &[u64],
+    by_shard: &[Vec<u32>],
+) -> Vec<Vec<u8>> {
+    let n = shared.shards.len();
     let kw = shared.kw;
-    let hashes = &w.hashes;
-    let by_shard = &w.by_shard;
     let apply_shard = |s: usize, undo: &mut Vec<u8>| {
         let idx = &by_shard[s];
         undo.reserve(idx.len() * (kw + 2 + 8));
@@ -926,8 +1182,7 @@ where
             if let Some(&ahead) = idx.get(j + PREFETCH_AHEAD) {
                 t.prefetch(hashes[ahead as usize]);
             }
-            let (k, v) = &ops[i as usize];
-            let (k, v) = (k.as_ref(), v.as_ref());
+            let (k, v) = (ops.key(i as usize), ops.value(i as usize));
             let h = hashes[i as usize];
             undo.extend_from_slice(k);
             if v.is_empty() {
@@ -937,12 +1192,18 @@ where
             }
         }
     };
+    // The undo buffers are sized here, on the calling (long-lived) thread:
+    // allocated on a short-lived worker, they came from that thread's fresh
+    // allocator pages, and the page faults (2 MiB pages zeroed) cost as much
+    // as applying the block (measured with perf, docs/store.md).
     let mut parts: Vec<Vec<u8>> = (0..n)
         .map(|s| {
             if by_shard[s].is_empty() {
                 Vec::new()
             } else {
-                w.spare.pop().unwrap_or_default()
+                let mut b = w.spare.pop().unwrap_or_default();
+                b.reserve(by_shard[s].len() * (kw + 2 + 8));
+                b
             }
         })
         .collect();

@@ -34,8 +34,8 @@ pub struct Args {
     /// multi_get calls for the latency figure.
     #[arg(long, default_value_t = 1000)]
     mget_calls: usize,
-    /// Blocks of the follower-lag run.
-    #[arg(long, default_value_t = 100)]
+    /// Blocks of the follower-lag run (and of the writer-alone run before it).
+    #[arg(long, default_value_t = 300)]
     blocks: u64,
     /// Skip the Redis baseline.
     #[arg(long)]
@@ -43,8 +43,10 @@ pub struct Args {
     /// Only the follower-lag run.
     #[arg(long)]
     lag_only: bool,
-    /// Threads the follower applies a block with.
-    #[arg(long, default_value_t = 2)]
+    /// Threads the follower applies a block with. 1 by default: here the
+    /// follower shares two cores with the writer, and a block applied by 2
+    /// threads waits for the slower of them (docs/store.md).
+    #[arg(long, default_value_t = 1)]
     follower_threads: usize,
 }
 
@@ -279,12 +281,15 @@ fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
     Ok((cert, key))
 }
 
+/// One run of the standard block workload against a served writer.
 struct Lag {
-    mean: f64,
-    max: u64,
-    /// Share of the samples at most 1 block behind.
-    within_one: f64,
+    /// Blocks written.
+    blocks: u64,
     blocks_per_sec: f64,
+    /// Lag samples, one per block (empty without a follower): the writer's
+    /// last committed event (its `set` reply) minus the follower's last
+    /// applied event, read right after the writer's `set` returned.
+    samples: Vec<u64>,
     /// Milliseconds per block: the writer's `set` round trip, the
     /// follower's apply, the follower's wait for a frame.
     writer_ms: f64,
@@ -292,16 +297,41 @@ struct Lag {
     idle_ms: f64,
 }
 
-fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
-    let wdir = tmp.join("lag-writer");
-    let fdir = tmp.join("lag-replica");
+impl Lag {
+    fn mean(&self) -> f64 {
+        self.samples.iter().sum::<u64>() as f64 / self.samples.len().max(1) as f64
+    }
+
+    /// The `q` quantile of the samples (nearest rank).
+    fn quantile(&self, q: f64) -> u64 {
+        let mut v = self.samples.clone();
+        v.sort_unstable();
+        let i = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+        v.get(i).copied().unwrap_or(0)
+    }
+
+    fn within_one(&self) -> f64 {
+        self.samples.iter().filter(|&&l| l <= 1).count() as f64 / self.samples.len().max(1) as f64
+    }
+}
+
+/// The writer applies `blocks` standard blocks (10,000 inserts of new keys,
+/// 9,000 deletes of the oldest live keys) through the server as fast as it
+/// can, with a follower subscribed (`follow`) or alone (the writer's own
+/// rate, the baseline for what a follower costs it).
+fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: bool) -> Result<Lag> {
+    let wdir = tmp.join(format!("{name}-writer"));
+    let fdir = tmp.join(format!("{name}-replica"));
+    let async_ = || {
+        "async"
+            .parse::<Durability>()
+            .map_err(|e| anyhow::anyhow!(e))
+    };
     Store::create(
         &wdir,
         StoreOptions {
             key_width: 8,
-            durability: "async"
-                .parse::<Durability>()
-                .map_err(|e| anyhow::anyhow!(e))?,
+            durability: async_()?,
             ..Default::default()
         },
     )?
@@ -309,28 +339,29 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
     let srv = Served::start(&wdir, None)?;
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(Progress::default());
-    let cfg = FollowerConfig {
-        client: ClientConfig::new(srv.addr.clone(), Role::Follow),
-        dir: fdir,
-        durability: "async"
-            .parse::<Durability>()
-            .map_err(|e| anyhow::anyhow!(e))?,
-        threads,
-        max_backoff: Duration::from_millis(200),
-        on_caught_up: None,
-    };
-    let f = {
+    let f = if follow {
+        let cfg = FollowerConfig {
+            client: ClientConfig::new(srv.addr.clone(), Role::Follow),
+            dir: fdir,
+            durability: async_()?,
+            threads,
+            max_backoff: Duration::from_millis(200),
+            on_caught_up: None,
+        };
         let (s, p) = (stop.clone(), progress.clone());
-        std::thread::spawn(move || follower::follow(cfg, &s, &p))
+        Some(std::thread::spawn(move || follower::follow(cfg, &s, &p)))
+    } else {
+        None
     };
     let mut w = Client::connect(ClientConfig::new(srv.addr.clone(), Role::Write))?;
     let mut next = 0u64;
     let mut live: std::collections::VecDeque<u64> = Default::default();
-    let (mut lag_sum, mut lag_max, mut within) = (0u64, 0u64, 0u64);
+    let mut samples = Vec::with_capacity(blocks as usize);
     let mut set_time = Duration::ZERO;
+    let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
     let t0 = Instant::now();
     for b in 1..=blocks {
-        let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
+        ops.clear();
         for _ in 0..10_000 {
             ops.push((next.to_le_bytes(), &[1u8; 8]));
             live.push_back(next);
@@ -343,25 +374,31 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
         let t_set = Instant::now();
         let seq = w.set(b, &ops)?;
         set_time += t_set.elapsed();
-        let lag = seq.saturating_sub(progress.seq.load(Relaxed));
-        lag_sum += lag;
-        lag_max = lag_max.max(lag);
-        within += (lag <= 1) as u64;
+        if follow {
+            samples.push(seq.saturating_sub(progress.seq.load(Relaxed)));
+        }
     }
     let elapsed = t0.elapsed().as_secs_f64();
     let last = w.status()?.last_seq;
-    let t1 = Instant::now();
-    while progress.seq.load(Relaxed) < last && t1.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(1));
+    if let Some(f) = f {
+        let t1 = Instant::now();
+        while progress.seq.load(Relaxed) < last && t1.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        stop.store(true, Relaxed);
+        f.join()
+            .map_err(|_| anyhow::anyhow!("follower panicked"))??;
+        if progress.seq.load(Relaxed) != last {
+            bail!(
+                "the follower reached event {} of {last} within 60 s of the writer's end",
+                progress.seq.load(Relaxed)
+            );
+        }
     }
-    stop.store(true, Relaxed);
-    f.join()
-        .map_err(|_| anyhow::anyhow!("follower panicked"))??;
     Ok(Lag {
-        mean: lag_sum as f64 / blocks as f64,
-        max: lag_max,
-        within_one: within as f64 / blocks as f64,
+        blocks,
         blocks_per_sec: blocks as f64 / elapsed,
+        samples,
         writer_ms: set_time.as_secs_f64() * 1e3 / blocks as f64,
         apply_ms: progress.apply_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
         idle_ms: progress.idle_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
@@ -369,13 +406,22 @@ fn follower_lag(tmp: &Path, blocks: u64, threads: usize) -> Result<Lag> {
 }
 
 fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
-    let l = follower_lag(tmp, a.blocks, a.follower_threads)?;
+    // The writer alone first, then with a follower, in fresh directories.
+    let alone = follower_lag(tmp, "alone", a.blocks, a.follower_threads, false)?;
+    let l = follower_lag(tmp, "lag", a.blocks, a.follower_threads, true)?;
     println!(
-        "follower lag, 10k inserts + 9k deletes per block at {:.1} blocks/s: mean {:.2} blocks, max {} blocks, {:.0} % of blocks within 1",
+        "writer alone, 10k inserts + 9k deletes per block: {:.1} blocks/s ({:.2} ms per set)",
+        alone.blocks_per_sec, alone.writer_ms
+    );
+    println!(
+        "follower lag over {} blocks at {:.1} blocks/s ({:.2}x the writer alone): mean {:.2}, p99 {}, max {} blocks; {:.0} % of samples within 1",
+        l.blocks,
         l.blocks_per_sec,
-        l.mean,
-        l.max,
-        l.within_one * 100.0
+        l.blocks_per_sec / alone.blocks_per_sec,
+        l.mean(),
+        l.quantile(0.99),
+        l.quantile(1.0),
+        l.within_one() * 100.0
     );
     println!(
         "  per block: writer set round trip {:.2} ms; follower apply {:.2} ms, idle {:.2} ms (waiting for the next frame)",

@@ -9,8 +9,8 @@
 //! continue from its own block.
 
 use super::client::{Client, ClientConfig, ClientError, Event, Subscription, decode_event};
-use super::protocol::{self as p, ErrorCode, Role};
-use crate::{Durability, Store, StoreError, StoreOptions};
+use super::protocol::{ErrorCode, Role};
+use crate::{Durability, PreparedBlock, Store, StoreError, StoreOptions};
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -342,9 +342,73 @@ fn pause(stop: &AtomicBool, backoff: &mut Duration, max: Duration) {
 /// ahead of the applier (bounded memory: a few blocks).
 const READ_AHEAD: usize = 4;
 
-/// Applies the stream. A reader thread receives and checks the next frames
-/// while this thread applies the current one, so the transfer and decoding
-/// of block N+1 overlap the application of block N.
+/// An event as the applier needs it; a block's entries are in the
+/// [`PreparedBlock`] that travels with it.
+#[derive(Clone, Copy)]
+enum Ev {
+    Block {
+        seq: u64,
+        prev: u64,
+        block: u64,
+    },
+    Rollback {
+        seq: u64,
+        prev: u64,
+        target: u64,
+        result: u64,
+    },
+    Heartbeat {
+        last_seq: u64,
+    },
+}
+
+type Received = Result<(Ev, PreparedBlock), ClientError>;
+
+/// Receives the next frame into `pb`, checks it and, for a block, indexes,
+/// hashes and buckets its entries (all of it off the applier's thread).
+fn receive(sub: &mut Subscription, mut pb: PreparedBlock, kw: usize, shards: usize) -> Received {
+    sub.next_frame(pb.bytes_mut())?;
+    let f = pb.bytes();
+    let (ev, entries) = match decode_event(f[0], &f[1..], kw)? {
+        Event::Block {
+            seq,
+            prev,
+            block,
+            entries,
+            ..
+        } => {
+            // `entries` borrows `f`: its position in the buffer.
+            let at = entries.as_ptr() as usize - f.as_ptr() as usize;
+            (Ev::Block { seq, prev, block }, Some(at..at + entries.len()))
+        }
+        Event::Rollback {
+            seq,
+            prev,
+            target,
+            result,
+        } => (
+            Ev::Rollback {
+                seq,
+                prev,
+                target,
+                result,
+            },
+            None,
+        ),
+        Event::Heartbeat { last_seq, .. } => (Ev::Heartbeat { last_seq }, None),
+    };
+    if let Some(r) = entries {
+        pb.prepare(r, kw, shards)
+            .map_err(|e| ClientError::Protocol(format!("event block: {e}")))?;
+    }
+    Ok((ev, pb))
+}
+
+/// Applies the stream. A reader thread receives, checks and prepares
+/// (indexes and hashes) the next blocks while this thread applies the
+/// current one, so the transfer and decoding of block N+1 overlap the
+/// application of block N, and the applier does only the table and journal
+/// work.
 fn apply_stream(
     replica: &Replica,
     sub: Subscription,
@@ -354,16 +418,20 @@ fn apply_stream(
     on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
 ) -> Result<(), FollowError> {
     let sock = sub.socket();
-    let (tx, rx) = mpsc::sync_channel::<Result<Vec<u8>, ClientError>>(READ_AHEAD);
-    let (free_tx, free_rx) = mpsc::channel::<Vec<u8>>();
+    let (kw, shards) = {
+        let st = replica.read().expect("opened");
+        (st.key_width(), st.options().shards)
+    };
+    let (tx, rx) = mpsc::sync_channel::<Received>(READ_AHEAD);
+    let (free_tx, free_rx) = mpsc::channel::<PreparedBlock>();
     std::thread::scope(|sc| {
         std::thread::Builder::new()
             .name("follower-recv".into())
             .spawn_scoped(sc, move || {
                 let mut sub = sub;
                 loop {
-                    let mut buf = free_rx.try_recv().unwrap_or_default();
-                    let r = sub.next_frame(&mut buf).map(|()| buf);
+                    let pb = free_rx.try_recv().unwrap_or_default();
+                    let r = receive(&mut sub, pb, kw, shards);
                     let failed = r.is_err();
                     if tx.send(r).is_err() || failed {
                         return;
@@ -396,14 +464,13 @@ fn apply_stream(
 
 fn apply_frames(
     replica: &Replica,
-    rx: &mpsc::Receiver<Result<Vec<u8>, ClientError>>,
-    free: &mpsc::Sender<Vec<u8>>,
+    rx: &mpsc::Receiver<Received>,
+    free: &mpsc::Sender<PreparedBlock>,
     stop: &AtomicBool,
     progress: &Progress,
     backoff: &mut Duration,
     on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
 ) -> Result<(), FollowError> {
-    let kw = replica.read().expect("opened").key_width();
     let mut reported = None;
     let diverged = |e: StoreError| FollowError::Diverged(e.to_string());
     loop {
@@ -415,8 +482,8 @@ fn apply_frames(
         progress
             .idle_nanos
             .fetch_add(t_wait.elapsed().as_nanos() as u64, Relaxed);
-        let frame = match got {
-            Ok(f) => f?,
+        let (ev, pb) = match got {
+            Ok(r) => r?,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(FollowError::Client(ClientError::Protocol(
@@ -424,10 +491,9 @@ fn apply_frames(
                 )));
             }
         };
-        let ev = decode_event(frame[0], &frame[1..], kw)?;
         *backoff = Duration::from_millis(50);
         let (seq, prev) = match ev {
-            Event::Heartbeat { last_seq, .. } => {
+            Ev::Heartbeat { last_seq } => {
                 progress.writer_seq.store(last_seq, Relaxed);
                 let here = {
                     let st = replica.read().expect("opened");
@@ -439,10 +505,10 @@ fn apply_frames(
                         f(here.0, here.1);
                     }
                 }
-                let _ = free.send(frame);
+                let _ = free.send(pb);
                 continue;
             }
-            Event::Block { seq, prev, .. } | Event::Rollback { seq, prev, .. } => (seq, prev),
+            Ev::Block { seq, prev, .. } | Ev::Rollback { seq, prev, .. } => (seq, prev),
         };
         // Readers wait while this one event is applied.
         let t_apply = std::time::Instant::now();
@@ -462,11 +528,10 @@ fn apply_frames(
             )));
         }
         match ev {
-            Event::Block { block, entries, .. } => {
-                let ops: Vec<(&[u8], &[u8])> = p::entries(entries, kw).collect();
-                st.set(block, &ops).map_err(diverged)?;
+            Ev::Block { block, .. } => {
+                st.set_prepared(block, &pb).map_err(diverged)?;
             }
-            Event::Rollback { target, result, .. } => {
+            Ev::Rollback { target, result, .. } => {
                 st.rollback(target).map_err(diverged)?;
                 if st.current_block() != result {
                     return Err(FollowError::Diverged(format!(
@@ -475,7 +540,7 @@ fn apply_frames(
                     )));
                 }
             }
-            Event::Heartbeat { .. } => unreachable!("handled above"),
+            Ev::Heartbeat { .. } => unreachable!("handled above"),
         }
         if st.last_commit() != seq {
             return Err(FollowError::Diverged(format!(
@@ -490,6 +555,6 @@ fn apply_frames(
         progress
             .apply_nanos
             .fetch_add(t_apply.elapsed().as_nanos() as u64, Relaxed);
-        let _ = free.send(frame);
+        let _ = free.send(pb);
     }
 }

@@ -862,12 +862,12 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             );
         }
         Frame::Set { block, entries, .. } if need(Role::Write) => {
-            let ops: Vec<(&[u8], &[u8])> = p::entries(entries, ss.kw).collect();
-            // The SET body (block, count, entries) is the event's body as is.
+            // The SET body (block, count, entries) is the event's body as is,
+            // and its entries are the journal's form: applied in place.
             let set_body = body;
             let _w = sh.write.lock();
             let prev = store.current_block();
-            match store.set(block, &ops) {
+            match store.set_encoded(block, entries) {
                 Ok(()) => {
                     let seq = store.last_commit();
                     let mut f = Vec::with_capacity(set_body.len() + 21);
