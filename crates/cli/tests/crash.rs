@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::{Mount, is_mount_point, memfs_bin};
+use common::{Mount, disk_dir, is_mount_point, memfs, memfs_bin};
 
 // ---------------------------------------------------------------- helpers
 
@@ -91,14 +91,6 @@ fn umask() -> u32 {
         .unwrap_or(0o022)
 }
 
-/// A data directory on the disk (not tmpfs), removed at the end.
-fn disk_dir(prefix: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/var/tmp")
-        .expect("data directory under /var/tmp")
-}
-
 /// Where the servers of one test write their standard error.
 struct ServerLog {
     file: File,
@@ -126,18 +118,6 @@ fn data_dir_args(d: &Path, extra: &[&str]) -> Vec<OsString> {
     let mut v: Vec<OsString> = vec!["--data-dir".into(), d.into()];
     v.extend(extra.iter().map(OsString::from));
     v
-}
-
-fn memfs<I, S>(args: I) -> Output
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Command::new(memfs_bin())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run memfs")
 }
 
 fn text(o: &Output) -> String {

@@ -4,45 +4,14 @@
 //! SIGKILL of the server; online rollback while readers run, open
 //! descriptors across it, and a SIGKILL in the middle of one.
 
-use std::ffi::OsStr;
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod common;
-use common::{Mount, memfs_bin};
-
-fn disk_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("memfs-history-")
-        .tempdir_in("/var/tmp")
-        .expect("data directory under /var/tmp")
-}
-
-fn memfs<I, S>(args: I) -> Output
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Command::new(memfs_bin()).args(args).output().unwrap()
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "memfs failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout).unwrap()
-}
-
-fn failed(o: Output) -> String {
-    assert!(!o.status.success(), "memfs should have failed");
-    String::from_utf8(o.stderr).unwrap()
-}
+use common::{Mount, disk_dir, failed, memfs, memfs_bin, ok};
 
 fn mount_durable(data: &Path) -> Mount {
     Mount::with_args(&["--data-dir", data.to_str().unwrap()])
@@ -54,7 +23,7 @@ fn m(mnt: &Mount) -> String {
 
 #[test]
 fn snapshots_and_diff_of_a_running_mount_survive_sigkill() {
-    let data = disk_dir();
+    let data = disk_dir("memfs-history-");
     let mut mnt = mount_durable(data.path());
     let mp = m(&mnt);
     std::fs::create_dir(mnt.p("d")).unwrap();
@@ -164,7 +133,7 @@ fn fsck_clean(dir: &Path) {
 
 #[test]
 fn online_rollback_shows_the_target_at_once_while_readers_run() {
-    let data = disk_dir();
+    let data = disk_dir("memfs-history-");
     let mnt = mount_durable(data.path());
     let mp = m(&mnt);
     write_generation(&mnt, 1);
@@ -245,7 +214,7 @@ fn online_rollback_shows_the_target_at_once_while_readers_run() {
 
 #[test]
 fn sigkill_during_an_online_rollback_leaves_the_old_or_the_new_state() {
-    let data = disk_dir();
+    let data = disk_dir("memfs-history-");
     for round in 0..3u64 {
         let mut mnt = mount_durable(data.path());
         let mp = m(&mnt);

@@ -5,7 +5,6 @@
 //! the old state afterwards.
 
 use std::collections::BTreeMap;
-use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -14,37 +13,7 @@ use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
 use memfs_fs::{Ctx, ROOT_INO, RenameFlags};
 
 mod common;
-use common::{Mount, memfs_bin};
-
-fn disk_dir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("memfs-send-")
-        .tempdir_in("/var/tmp")
-        .expect("temporary directory under /var/tmp")
-}
-
-fn memfs<I, S>(args: I) -> Output
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<OsStr>,
-{
-    Command::new(memfs_bin()).args(args).output().unwrap()
-}
-
-fn ok(o: Output) -> String {
-    assert!(
-        o.status.success(),
-        "memfs failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn failed(o: Output) -> String {
-    assert!(!o.status.success(), "memfs should have failed");
-    String::from_utf8(o.stderr).unwrap()
-}
+use common::{Mount, disk_dir, failed, memfs, memfs_bin, ok};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -99,7 +68,7 @@ fn snapshots(data: &Path) -> String {
 
 #[test]
 fn full_and_incremental_round_trips_through_mounts_compare_equal() {
-    let t = disk_dir();
+    let t = disk_dir("memfs-send-");
     let src = t.path().join("src");
     let dst = t.path().join("dst");
     let stream = t.path().join("stream");
@@ -252,7 +221,7 @@ fn dump(dir: &Path) -> Vec<String> {
 
 #[test]
 fn sigkill_of_a_receive_leaves_the_old_state() {
-    let t = disk_dir();
+    let t = disk_dir("memfs-send-");
     let src = t.path().join("src");
     source(&src);
     let full = t.path().join("full");

@@ -198,3 +198,41 @@ pub fn have(cmd: &str) -> bool {
         .map(|s| s.success())
         .unwrap_or(false)
 }
+
+/// A data directory on the disk (not tmpfs), removed at the end.
+pub fn disk_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/var/tmp")
+        .expect("data directory under /var/tmp")
+}
+
+/// Runs the memfs binary with `args` (no standard input) to completion.
+pub fn memfs<I, S>(args: I) -> std::process::Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    Command::new(memfs_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run memfs")
+}
+
+/// The standard output of a memfs run that must have succeeded.
+pub fn ok(o: std::process::Output) -> String {
+    assert!(
+        o.status.success(),
+        "memfs failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// The standard error of a memfs run that must have failed.
+pub fn failed(o: std::process::Output) -> String {
+    assert!(!o.status.success(), "memfs should have failed");
+    String::from_utf8(o.stderr).unwrap()
+}
