@@ -6,25 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
+use memfs_durable::{self as durable, DurableFs, FsCheck};
 use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod common;
-use common::{config, random_op};
-
-fn opts(mode: &str) -> Options {
-    Options {
-        durability: durable::parse_durability(mode).unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
+use common::{config, opts, random_op};
 
 fn open(dir: &Path, mode: &str) -> DurableFs {
-    DurableFs::open(dir, config(), opts(mode)).unwrap().0
+    common::open_mode(dir, mode)
 }
 
 /// Builds a tree with every node type, xattrs, sparse data, hard links,

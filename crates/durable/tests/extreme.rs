@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
+use memfs_durable::{self as durable, DurableFs, FsCheck};
 use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, SetAttr};
 use proptest::prelude::*;
 
 mod common;
-use common::config;
+use common::{config, opts};
 
 /// The largest file: the last byte a file can hold is at `MAX - 1`.
 const MAX: u64 = i64::MAX as u64;
@@ -17,18 +17,8 @@ const PAGE: u64 = 4096;
 const CHUNK: u64 = 1 << 20;
 const SLICE: u64 = 64 * PAGE;
 
-fn opts() -> Options {
-    Options {
-        durability: durable::parse_durability("none").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
-
 fn open(dir: &Path) -> (DurableFs, durable::OpenReport) {
-    DurableFs::open(dir, config(), opts()).unwrap()
+    DurableFs::open(dir, config(), opts("none")).unwrap()
 }
 
 /// The offsets an engine accepts that sit on a boundary: 0, around pages,

@@ -6,11 +6,11 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
+use memfs_durable::{self as durable, DurableFs, FsCheck};
 use memfs_fs::{Ctx, Errno, ROOT_INO};
 
 mod common;
-use common::config;
+use common::{config, opts};
 
 /// A tmpfs of `size` mounted on a temporary directory, unmounted on drop
 /// (panics included).
@@ -43,16 +43,6 @@ impl Drop for Tmpfs {
     }
 }
 
-fn opts() -> Options {
-    Options {
-        durability: durable::parse_durability("sync").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
-
 /// Fills the disk with a file until only `left` bytes are free; returns
 /// its path.
 fn fill(dir: &Path, left: u64) -> PathBuf {
@@ -72,7 +62,7 @@ fn a_full_disk_gives_enospc_changes_nothing_and_recovers() {
         return;
     };
     let data = t.path().join("data");
-    let (d, _) = DurableFs::open(&data, config(), opts()).unwrap();
+    let (d, _) = DurableFs::open(&data, config(), opts("sync")).unwrap();
     let fs = d.fs().clone();
     let c = Ctx::ROOT;
     let body = vec![7u8; 48 << 10];
@@ -145,7 +135,7 @@ fn a_full_disk_gives_enospc_changes_nothing_and_recovers() {
     let live = fs.canonical_dump();
     drop(fs);
     drop(d);
-    let (d, rep) = DurableFs::open(&data, config(), opts()).unwrap();
+    let (d, rep) = DurableFs::open(&data, config(), opts("sync")).unwrap();
     assert_eq!(d.fs().canonical_dump(), live, "{rep}");
     d.close().unwrap();
 }
@@ -211,7 +201,7 @@ fn simulated_faults_at_random_points_keep_memory_and_journal_in_step() {
         let prefix = PathBuf::from(format!("/memfs-faults/{seed}"));
         let reg = register_scoped(&prefix, Arc::new(sim.clone()));
         let dir = prefix.join("data");
-        let mut o = opts();
+        let mut o = opts("sync");
         o.segment_size = 64 << 10; // rotations into preallocated spares
         let (d, _) = DurableFs::open(&dir, config(), o.clone()).unwrap();
         let fs = d.fs().clone();

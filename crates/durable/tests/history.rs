@@ -5,25 +5,15 @@
 use std::path::Path;
 
 use memfs_durable::history::{self, Change};
-use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
+use memfs_durable::{DurableFs, FsCheck};
 use memfs_fs::{Ctx, ROOT_INO, RenameFlags};
 use rand::{SeedableRng, rngs::StdRng};
 
 mod common;
-use common::{config, random_op};
-
-fn opts() -> Options {
-    Options {
-        durability: durable::parse_durability("sync").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
+use common::random_op;
 
 fn open(dir: &Path) -> DurableFs {
-    DurableFs::open(dir, config(), opts()).unwrap().0
+    common::open_mode(dir, "sync")
 }
 
 fn lines(c: &[Change]) -> Vec<String> {

@@ -8,25 +8,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use memfs_durable::send::{self, ReceiveOptions, STREAM_VERSION, tree_sum};
-use memfs_durable::{self as durable, DurableFs, FsCheck, History, Options, history};
+use memfs_durable::{self as durable, DurableFs, FsCheck, History, history};
 use memfs_fs::{Ctx, ROOT_INO, RenameFlags, XattrMode};
 use rand::{SeedableRng, rngs::StdRng};
 
 mod common;
-use common::{config, random_op};
-
-fn opts() -> Options {
-    Options {
-        durability: durable::parse_durability("sync").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
+use common::random_op;
 
 fn open(dir: &Path) -> DurableFs {
-    DurableFs::open(dir, config(), opts()).unwrap().0
+    common::open_mode(dir, "sync")
 }
 
 /// Every file of a directory tree with its bytes (what "unchanged" means).

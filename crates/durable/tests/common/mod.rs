@@ -2,6 +2,9 @@
 
 #![allow(dead_code)]
 
+use std::path::Path;
+
+use memfs_durable::{self as durable, DurableFs, Options};
 use memfs_fs::{Config, Ctx, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, rngs::StdRng};
 
@@ -10,6 +13,22 @@ pub fn config() -> Config {
         capacity: 1 << 30,
         max_inodes: 1 << 20,
     }
+}
+
+/// Durability `mode`, no timed checkpoints, every commit kept, 1 MiB segments.
+pub fn opts(mode: &str) -> Options {
+    Options {
+        durability: durable::parse_durability(mode).unwrap(),
+        checkpoint_interval: None,
+        checkpoint_bytes: u64::MAX,
+        retention: "all".parse().unwrap(),
+        segment_size: 1 << 20,
+    }
+}
+
+/// Opens (or creates) the durable file system in `dir` with [`opts`].
+pub fn open_mode(dir: &Path, mode: &str) -> DurableFs {
+    DurableFs::open(dir, config(), opts(mode)).unwrap().0
 }
 
 /// Random operations on a few names, so that creates, renames over,
