@@ -649,32 +649,13 @@ impl Fs {
         let ino = self.reserve_inode()?;
         let now = Timespec::now();
         let mut perm = (mode & 0o7777) as u16;
-        // New nodes in a setgid directory take its group; subdirectories keep the bit.
-        let parent_sgid = st.meta.perm & libc::S_ISGID as u16 != 0;
-        let gid = if parent_sgid { st.meta.gid } else { ctx.gid };
-        if kind == FileType::Directory && parent_sgid {
-            perm |= libc::S_ISGID as u16;
-        } else if kind != FileType::Directory && ctx.uid != 0 && gid != ctx.gid {
-            // Linux drops setgid on a new file whose group the creator is not in.
-            perm &= !(libc::S_ISGID as u16);
-        }
-        let xattrs = if kind == FileType::Symlink {
-            None
-        } else {
-            Self::inherit_acl(&st.meta, kind, umask, &mut perm)
-        };
+        let (gid, xattrs, inherited_flags) =
+            Self::inherit_from_parent(&st.meta, ctx, kind, umask, &mut perm);
         let body = match kind {
             FileType::RegularFile => Body::File(FileData::default()),
             FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
             FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
             _ => Body::Special,
-        };
-        // nodump and noatime pass to new regular files and directories, as on tmpfs.
-        let inherited_flags = match kind {
-            FileType::RegularFile | FileType::Directory => {
-                (st.meta.flags as u32 & crate::flags::INHERITED) as u8
-            }
-            _ => 0,
         };
         let meta = Meta {
             perm,
@@ -759,6 +740,42 @@ impl Fs {
                 .map_or(0, |v| {
                     2 * (META_RECORD + (acl::ACL_DEFAULT.len() + v.len()) as u64)
                 })
+    }
+
+    /// What a new node of `kind` made by `ctx` takes from its directory
+    /// `parent`: its group (a setgid directory's own, and the bit for a
+    /// subdirectory; setgid dropped from a file whose group the creator is
+    /// not in, as Linux does), its ACLs or the umask (see
+    /// [`Fs::inherit_acl`]; none for a symlink), and the inode flags that
+    /// pass to new regular files and directories (nodump, noatime, as on
+    /// tmpfs). Returns the group, the xattrs and the flags; `perm` is
+    /// narrowed in place.
+    fn inherit_from_parent(
+        parent: &Meta,
+        ctx: Ctx,
+        kind: FileType,
+        umask: u32,
+        perm: &mut u16,
+    ) -> (u32, Option<Box<Xattrs>>, u8) {
+        let parent_sgid = parent.perm & libc::S_ISGID as u16 != 0;
+        let gid = if parent_sgid { parent.gid } else { ctx.gid };
+        if kind == FileType::Directory && parent_sgid {
+            *perm |= libc::S_ISGID as u16;
+        } else if kind != FileType::Directory && ctx.uid != 0 && gid != ctx.gid {
+            *perm &= !(libc::S_ISGID as u16);
+        }
+        let xattrs = if kind == FileType::Symlink {
+            None
+        } else {
+            Self::inherit_acl(parent, kind, umask, perm)
+        };
+        let flags = match kind {
+            FileType::RegularFile | FileType::Directory => {
+                (parent.flags as u32 & crate::flags::INHERITED) as u8
+            }
+            _ => 0,
+        };
+        (gid, xattrs, flags)
     }
 
     /// `posix_acl_create`: a new node in a directory with a default ACL
@@ -943,17 +960,8 @@ impl Fs {
         let (gid, xattrs, inherited_flags) = {
             let st = d.state.read();
             st.dir().ok_or(Errno::ENOTDIR)?;
-            let parent_sgid = st.meta.perm & libc::S_ISGID as u16 != 0;
-            let gid = if parent_sgid { st.meta.gid } else { ctx.gid };
-            let xattrs = Self::inherit_acl(&st.meta, FileType::RegularFile, umask, &mut perm);
-            // nodump and noatime pass to the new file, as in make_node.
-            let flags = (st.meta.flags as u32 & crate::flags::INHERITED) as u8;
-            (gid, xattrs, flags)
+            Self::inherit_from_parent(&st.meta, ctx, FileType::RegularFile, umask, &mut perm)
         };
-        if ctx.uid != 0 && gid != ctx.gid {
-            // As make_node: no setgid on a file whose group the creator is not in.
-            perm &= !(libc::S_ISGID as u16);
-        }
         let ino = self.reserve_inode()?;
         let now = Timespec::now();
         let meta = Meta {

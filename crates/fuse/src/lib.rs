@@ -479,6 +479,37 @@ impl MemFuse {
         FileHandle(self.next_fh.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// The reply to CREATE and TMPFILE: the new node, open. With kernel
+    /// passthrough the handle is backed by the node's backing file when one
+    /// can be opened, else served here like any fuse-path handle.
+    fn reply_created(&self, a: Attr, reply: ReplyCreate) {
+        let fh = self.new_fh();
+        if let Some(b) = &self.backing {
+            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
+                let id = bk.id(|f| reply.open_backing(f));
+                if let Some(Ok(id)) = id.as_ref() {
+                    bk.pt_opened();
+                    return reply.created_passthrough(
+                        &self.entry_ttl,
+                        &self.attr(a),
+                        GENERATION,
+                        FileHandle(fh.0 | PASSTHROUGH_FH),
+                        FopenFlags::empty(),
+                        id,
+                    );
+                }
+            }
+            b.fuse_opened(a.ino);
+        }
+        reply.created(
+            &self.entry_ttl,
+            &self.attr(a),
+            GENERATION,
+            fh,
+            self.open_flags(),
+        );
+    }
+
     fn note_lock_owner(&self, fh: FileHandle, owner: u64) {
         let mut map = self.lock_owners.lock().unwrap_or_else(|e| e.into_inner());
         let owners = map.entry(fh.0).or_default();
@@ -1060,39 +1091,8 @@ impl Filesystem for MemFuse {
             excl,
             umask,
         ));
-        if let (Ok((a, _)), Some(b)) = (&r, &self.backing) {
-            let fh = self.new_fh();
-            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
-                let id = bk.id(|f| reply.open_backing(f));
-                if let Some(Ok(id)) = id.as_ref() {
-                    bk.pt_opened();
-                    return reply.created_passthrough(
-                        &self.entry_ttl,
-                        &self.attr(*a),
-                        GENERATION,
-                        FileHandle(fh.0 | PASSTHROUGH_FH),
-                        FopenFlags::empty(),
-                        id,
-                    );
-                }
-            }
-            b.fuse_opened(a.ino);
-            return reply.created(
-                &self.entry_ttl,
-                &self.attr(*a),
-                GENERATION,
-                fh,
-                self.open_flags(),
-            );
-        }
         match r {
-            Ok((a, _)) => reply.created(
-                &self.entry_ttl,
-                &self.attr(a),
-                GENERATION,
-                self.new_fh(),
-                self.open_flags(),
-            ),
+            Ok((a, _)) => self.reply_created(a, reply),
             Err(e) => reply.error(err(e)),
         }
     }
@@ -1116,35 +1116,10 @@ impl Filesystem for MemFuse {
                 .get()
                 .tmpfile_umask(ctx(req), parent.0, mode, umask, excl),
         );
-        let a = match r {
-            Ok(a) => a,
-            Err(e) => return reply.error(err(e)),
-        };
-        let fh = self.new_fh();
-        if let Some(b) = &self.backing {
-            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
-                let id = bk.id(|f| reply.open_backing(f));
-                if let Some(Ok(id)) = id.as_ref() {
-                    bk.pt_opened();
-                    return reply.created_passthrough(
-                        &self.entry_ttl,
-                        &self.attr(a),
-                        GENERATION,
-                        FileHandle(fh.0 | PASSTHROUGH_FH),
-                        FopenFlags::empty(),
-                        id,
-                    );
-                }
-            }
-            b.fuse_opened(a.ino);
+        match r {
+            Ok(a) => self.reply_created(a, reply),
+            Err(e) => reply.error(err(e)),
         }
-        reply.created(
-            &self.entry_ttl,
-            &self.attr(a),
-            GENERATION,
-            fh,
-            self.open_flags(),
-        );
     }
 
     fn getlk(
