@@ -19,6 +19,12 @@ fn open(dir: &Path) -> DurableFs {
     common::open_mode(dir, "sync")
 }
 
+/// The names of `d`'s snapshots, oldest first.
+fn snapshot_names(d: &DurableFs) -> Vec<String> {
+    let history = d.history().unwrap();
+    history.snapshots.iter().map(|s| s.name.clone()).collect()
+}
+
 /// Every file of a directory tree with its bytes (what "unchanged" means).
 fn files(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     let mut out = BTreeMap::new();
@@ -140,14 +146,7 @@ fn full_and_incremental_round_trips_rebuild_the_snapshots() {
         .write_file(Ctx::ROOT, ROOT_INO, "/after", b"x")
         .unwrap();
     d.fs().settle().unwrap();
-    let names: Vec<String> = d
-        .history()
-        .unwrap()
-        .snapshots
-        .iter()
-        .map(|s| s.name.clone())
-        .collect();
-    assert_eq!(names, ["s1", "s2", "s3"]);
+    assert_eq!(snapshot_names(&d), ["s1", "s2", "s3"]);
     d.close().unwrap();
     let d = open(&dst);
     assert!(d.fs().check_consistency().is_empty());
@@ -348,14 +347,7 @@ fn a_crash_inside_the_incremental_commit_leaves_the_base() {
     // The next open finishes the intent: back at s1, s2 not named.
     let d = open(&dst);
     assert_eq!(d.fs().canonical_dump(), s1);
-    let names: Vec<String> = d
-        .history()
-        .unwrap()
-        .snapshots
-        .iter()
-        .map(|s| s.name.clone())
-        .collect();
-    assert_eq!(names, ["s1"]);
+    assert_eq!(snapshot_names(&d), ["s1"]);
     d.close().unwrap();
     // And the stream still applies.
     receive(&dst, &inc).unwrap();
