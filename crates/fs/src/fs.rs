@@ -310,6 +310,18 @@ impl Fs {
         }
     }
 
+    /// Gives back `n` pages, or takes `-n` (a truncation that copied a page
+    /// a snapshot shares: allowed past the capacity by that page, rather
+    /// than failing a shrink).
+    pub(crate) fn give_back(&self, n: i64) {
+        if n >= 0 {
+            self.release_pages(n as u64);
+        } else {
+            self.used_pages
+                .fetch_add(n.unsigned_abs(), Ordering::AcqRel);
+        }
+    }
+
     fn reserve_inode(&self) -> Result<u64> {
         self.used_inodes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -331,7 +343,9 @@ impl Fs {
             return;
         }
         let pages = {
-            let st = inode.state.read();
+            // Not `write_state`: nothing reaches the node any more, and the
+            // snapshots kept it when its last name went.
+            let mut st = inode.state.write();
             if st.meta.nlink > 0
                 || inode.nlookup.load(Ordering::Acquire) > 0
                 || inode.nopen.load(Ordering::Acquire) > 0
@@ -343,8 +357,9 @@ impl Fs {
             if inode.freed.swap(true, Ordering::AcqRel) {
                 return;
             }
-            match &st.body {
-                Body::File(d) => d.page_count(),
+            match &mut st.body {
+                // Shared pages a snapshot holds stay counted until it goes.
+                Body::File(d) => std::mem::take(d).release(),
                 _ => 0,
             }
         };
@@ -509,8 +524,7 @@ impl Fs {
             let State { meta, body, .. } = &mut *st;
             if let Body::File(data) = body {
                 if size < meta.size {
-                    let freed = data.truncate(size);
-                    self.release_pages(freed);
+                    self.give_back(data.truncate(size));
                 }
                 meta.size = size;
             }
@@ -1655,10 +1669,13 @@ impl Fs {
         if end > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
-        let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
-        self.reserve_pages(missing)?;
+        let (first, last) = (off / PAGE, (end - 1) / PAGE);
+        // A page a snapshot shares costs a copy on its first write.
+        let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+        self.reserve_pages(reserved)?;
         let allocated = file.write(off, data);
-        debug_assert_eq!(allocated, missing);
+        debug_assert!(allocated <= reserved);
+        self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
         let now = Timespec::now();
         meta.mtime = now;
@@ -1748,18 +1765,21 @@ impl Fs {
         meta.check_write(!(mode.punch_hole || mode.zero_range))?;
         let now = Timespec::now();
         if mode.punch_hole {
-            let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
-            self.release_pages(freed);
+            self.give_back(file.punch(off, len.min(meta.size.saturating_sub(off))));
         } else {
             // Reserve before zeroing, so that ENOSPC leaves the file untouched.
             // Whole pages the zeroing frees are allocated again just below, so
-            // they keep their reservation: only absent pages need capacity.
-            let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
-            self.reserve_pages(missing)?;
+            // they keep their reservation: only absent pages need capacity,
+            // and shared ones (a snapshot keeps the old page).
+            let (first, last) = (off / PAGE, (end - 1) / PAGE);
+            let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+            self.reserve_pages(reserved)?;
+            let mut net = 0i64;
             if mode.zero_range {
-                file.punch(off, len.min(meta.size.saturating_sub(off)));
+                net -= file.punch(off, len.min(meta.size.saturating_sub(off)));
             }
-            file.allocate(off, len);
+            net += file.allocate(off, len) as i64;
+            self.give_back(reserved as i64 - net);
             if !mode.keep_size {
                 meta.size = meta.size.max(end);
             }

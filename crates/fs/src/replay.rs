@@ -93,8 +93,7 @@ impl Fs {
         let State { meta, body, .. } = &mut *st;
         if let Body::File(d) = body {
             if a.size < meta.size {
-                self.used_pages
-                    .fetch_sub(d.truncate(a.size), Ordering::AcqRel);
+                self.give_back(d.truncate(a.size));
             }
             meta.size = a.size;
         }
@@ -274,11 +273,11 @@ impl Fs {
                     if mode.punch_hole {
                         // Clipped at the size as the engine does, so pages
                         // allocated beyond the end (keep-size) stay.
-                        -(d.punch(offset, len.min(attr.size.saturating_sub(offset))) as i64)
+                        -d.punch(offset, len.min(attr.size.saturating_sub(offset)))
                     } else {
                         let mut delta = 0i64;
                         if mode.zero_range {
-                            delta -= d.punch(offset, len) as i64;
+                            delta -= d.punch(offset, len);
                         }
                         delta + d.allocate(offset, len) as i64
                     }

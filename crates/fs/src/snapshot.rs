@@ -53,9 +53,10 @@ pub(crate) struct Frozen {
 }
 
 impl Frozen {
-    fn pages(&self) -> u64 {
+    /// Pages only this copy holds.
+    fn unique_pages(&self) -> u64 {
         match &self.body {
-            Body::File(d) => d.page_count(),
+            Body::File(d) => d.unique_pages(),
             _ => 0,
         }
     }
@@ -63,8 +64,31 @@ impl Frozen {
 
 impl Drop for Frozen {
     fn drop(&mut self) {
-        self.used.0.fetch_sub(self.pages(), Ordering::AcqRel);
+        if let Body::File(d) = &mut self.body {
+            let freed = std::mem::take(d).release();
+            self.used.0.fetch_sub(freed, Ordering::AcqRel);
+        }
         self.used.1.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A copy of a body that shares a file's pages (and copies the rest), with
+/// the pages the copy adds to the file system's usage.
+fn copy_body(body: &Body) -> (Body, u64) {
+    match body {
+        Body::File(d) => {
+            let (d, added) = d.clone_shared();
+            (Body::File(d), added)
+        }
+        other => (other.clone(), 0),
+    }
+}
+
+/// Lets a body go; returns the pages that gives back.
+fn release_body(body: Body) -> u64 {
+    match body {
+        Body::File(d) => d.release(),
+        _ => 0,
     }
 }
 
@@ -81,7 +105,7 @@ struct Snap {
     epoch: u64,
     /// Nodes changed after this snapshot and before the next one, as they
     /// were. A node changed after several snapshots is kept once, in the
-    /// newest of them; older snapshots find it there (see [`Fs::resolve`]).
+    /// newest of them; older snapshots find it there (see [`Fs::snap_node`]).
     map: Mutex<Preserved>,
 }
 
@@ -92,7 +116,8 @@ impl Snap {
         let mut bytes = 0;
         for f in map.values().flatten() {
             nodes += 1;
-            bytes += (std::mem::size_of::<Frozen>() + 48) as u64 + f.pages() * PAGE_SIZE as u64;
+            bytes +=
+                (std::mem::size_of::<Frozen>() + 48) as u64 + f.unique_pages() * PAGE_SIZE as u64;
         }
         SnapshotInfo {
             id: self.id,
@@ -233,16 +258,26 @@ impl Fs {
         st.epoch = epoch;
     }
 
-    fn freeze(&self, kind: FileType, st: &State) -> Frozen {
-        let f = Frozen {
+    /// The node's state as a snapshot keeps it: file pages become shared
+    /// (no data copied); a directory's entries, a symlink's target and the
+    /// xattrs are copied (a directory costs O(entries) once per snapshot
+    /// that sees it change).
+    fn freeze(&self, kind: FileType, st: &mut State) -> Frozen {
+        let (body, added) = match &mut st.body {
+            Body::File(d) => {
+                let (d, added) = d.share();
+                (Body::File(d), added)
+            }
+            other => (other.clone(), 0),
+        };
+        self.used_pages.fetch_add(added, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        Frozen {
             kind,
             meta: st.meta.clone(),
-            body: st.body.clone(),
+            body,
             used: (self.used_pages.clone(), self.used_inodes.clone()),
-        };
-        self.used_pages.fetch_add(f.pages(), Ordering::AcqRel);
-        self.used_inodes.fetch_add(1, Ordering::AcqRel);
-        f
+        }
     }
 
     /// Runs `f` on node `ino` as snapshot `snap` has it: the first preserved
@@ -253,6 +288,19 @@ impl Fs {
         &self,
         snap: u64,
         ino: u64,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
+        self.snap_node(snap, ino, false, f)
+    }
+
+    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
+    /// first made shared (under its write lock: no change a snapshot can
+    /// see), so that a clone can share them too.
+    fn snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        share_live: bool,
         f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
     ) -> Result<R> {
         let list = self.snaps.list.read();
@@ -273,6 +321,16 @@ impl Fs {
                 }
             }
             let node = self.get(ino)?;
+            if share_live && node.kind == FileType::RegularFile {
+                let mut st = node.state.write();
+                if st.epoch <= epoch {
+                    if let Body::File(d) = &mut st.body {
+                        d.make_shared();
+                    }
+                    return f(node.kind, &st.meta, &st.body);
+                }
+                continue;
+            }
             let st = node.state.read();
             if st.epoch <= epoch {
                 return f(node.kind, &st.meta, &st.body);
@@ -533,25 +591,22 @@ impl Fs {
                 (Some(f), Some(node)) if node.kind == f.kind => {
                     let mut st = self.write_state(&node);
                     entry_changes(ino, &st.body, &f.body, &mut out.entries);
-                    let old_pages = match &st.body {
-                        Body::File(d) => d.page_count(),
-                        _ => 0,
-                    };
+                    let (body, added) = copy_body(&f.body);
                     st.meta = f.meta.clone();
-                    st.body = f.body.clone();
-                    self.used_pages.fetch_add(f.pages(), Ordering::AcqRel);
-                    self.used_pages.fetch_sub(old_pages, Ordering::AcqRel);
+                    let freed = release_body(std::mem::replace(&mut st.body, body));
+                    self.give_back(freed as i64 - added as i64);
                     out.changed.push(ino);
                 }
                 (Some(f), _) => {
                     // Freed since: born again under its old number.
                     entry_changes(ino, &Body::Special, &f.body, &mut out.entries);
-                    let node = self.new_inode(ino, f.kind, f.meta.clone(), f.body.clone());
+                    let (body, added) = copy_body(&f.body);
+                    let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
                     if ino == ROOT_INO {
                         node.nlookup.store(1, Ordering::Relaxed);
                     }
                     self.inodes.insert(ino, node);
-                    self.used_pages.fetch_add(f.pages(), Ordering::AcqRel);
+                    self.used_pages.fetch_add(added, Ordering::AcqRel);
                     self.used_inodes.fetch_add(1, Ordering::AcqRel);
                     out.changed.push(ino);
                 }
@@ -579,8 +634,12 @@ impl Fs {
         fs.inodes.clear();
         let (mut nodes, mut pages) = (0u64, 0u64);
         for ino in inos {
-            let got = self.with_snap_node(id, ino, |kind, m, b| {
-                Ok((m.nlink > 0 || ino == ROOT_INO).then(|| (kind, m.clone(), b.clone())))
+            let got = self.snap_node(id, ino, true, |kind, m, b| {
+                let body = match b {
+                    Body::File(d) => Body::File(d.import()),
+                    other => other.clone(),
+                };
+                Ok((m.nlink > 0 || ino == ROOT_INO).then_some((kind, m.clone(), body)))
             });
             let (kind, meta, body) = match got {
                 Ok(Some(n)) => n,

@@ -684,3 +684,54 @@ proptest! {
         run_model(ops);
     }
 }
+
+#[test]
+fn a_snapshot_shares_pages_until_written() {
+    let fs = fs();
+    let data: Vec<u8> = (0..10 * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+    fs.write_file(C, ROOT_INO, "/f", &data).unwrap();
+    let f = fs.resolve(ROOT_INO, "/f", false).unwrap();
+    assert_eq!(used(&fs).0, 10);
+    let s = fs.snapshot_create(b"s").unwrap();
+    assert_eq!(used(&fs).0, 10, "a snapshot copies nothing");
+    // The first write to a page copies that page only.
+    fs.write(C, f, 5, b"x", false).unwrap();
+    assert_eq!(used(&fs).0, 11);
+    fs.write(C, f, 6, b"y", false).unwrap();
+    assert_eq!(used(&fs).0, 11, "the copy is the file's own now");
+    let info = fs.snapshot_by_name(b"s").unwrap();
+    assert_eq!(info.nodes, 1);
+    assert!(info.bytes >= PAGE_SIZE as u64, "{info:?}");
+    // Truncating the live file frees nothing the snapshot still holds.
+    fs.setattr(
+        C,
+        f,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(used(&fs).0, 10);
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(fs.snap_read(s.id, f, 0, &mut back).unwrap(), data.len());
+    assert_eq!(back, data);
+    // A clone shares the pages' memory but counts them as its own.
+    let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    assert_eq!(used(&clone).0, 10);
+    clone.write(C, f, 0, b"c", false).unwrap();
+    assert_eq!(used(&clone).0, 10);
+    assert_eq!(clone.read_vec(f, 1, 2).unwrap(), &data[1..3]);
+    fs.snapshot_delete(b"s").unwrap();
+    assert_eq!(used(&fs).0, 0, "the last holder gave the pages back");
+    assert_eq!(clone.read_vec(f, 4096, 3).unwrap(), &data[4096..4099]);
+    // Rollback shares the snapshot's pages again.
+    fs.write_file(C, ROOT_INO, "/f", &data).unwrap();
+    fs.snapshot_create(b"t").unwrap();
+    fs.write_file(C, ROOT_INO, "/f", b"short").unwrap();
+    fs.rollback_to_snapshot(b"t").unwrap();
+    assert_eq!(fs.read_file(ROOT_INO, "/f").unwrap(), data);
+    assert_eq!(used(&fs).0, 10);
+    fs.snapshot_delete(b"t").unwrap();
+    assert_eq!(used(&fs), live_usage(&fs));
+}
