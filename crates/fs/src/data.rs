@@ -79,38 +79,31 @@ impl Slot {
     }
 }
 
-/// Makes page `idx` (present) the file's own to write: a shared page is
-/// taken over when nobody else holds it, else copied. Returns the page and
-/// the pages this adds to the file system's usage (1 for a copy of a page
-/// that a snapshot keeps).
+/// Makes page `idx` (present) the file's own to write: a shared page that
+/// nobody else holds any more is written in place, else it is copied.
+/// Returns the page and the pages this adds to the file system's usage (1
+/// for a copy of a page that a snapshot keeps).
 fn own_page(pages: &mut PageMap, idx: u64) -> (&mut Page, u64) {
+    let slot = pages.get_mut(&idx).expect("page present");
     let mut added = 0;
-    if matches!(pages.get(&idx), Some(Slot::Shared(_))) {
-        let Some(Slot::Shared(a)) = pages.remove(&idx) else {
-            unreachable!("checked above")
-        };
-        let page = match Arc::try_unwrap(a) {
-            Ok(inner) => match Arc::try_unwrap(inner) {
-                Ok(page) => page,
-                // Only a clone in another file system holds it: copy, the
-                // count of this one does not change.
-                Err(inner) => page_from(&inner[..]),
-            },
-            Err(a) => {
-                let page = page_from(&a[..]);
-                // Another holder may have let go meanwhile.
-                if Arc::into_inner(a).is_none() {
-                    added = 1;
-                }
-                page
+    if let Slot::Shared(a) = slot {
+        let unique = Arc::get_mut(a).and_then(Arc::get_mut).is_some();
+        if !unique {
+            let copy = page_from(&a[..]);
+            // Another holder may have let go meanwhile: then this was the
+            // last holder here and the copy replaces it in the count.
+            if !std::mem::replace(slot, Slot::Own(copy)).release() {
+                added = 1;
             }
-        };
-        pages.insert(idx, Slot::Own(page));
+        }
     }
-    match pages.get_mut(&idx) {
-        Some(Slot::Own(p)) => (p, added),
-        _ => unreachable!("owned above"),
-    }
+    let page = match slot {
+        Slot::Own(p) => &mut **p,
+        Slot::Shared(a) => &mut **Arc::get_mut(a)
+            .and_then(Arc::get_mut)
+            .expect("unique above"),
+    };
+    (page, added)
 }
 
 /// Empty files (most files of metadata-heavy workloads) hold nothing: the
