@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -139,6 +139,8 @@ pub(crate) struct Snapshots {
     /// reader waits for that node lock while holding this shared, and a
     /// fair `read` would queue behind a waiting deletion (deadlock).
     list: RwLock<Vec<Arc<Snap>>>,
+    /// `list.len()`, readable without its lock.
+    count: AtomicUsize,
     next_id: AtomicU64,
     /// The current epoch; taking a snapshot closes it.
     epoch: AtomicU64,
@@ -221,9 +223,12 @@ impl Fs {
     /// it (inode numbers are never reused).
     pub(crate) fn new_inode(&self, ino: u64, kind: FileType, meta: Meta, body: Body) -> Arc<Inode> {
         let mut inode = Inode::new(ino, kind, meta, body);
-        let list = self.snaps.list.read_recursive();
         inode.state.get_mut().epoch = self.snaps.epoch.load(Ordering::Acquire);
-        if let Some(newest) = list.last() {
+        // Callers hold the gate (or are a rebuild nobody sees), so no
+        // snapshot comes or goes meanwhile: no lock when there are none.
+        if self.snaps.count.load(Ordering::Acquire) > 0
+            && let Some(newest) = self.snaps.list.read_recursive().last()
+        {
             newest.map.lock().entry(ino).or_insert(None);
         }
         Arc::new(inode)
@@ -361,6 +366,7 @@ impl Fs {
             map: Default::default(),
         });
         list.push(snap.clone());
+        self.snaps.count.store(list.len(), Ordering::Release);
         self.snaps.epoch.store(epoch + 1, Ordering::Release);
         drop(list);
         Ok(snap.info())
@@ -378,6 +384,7 @@ impl Fs {
                 .position(|s| s.name == name)
                 .ok_or(Errno::ENOENT)?;
             let snap = list.remove(i);
+            self.snaps.count.store(list.len(), Ordering::Release);
             let map = std::mem::take(&mut *snap.map.lock());
             match i.checked_sub(1) {
                 Some(older) => {
