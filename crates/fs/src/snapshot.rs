@@ -134,10 +134,10 @@ impl Snap {
 pub(crate) struct Snapshots {
     /// Oldest first; ids and epochs ascend. Readers of a snapshot hold this
     /// shared while they resolve a node, so that a deletion (exclusive)
-    /// never moves a preserved node under them. Writers preserving a node
-    /// take it with `read_recursive` while they hold the node's lock: a
-    /// reader waits for that node lock while holding this shared, and a
-    /// fair `read` would queue behind a waiting deletion (deadlock).
+    /// never moves a preserved node under them. They and writers preserving
+    /// a node (under the node's lock) take it with `read_recursive`: a
+    /// reader waits for a node lock while holding this shared, and a fair
+    /// `read` would queue behind a waiting create or delete (deadlock).
     list: RwLock<Vec<Arc<Snap>>>,
     /// `list.len()`, readable without its lock.
     count: AtomicUsize,
@@ -308,7 +308,10 @@ impl Fs {
         share_live: bool,
         f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
     ) -> Result<R> {
-        let list = self.snaps.list.read();
+        // Recursive: `f` may call back into snapshot views (a readdirplus
+        // built on `snap_readdir` + `snap_getattr`), and a fair read would
+        // queue behind a waiting create or delete while this one is held.
+        let list = self.snaps.list.read_recursive();
         let i = list
             .binary_search_by_key(&snap, |s| s.id)
             .map_err(|_| Errno::ESTALE)?;

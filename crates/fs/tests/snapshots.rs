@@ -735,3 +735,47 @@ fn a_snapshot_shares_pages_until_written() {
     fs.snapshot_delete(b"t").unwrap();
     assert_eq!(used(&fs), live_usage(&fs));
 }
+
+/// A readdirplus on a snapshot calls back into the views from inside
+/// `snap_readdir` while other threads take and delete snapshots: it must
+/// neither deadlock nor see another snapshot's entries.
+#[test]
+fn views_may_call_back_while_snapshots_come_and_go() {
+    let fs = Arc::new(fs());
+    for i in 0..50 {
+        fs.write_file(C, ROOT_INO, &format!("/f{i}"), b"x").unwrap();
+    }
+    let s = fs.snapshot_create(b"base").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let churn = {
+        let (fs, stop, rounds) = (fs.clone(), stop.clone(), rounds.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                fs.snapshot_create(format!("c{n}").as_bytes()).unwrap();
+                fs.write_file(C, ROOT_INO, &format!("/f{}", n % 50), b"yy")
+                    .unwrap();
+                fs.snapshot_delete(format!("c{n}").as_bytes()).unwrap();
+                n += 1;
+                rounds.store(n, Ordering::Release);
+            }
+        })
+    };
+    let mut listings = 0;
+    // At least 200 listings, and until the churn got 50 rounds in.
+    while listings < 200 || rounds.load(Ordering::Acquire) < 50 {
+        listings += 1;
+        let mut seen = 0;
+        fs.snap_readdir(s.id, ROOT_INO, 2, |e| {
+            let a = fs.snap_getattr(s.id, e.ino).unwrap();
+            assert_eq!(a.size, 1, "{:?} is not as it was", e.name);
+            seen += 1;
+            true
+        })
+        .unwrap();
+        assert_eq!(seen, 50);
+    }
+    stop.store(true, Ordering::Release);
+    churn.join().unwrap();
+}
