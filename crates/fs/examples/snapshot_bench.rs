@@ -2,7 +2,7 @@
 //! of an unchanged snapshot, first writes after one, rollback and clone.
 //!
 //!     flock /tmp/memfs-bench.lock cargo run --release -p memfs-fs \
-//!         --example snapshot_bench -- [FILES] [DATA_MIB]
+//!         --example snapshot_bench -- [FILES] [DATA_MIB] [WRITE_ROUNDS]
 //!
 //! `engine_micro` is the no-snapshot comparison with the engine before
 //! snapshots.
@@ -36,6 +36,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     let data_mib: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1024);
+    let rounds: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(5);
     let fs = Arc::new(Fs::new(Config {
         capacity: 64 << 30,
         max_inodes: 1 << 26,
@@ -159,7 +160,7 @@ fn main() {
     // reuse what the deleted snapshots gave back. Best rounds quoted: the
     // machine is shared.
     let (mut plain, mut cow, mut cold) = (Duration::MAX, Duration::MAX, Duration::ZERO);
-    for r in 0..5 {
+    for r in 0..rounds.max(1) {
         plain = plain.min(pass(&fs));
         fs.snapshot_create(b"w").unwrap();
         let c = pass(&fs);
@@ -171,7 +172,7 @@ fn main() {
     }
     let per = |d: Duration| d.as_nanos() as f64 / pages.max(1) as f64;
     println!(
-        "4 KiB writes over {pages} pages, best of 5: {:.0} ns/page without a snapshot, {:.0} ns/page first after one ({:.2}x the rate); first round (fresh memory) {:.0} ns/page",
+        "4 KiB writes over {pages} pages, best of {rounds}: {:.0} ns/page without a snapshot, {:.0} ns/page first after one ({:.2}x the rate); first round (fresh memory) {:.0} ns/page",
         per(plain),
         per(cow),
         plain.as_secs_f64() / cow.as_secs_f64(),
