@@ -253,12 +253,13 @@ impl Fs {
         let epoch = self.snaps.epoch.load(Ordering::Acquire);
         if let Some(newest) = list.last()
             && st.epoch <= newest.epoch
+            && !newest.map.lock().contains_key(&inode.ino)
         {
-            newest
-                .map
-                .lock()
-                .entry(inode.ino)
-                .or_insert_with(|| Some(Arc::new(self.freeze(inode.kind, st))));
+            // Copied outside the map's lock (a big file's page table takes a
+            // while); nobody else can add this node meanwhile: its lock is
+            // held here, and deletions wait for the list.
+            let frozen = Arc::new(self.freeze(inode.kind, st));
+            newest.map.lock().insert(inode.ino, Some(frozen));
         }
         st.epoch = epoch;
     }
