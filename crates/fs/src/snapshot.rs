@@ -1,0 +1,679 @@
+//! Named snapshots of the whole tree, read-only views of them, rollback of
+//! the live tree to one, and clones (issue 12; docs/snapshots.md).
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::dir::FIRST_SLOT_OFFSET;
+use crate::fs::{DirEntry, Fs, check_access};
+use crate::inode::{Body, Inode, Meta, State, attr_of};
+use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
+use crate::{Errno, Result};
+
+/// Most snapshots one file system keeps at once.
+pub const MAX_SNAPSHOTS: usize = 1024;
+
+/// What [`Fs::snapshot_list`] tells of one snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Never reused within one `Fs`.
+    pub id: u64,
+    pub name: Vec<u8>,
+    /// Wall clock at creation.
+    pub created: Timespec,
+    /// Nodes the snapshot keeps alive on its own (preserved copies).
+    pub nodes: u64,
+    /// Memory it keeps alive on its own (pages only it holds, copies): an estimate.
+    pub bytes: u64,
+}
+
+/// What a rollback changed, for the layer above to drop kernel caches.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RollbackOutcome {
+    /// Inodes whose attributes, data or entries changed (kernel caches to drop).
+    pub changed: Vec<u64>,
+    /// (parent, name) of every entry added, removed or re-pointed in a
+    /// directory by the rollback (kernel dentries to drop).
+    pub entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// A node as a snapshot holds it: the state it had before its first change
+/// after the snapshot. What it holds counts in the file system's usage
+/// until it goes.
+pub(crate) struct Frozen {
+    kind: FileType,
+    meta: Meta,
+    body: Body,
+    /// The file system's page and node counters (shared with it).
+    used: (Arc<AtomicU64>, Arc<AtomicU64>),
+}
+
+impl Frozen {
+    /// Pages only this copy holds.
+    fn unique_pages(&self) -> u64 {
+        match &self.body {
+            Body::File(d) => d.unique_pages(),
+            _ => 0,
+        }
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Body::File(d) = &mut self.body {
+            let freed = std::mem::take(d).release();
+            self.used.0.fetch_sub(freed, Ordering::AcqRel);
+        }
+        self.used.1.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A copy of a body that shares a file's pages (and copies the rest), with
+/// the pages the copy adds to the file system's usage.
+fn copy_body(body: &Body) -> (Body, u64) {
+    match body {
+        Body::File(d) => {
+            let (d, added) = d.clone_shared();
+            (Body::File(d), added)
+        }
+        other => (other.clone(), 0),
+    }
+}
+
+/// Lets a body go; returns the pages that gives back.
+fn release_body(body: Body) -> u64 {
+    match body {
+        Body::File(d) => d.release(),
+        _ => 0,
+    }
+}
+
+/// What a snapshot keeps of the nodes changed since it: the state each had
+/// at the snapshot (`None`: the node did not exist then).
+type Preserved = HashMap<u64, Option<Arc<Frozen>>>;
+
+struct Snap {
+    id: u64,
+    name: Vec<u8>,
+    created: Timespec,
+    /// The epoch this snapshot closed: nodes whose last change is in this
+    /// epoch or an earlier one read as they are in the live table.
+    epoch: u64,
+    /// Nodes changed after this snapshot and before the next one, as they
+    /// were. A node changed after several snapshots is kept once, in the
+    /// newest of them; older snapshots find it there (see [`Fs::snap_node`]).
+    map: Mutex<Preserved>,
+}
+
+impl Snap {
+    fn info(&self) -> SnapshotInfo {
+        let map = self.map.lock();
+        let mut nodes = 0;
+        let mut bytes = 0;
+        for f in map.values().flatten() {
+            nodes += 1;
+            bytes +=
+                (std::mem::size_of::<Frozen>() + 48) as u64 + f.unique_pages() * PAGE_SIZE as u64;
+        }
+        SnapshotInfo {
+            id: self.id,
+            name: self.name.clone(),
+            created: self.created,
+            nodes,
+            bytes,
+        }
+    }
+}
+
+/// The snapshots of one file system.
+#[derive(Default)]
+pub(crate) struct Snapshots {
+    /// Oldest first; ids and epochs ascend. Readers of a snapshot hold this
+    /// shared while they resolve a node, so that a deletion (exclusive)
+    /// never moves a preserved node under them. They and writers preserving
+    /// a node (under the node's lock) take it with `read_recursive`: a
+    /// reader waits for a node lock while holding this shared, and a fair
+    /// `read` would queue behind a waiting create or delete (deadlock).
+    list: RwLock<Vec<Arc<Snap>>>,
+    /// `list.len()`, readable without its lock.
+    count: AtomicUsize,
+    next_id: AtomicU64,
+    /// The current epoch; taking a snapshot closes it.
+    epoch: AtomicU64,
+    /// Held shared by every operation that changes the tree, for its whole
+    /// body, and exclusively while a snapshot is taken or a rollback runs:
+    /// so a snapshot never sees half of a rename. Readers never take it.
+    gate: RwLock<()>,
+}
+
+thread_local! {
+    /// How deep this thread is inside gated operations: an operation that
+    /// calls another (`copy_file_range` calls `write`) must not take the gate
+    /// twice, as a waiting snapshot would deadlock a fair lock.
+    static GATE_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The gate held shared for one mutating operation.
+pub(crate) struct GateGuard<'a> {
+    _guard: Option<RwLockReadGuard<'a, ()>>,
+}
+
+impl Drop for GateGuard<'_> {
+    fn drop(&mut self) {
+        GATE_DEPTH.with(|d| d.set(d.get() - 1));
+    }
+}
+
+fn check_snapshot_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+fn entries_of(body: &Body) -> HashMap<Vec<u8>, u64> {
+    let mut out = HashMap::new();
+    if let Body::Dir(d) = body {
+        d.list_from(FIRST_SLOT_OFFSET, |e, _| {
+            out.insert(e.name.to_vec(), e.ino);
+            true
+        });
+    }
+    out
+}
+
+/// Entries added, removed or re-pointed between two versions of a directory.
+fn entry_changes(ino: u64, old: &Body, new: &Body, out: &mut Vec<(u64, Vec<u8>)>) {
+    let (old, new) = (entries_of(old), entries_of(new));
+    for (name, i) in &old {
+        if new.get(name) != Some(i) {
+            out.push((ino, name.clone()));
+        }
+    }
+    for name in new.keys() {
+        if !old.contains_key(name) {
+            out.push((ino, name.clone()));
+        }
+    }
+}
+
+impl Fs {
+    /// Enters an operation that changes the tree (see [`Snapshots::gate`]).
+    pub(crate) fn enter(&self) -> GateGuard<'_> {
+        let depth = GATE_DEPTH.with(|d| {
+            let v = d.get();
+            d.set(v + 1);
+            v
+        });
+        GateGuard {
+            _guard: (depth == 0).then(|| self.snaps.gate.read()),
+        }
+    }
+
+    /// A new node, born in the current epoch. While snapshots exist, the
+    /// newest one notes that it had no such node, so that no snapshot shows
+    /// it (inode numbers are never reused).
+    pub(crate) fn new_inode(&self, ino: u64, kind: FileType, meta: Meta, body: Body) -> Arc<Inode> {
+        let mut inode = Inode::new(ino, kind, meta, body);
+        inode.state.get_mut().epoch = self.snaps.epoch.load(Ordering::Acquire);
+        // Callers hold the gate (or are a rebuild nobody sees), so no
+        // snapshot comes or goes meanwhile: no lock when there are none.
+        if self.snaps.count.load(Ordering::Acquire) > 0
+            && let Some(newest) = self.snaps.list.read_recursive().last()
+        {
+            newest.map.lock().entry(ino).or_insert(None);
+        }
+        Arc::new(inode)
+    }
+
+    /// Locks a node's state for a change. The first change after a
+    /// snapshot first preserves the node as it is, for the snapshots that
+    /// see it (every change to a node goes through here).
+    pub(crate) fn write_state<'a>(&self, inode: &'a Inode) -> RwLockWriteGuard<'a, State> {
+        let mut st = inode.state.write();
+        if st.epoch < self.snaps.epoch.load(Ordering::Acquire) {
+            self.preserve(inode, &mut st);
+        }
+        st
+    }
+
+    #[cold]
+    fn preserve(&self, inode: &Inode, st: &mut State) {
+        let list = self.snaps.list.read_recursive();
+        // A snapshot is added and its epoch closed under the list's write
+        // lock, so the two agree here.
+        let epoch = self.snaps.epoch.load(Ordering::Acquire);
+        if let Some(newest) = list.last()
+            && st.epoch <= newest.epoch
+            && !newest.map.lock().contains_key(&inode.ino)
+        {
+            // Copied outside the map's lock (a big file's page table takes a
+            // while); nobody else can add this node meanwhile: its lock is
+            // held here, and deletions wait for the list.
+            let frozen = Arc::new(self.freeze(inode.kind, st));
+            newest.map.lock().insert(inode.ino, Some(frozen));
+        }
+        st.epoch = epoch;
+    }
+
+    /// The node's state as a snapshot keeps it: file pages become shared
+    /// (no data copied); a directory's entries, a symlink's target and the
+    /// xattrs are copied (a directory costs O(entries) once per snapshot
+    /// that sees it change).
+    fn freeze(&self, kind: FileType, st: &mut State) -> Frozen {
+        let (body, added) = match &mut st.body {
+            Body::File(d) => {
+                let (d, added) = d.share();
+                (Body::File(d), added)
+            }
+            other => (other.clone(), 0),
+        };
+        self.used_pages.fetch_add(added, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        Frozen {
+            kind,
+            meta: st.meta.clone(),
+            body,
+            used: (self.used_pages.clone(), self.used_inodes.clone()),
+        }
+    }
+
+    /// Runs `f` on node `ino` as snapshot `snap` has it: the first preserved
+    /// copy in that snapshot or a newer one, else the live node, if it has
+    /// not changed since (if it has, a writer preserved it meanwhile: look
+    /// again).
+    fn with_snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
+        self.snap_node(snap, ino, false, f)
+    }
+
+    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
+    /// first made shared (under its write lock: no change a snapshot can
+    /// see), so that a clone can share them too.
+    fn snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        share_live: bool,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
+        // Recursive: `f` may call back into snapshot views (a readdirplus
+        // built on `snap_readdir` + `snap_getattr`), and a fair read would
+        // queue behind a waiting create or delete while this one is held.
+        let list = self.snaps.list.read_recursive();
+        let i = list
+            .binary_search_by_key(&snap, |s| s.id)
+            .map_err(|_| Errno::ESTALE)?;
+        let epoch = list[i].epoch;
+        // A writer that changes the node between the two looks preserves
+        // it first, so the second round finds it; more rounds than writers
+        // could ever race would be a bug in the preservation: an error,
+        // never a hang.
+        for _ in 0..1_000_000 {
+            for s in &list[i..] {
+                let found = s.map.lock().get(&ino).cloned();
+                if let Some(v) = found {
+                    let fr = v.ok_or(Errno::ENOENT)?;
+                    return f(fr.kind, &fr.meta, &fr.body);
+                }
+            }
+            let node = self.get(ino)?;
+            if share_live && node.kind == FileType::RegularFile {
+                let mut st = node.state.write();
+                if st.epoch <= epoch {
+                    if let Body::File(d) = &mut st.body {
+                        d.make_shared();
+                    }
+                    return f(node.kind, &st.meta, &st.body);
+                }
+                continue;
+            }
+            let st = node.state.read();
+            if st.epoch <= epoch {
+                return f(node.kind, &st.meta, &st.body);
+            }
+        }
+        tracing::error!(snap, ino, "snapshot node neither preserved nor unchanged");
+        Err(Errno::EIO)
+    }
+
+    /// Freezes the tree as it is now under `name`: O(1), no copy. Every
+    /// change waits for it (the gate), for an instant.
+    pub fn snapshot_create(&self, name: &[u8]) -> Result<SnapshotInfo> {
+        check_snapshot_name(name)?;
+        let _gate = self.snaps.gate.write();
+        let mut list = self.snaps.list.write();
+        if list.iter().any(|s| s.name == name) {
+            return Err(Errno::EEXIST);
+        }
+        if list.len() >= MAX_SNAPSHOTS {
+            return Err(Errno::ENOSPC);
+        }
+        let epoch = self.snaps.epoch.load(Ordering::Acquire);
+        let snap = Arc::new(Snap {
+            id: self.snaps.next_id.fetch_add(1, Ordering::AcqRel) + 1,
+            name: name.to_vec(),
+            created: Timespec::now(),
+            epoch,
+            map: Default::default(),
+        });
+        list.push(snap.clone());
+        self.snaps.count.store(list.len(), Ordering::Release);
+        self.snaps.epoch.store(epoch + 1, Ordering::Release);
+        drop(list);
+        Ok(snap.info())
+    }
+
+    /// Deletes the snapshot named `name`. What it preserved passes to the
+    /// next older snapshot where that one has nothing for the node (it was
+    /// that snapshot's state too); the rest is freed.
+    pub fn snapshot_delete(&self, name: &[u8]) -> Result<()> {
+        let mut leftovers = Vec::new();
+        {
+            let mut list = self.snaps.list.write();
+            let i = list
+                .iter()
+                .position(|s| s.name == name)
+                .ok_or(Errno::ENOENT)?;
+            let snap = list.remove(i);
+            self.snaps.count.store(list.len(), Ordering::Release);
+            let map = std::mem::take(&mut *snap.map.lock());
+            match i.checked_sub(1) {
+                Some(older) => {
+                    let mut om = list[older].map.lock();
+                    for (ino, v) in map {
+                        match om.entry(ino) {
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(v);
+                            }
+                            std::collections::hash_map::Entry::Occupied(_) => leftovers.push(v),
+                        }
+                    }
+                }
+                None => leftovers.extend(map.into_values()),
+            }
+        }
+        // Freed outside the list lock: a big snapshot takes a while.
+        drop(leftovers);
+        Ok(())
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
+        self.snaps.list.read().iter().map(|s| s.info()).collect()
+    }
+
+    pub fn snapshot_by_name(&self, name: &[u8]) -> Option<SnapshotInfo> {
+        let list = self.snaps.list.read();
+        list.iter().find(|s| s.name == name).map(|s| s.info())
+    }
+
+    /// Attributes of `ino` in snapshot `snap` (an id; `ESTALE` once deleted).
+    pub fn snap_getattr(&self, snap: u64, ino: u64) -> Result<Attr> {
+        self.with_snap_node(snap, ino, |kind, m, b| Ok(attr_of(m, b, ino, kind)))
+    }
+
+    /// Looks `name` up in directory `parent` of snapshot `snap`; takes no
+    /// kernel reference.
+    pub fn snap_lookup(&self, snap: u64, parent: u64, name: &[u8]) -> Result<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let child = self.with_snap_node(snap, parent, |_, _, b| {
+            if name == b"." {
+                return Ok(parent);
+            }
+            let Body::Dir(d) = b else {
+                return Err(Errno::ENOTDIR);
+            };
+            match name {
+                b".." => Ok(d.parent),
+                _ => Ok(d.get(name).ok_or(Errno::ENOENT)?.0),
+            }
+        })?;
+        self.snap_getattr(snap, child)
+    }
+
+    /// Lists directory `ino` of snapshot `snap` with the offsets and contract
+    /// of [`Fs::readdir`].
+    pub fn snap_readdir(
+        &self,
+        snap: u64,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(DirEntry<'_>) -> bool,
+    ) -> Result<()> {
+        self.with_snap_node(snap, ino, |_, _, b| {
+            let Body::Dir(d) = b else {
+                return Err(Errno::ENOTDIR);
+            };
+            if offset == 0
+                && !f(DirEntry {
+                    ino,
+                    kind: FileType::Directory,
+                    name: b".",
+                    offset: 1,
+                })
+            {
+                return Ok(());
+            }
+            if offset <= 1
+                && !f(DirEntry {
+                    ino: d.parent,
+                    kind: FileType::Directory,
+                    name: b"..",
+                    offset: FIRST_SLOT_OFFSET,
+                })
+            {
+                return Ok(());
+            }
+            d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
+                f(DirEntry {
+                    ino: s.ino,
+                    kind: s.kind,
+                    name: s.name,
+                    offset: next,
+                })
+            });
+            Ok(())
+        })
+    }
+
+    /// Reads file `ino` of snapshot `snap`; returns the count (0 at its end).
+    pub fn snap_read(&self, snap: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.with_snap_node(snap, ino, |_, m, b| {
+            let data = match b {
+                Body::File(d) => d,
+                Body::Dir(_) => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            };
+            if off >= m.size {
+                return Ok(0);
+            }
+            let n = ((m.size - off) as usize).min(buf.len());
+            data.read(off, &mut buf[..n]);
+            Ok(n)
+        })
+    }
+
+    pub fn snap_readlink(&self, snap: u64, ino: u64) -> Result<Vec<u8>> {
+        self.with_snap_node(snap, ino, |_, _, b| match b {
+            Body::Symlink(t) => Ok(t.to_vec()),
+            _ => Err(Errno::EINVAL),
+        })
+    }
+
+    pub fn snap_getxattr(&self, snap: u64, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        crate::xattr::check_name(name)?;
+        self.with_snap_node(snap, ino, |_, m, _| {
+            m.xattrs
+                .as_ref()
+                .and_then(|x| x.get(name))
+                .map(|v| v.to_vec())
+                .ok_or(Errno::ENODATA)
+        })
+    }
+
+    /// Names, each followed by NUL.
+    pub fn snap_listxattr(&self, snap: u64, ino: u64) -> Result<Vec<u8>> {
+        self.with_snap_node(snap, ino, |_, m, _| {
+            Ok(m.xattrs.as_ref().map(|x| x.list()).unwrap_or_default())
+        })
+    }
+
+    /// `access(2)` on a snapshot's node: as on the live tree, but `W_OK` is
+    /// `EROFS` (a snapshot is read-only).
+    pub fn snap_access(&self, ctx: Ctx, snap: u64, ino: u64, mask: i32) -> Result<()> {
+        let (attr, acl) = self.with_snap_node(snap, ino, |kind, m, b| {
+            Ok((attr_of(m, b, ino, kind), Fs::access_acl(m)))
+        })?;
+        if mask & libc::W_OK != 0 {
+            return Err(Errno::EROFS);
+        }
+        check_access(ctx, &|_| false, &attr, acl, mask)
+    }
+
+    /// Every node snapshot `name` preserved or marked absent, with those of
+    /// the newer snapshots (the first found wins): the nodes that changed
+    /// since it. Everything else is in the live table as it was.
+    fn changed_since(&self, name: &[u8]) -> Result<(u64, Preserved)> {
+        let list = self.snaps.list.read();
+        let i = list
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or(Errno::ENOENT)?;
+        let mut out = Preserved::new();
+        for s in &list[i..] {
+            for (&ino, v) in s.map.lock().iter() {
+                out.entry(ino).or_insert_with(|| v.clone());
+            }
+        }
+        Ok((list[i].id, out))
+    }
+
+    /// Makes the live tree equal to snapshot `name`'s, restoring only what
+    /// changed since it. The snapshot stays, and so do the snapshots taken
+    /// after it (each restore is a change, preserved for them first). Nodes
+    /// the snapshot does not have lose their names; those the kernel or an
+    /// open handle still refers to live on unlinked, as after `unlink`.
+    pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<RollbackOutcome> {
+        if self.recorder.is_some() {
+            // A durable rollback must be journaled: not built yet.
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let _gate = self.snaps.gate.write();
+        let (_, target) = self.changed_since(name)?;
+        let mut out = RollbackOutcome::default();
+        let mut doomed = Vec::new();
+        for (ino, want) in target {
+            let live = self
+                .inodes
+                .get(&ino)
+                .map(|r| r.value().clone())
+                .filter(|n| !n.freed.load(Ordering::Acquire));
+            match (want, live) {
+                (None, None) => {}
+                (None, Some(node)) => {
+                    let mut st = self.write_state(&node);
+                    if st.meta.nlink == 0 {
+                        continue;
+                    }
+                    entry_changes(ino, &st.body, &Body::Special, &mut out.entries);
+                    st.meta.nlink = 0;
+                    if let Body::Dir(d) = &mut st.body {
+                        **d = crate::dir::Dir::new(d.parent);
+                    }
+                    out.changed.push(ino);
+                    drop(st);
+                    doomed.push(node);
+                }
+                (Some(f), Some(node)) if node.kind == f.kind => {
+                    let mut st = self.write_state(&node);
+                    entry_changes(ino, &st.body, &f.body, &mut out.entries);
+                    let (body, added) = copy_body(&f.body);
+                    st.meta = f.meta.clone();
+                    let freed = release_body(std::mem::replace(&mut st.body, body));
+                    self.give_back(freed as i64 - added as i64);
+                    out.changed.push(ino);
+                }
+                (Some(f), _) => {
+                    // Freed since: born again under its old number.
+                    entry_changes(ino, &Body::Special, &f.body, &mut out.entries);
+                    let (body, added) = copy_body(&f.body);
+                    let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
+                    if ino == ROOT_INO {
+                        node.nlookup.store(1, Ordering::Relaxed);
+                    }
+                    self.inodes.insert(ino, node);
+                    self.used_pages.fetch_add(added, Ordering::AcqRel);
+                    self.used_inodes.fetch_add(1, Ordering::AcqRel);
+                    out.changed.push(ino);
+                }
+            }
+        }
+        for node in &doomed {
+            self.maybe_free(node);
+        }
+        out.changed.sort_unstable();
+        out.entries.sort_unstable();
+        out.entries.dedup();
+        Ok(out)
+    }
+
+    /// A new, independent file system whose tree is snapshot `name`'s, with
+    /// the same inode numbers.
+    pub fn clone_snapshot(&self, name: &[u8], config: Config) -> Result<Fs> {
+        let (id, changed) = self.changed_since(name)?;
+        let mut inos: Vec<u64> = self.inodes.iter().map(|e| *e.key()).collect();
+        inos.extend(changed.keys());
+        drop(changed);
+        inos.sort_unstable();
+        inos.dedup();
+        let fs = Fs::new(config);
+        fs.inodes.clear();
+        let (mut nodes, mut pages) = (0u64, 0u64);
+        for ino in inos {
+            let got = self.snap_node(id, ino, true, |kind, m, b| {
+                let body = match b {
+                    Body::File(d) => Body::File(d.import()),
+                    other => other.clone(),
+                };
+                Ok((m.nlink > 0 || ino == ROOT_INO).then_some((kind, m.clone(), body)))
+            });
+            let (kind, meta, body) = match got {
+                Ok(Some(n)) => n,
+                Ok(None) | Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            if let Body::File(d) = &body {
+                pages += d.page_count();
+            }
+            nodes += 1;
+            if nodes > config.max_inodes || pages > config.capacity / PAGE_SIZE as u64 {
+                return Err(Errno::ENOSPC);
+            }
+            let node = Arc::new(Inode::new(ino, kind, meta, body));
+            if ino == ROOT_INO {
+                node.nlookup.store(1, Ordering::Relaxed);
+            }
+            fs.inodes.insert(ino, node);
+        }
+        fs.used_inodes.store(nodes, Ordering::Release);
+        fs.used_pages.store(pages, Ordering::Release);
+        fs.next_ino
+            .store(self.next_ino.load(Ordering::Acquire), Ordering::Release);
+        Ok(fs)
+    }
+}
