@@ -27,7 +27,7 @@ pub struct Where {
     /// The data directory (mounted or not).
     #[arg(long, value_name = "PATH")]
     pub data_dir: Option<PathBuf>,
-    /// A mounted durable memfs: its server is asked through its control socket.
+    /// A mounted memfs: its server is asked through its control socket.
     #[arg(long, value_name = "MOUNTPOINT")]
     pub mount: Option<PathBuf>,
 }
