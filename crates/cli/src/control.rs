@@ -34,8 +34,25 @@ pub use memfs_durable::control::{request, socket_path};
 
 /// A running control server; [`Control::stop`] ends it and removes its sockets.
 pub struct Control {
-    listeners: Vec<(PathBuf, JoinHandle<()>)>,
+    listeners: Vec<Listening>,
     stop: Arc<AtomicBool>,
+}
+
+struct Listening {
+    path: PathBuf,
+    /// The socket file's identity: once our mount is gone its device
+    /// number may name another mount at once, whose server replaces the
+    /// file; ours must then leave that one alone.
+    file: Option<(u64, u64)>,
+    listener: UnixListener,
+    thread: JoinHandle<()>,
+}
+
+fn file_id(p: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Control {
@@ -45,11 +62,23 @@ impl Control {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Release);
-        for (path, thread) in self.listeners.drain(..) {
-            // Wake the accept loop with a connection of our own.
-            let _ = UnixStream::connect(&path);
-            let _ = thread.join();
-            let _ = std::fs::remove_file(&path);
+        for l in self.listeners.drain(..) {
+            // Wake the accept loop: shutdown(2) of a listening socket ends
+            // a blocked accept (a connection to the path might reach
+            // another server, see `Listening::file`).
+            // SAFETY: the descriptor belongs to `l.listener`, alive here;
+            // shutdown(2) changes no memory. Exercised by every test that
+            // unmounts (crates/cli/tests/snapshots.rs).
+            unsafe {
+                libc::shutdown(
+                    std::os::fd::AsRawFd::as_raw_fd(&l.listener),
+                    libc::SHUT_RDWR,
+                )
+            };
+            let _ = l.thread.join();
+            if l.file.is_some() && file_id(&l.path) == l.file {
+                let _ = std::fs::remove_file(&l.path);
+            }
         }
     }
 }
@@ -158,11 +187,15 @@ pub fn serve(m: Mount) -> anyhow::Result<Control> {
     };
     for path in paths {
         let listener = listen(&path)?;
+        let file = file_id(&path);
+        let accepting = listener
+            .try_clone()
+            .context("cannot duplicate the control socket")?;
         let (m, stop) = (m.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("memfs-control".into())
             .spawn(move || {
-                for conn in listener.incoming() {
+                for conn in accepting.incoming() {
                     if stop.load(Ordering::Acquire) {
                         break;
                     }
@@ -177,7 +210,12 @@ pub fn serve(m: Mount) -> anyhow::Result<Control> {
                 }
             })
             .context("cannot start the control thread")?;
-        control.listeners.push((path, thread));
+        control.listeners.push(Listening {
+            path,
+            file,
+            listener,
+            thread,
+        });
     }
     Ok(control)
 }

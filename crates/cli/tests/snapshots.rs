@@ -14,7 +14,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::{Mount, memfs, ok, failed};
+use common::{Mount, failed, memfs, ok};
 
 fn snap(m: &Mount, args: &[&str]) -> String {
     let mp = m.path();
@@ -47,7 +47,13 @@ fn xattr_set(p: &Path, name: &str, v: &[u8]) {
     let n = std::ffi::CString::new(name).unwrap();
     // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
     let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(r, 0, "setxattr {}: {}", p.display(), std::io::Error::last_os_error());
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
 }
 
 fn xattr_get(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
@@ -72,7 +78,18 @@ fn browse_a_snapshot_with_ls_cat_cp_find_diff() {
     let m = Mount::new();
     build_tree(&m.p("tree"));
     let copy = tempfile::tempdir().unwrap();
-    assert!(run("cp", &["-a".as_ref(), m.p("tree").as_os_str(), copy.path().as_os_str()]).status.success());
+    assert!(
+        run(
+            "cp",
+            &[
+                "-a".as_ref(),
+                m.p("tree").as_os_str(),
+                copy.path().as_os_str()
+            ]
+        )
+        .status
+        .success()
+    );
     let out = snap(&m, &["create", "s1"]);
     assert!(out.contains("s1"), "{out}");
     // Change everything in the live tree afterwards.
@@ -82,25 +99,66 @@ fn browse_a_snapshot_with_ls_cat_cp_find_diff() {
     fs::write(m.p("tree/new"), b"new").unwrap();
 
     let s = m.p(".snapshots/s1/tree");
-    let d = run("diff", &["-r".as_ref(), copy.path().join("tree").as_os_str(), s.as_os_str()]);
-    assert!(d.status.success(), "diff -r: {}", String::from_utf8_lossy(&d.stdout));
+    let d = run(
+        "diff",
+        &[
+            "-r".as_ref(),
+            copy.path().join("tree").as_os_str(),
+            s.as_os_str(),
+        ],
+    );
+    assert!(
+        d.status.success(),
+        "diff -r: {}",
+        String::from_utf8_lossy(&d.stdout)
+    );
     assert_eq!(fs::read(s.join("a/one")).unwrap(), b"one\n");
     assert_eq!(fs::read(s.join("a/b/two")).unwrap(), vec![7u8; 300_000]);
-    assert_eq!(fs::read_link(s.join("a/b/link")).unwrap(), Path::new("../one"));
+    assert_eq!(
+        fs::read_link(s.join("a/b/link")).unwrap(),
+        Path::new("../one")
+    );
     assert_eq!(xattr_get(&s.join("a/one"), "user.color").unwrap(), b"blue");
     // Hard links stay one file inside the snapshot, distinct from the live one.
-    let (x, y) = (fs::metadata(s.join("a/one")).unwrap(), fs::metadata(s.join("a/b/c/one-again")).unwrap());
+    let (x, y) = (
+        fs::metadata(s.join("a/one")).unwrap(),
+        fs::metadata(s.join("a/b/c/one-again")).unwrap(),
+    );
     assert_eq!((x.ino(), x.nlink()), (y.ino(), 2));
     assert_ne!(x.ino(), fs::metadata(m.p("tree/a/one")).unwrap().ino());
     let f = run("find", &[s.as_os_str()]);
     assert_eq!(String::from_utf8_lossy(&f.stdout).lines().count(), 9);
     let out = tempfile::tempdir().unwrap();
-    assert!(run("cp", &["-a".as_ref(), s.as_os_str(), out.path().as_os_str()]).status.success());
-    assert!(run("diff", &["-r".as_ref(), copy.path().join("tree").as_os_str(), out.path().join("tree").as_os_str()]).status.success());
+    assert!(
+        run(
+            "cp",
+            &["-a".as_ref(), s.as_os_str(), out.path().as_os_str()]
+        )
+        .status
+        .success()
+    );
+    assert!(
+        run(
+            "diff",
+            &[
+                "-r".as_ref(),
+                copy.path().join("tree").as_os_str(),
+                out.path().join("tree").as_os_str()
+            ]
+        )
+        .status
+        .success()
+    );
     // Hidden by default, there by name; listed inside.
-    let root: Vec<_> = fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let root: Vec<_> = fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert!(!root.iter().any(|n| n == ".snapshots"), "{root:?}");
-    let names: Vec<_> = fs::read_dir(m.p(".snapshots")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let names: Vec<_> = fs::read_dir(m.p(".snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(names, ["s1"]);
     let list = snap(&m, &["list"]);
     assert!(list.starts_with("s1 "), "{list}");
@@ -123,21 +181,62 @@ fn every_change_under_snapshots_is_erofs() {
     assert_eq!(errno(fs::rename(s.join("a/one"), m.p("t/uno"))), erofs);
     assert_eq!(errno(std::os::unix::fs::symlink("x", s.join("l"))), erofs);
     assert_eq!(errno(fs::hard_link(m.p("t/a/one"), s.join("h"))), erofs);
-    assert_eq!(errno(fs::hard_link(s.join("a/one"), m.p("t/h"))), libc::EXDEV);
-    assert_eq!(errno(fs::set_permissions(s.join("a/one"), std::os::unix::fs::PermissionsExt::from_mode(0o600))), erofs);
-    assert_eq!(errno(fs::OpenOptions::new().write(true).truncate(true).open(s.join("a/one"))), erofs);
-    let tmp = errno(fs::OpenOptions::new().write(true).custom_flags(libc::O_TMPFILE).mode(0o600).open(s.join("a")));
+    assert_eq!(
+        errno(fs::hard_link(s.join("a/one"), m.p("t/h"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(fs::set_permissions(
+            s.join("a/one"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600)
+        )),
+        erofs
+    );
+    assert_eq!(
+        errno(
+            fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(s.join("a/one"))
+        ),
+        erofs
+    );
+    let tmp = errno(
+        fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(s.join("a")),
+    );
     // EOPNOTSUPP: a kernel without FUSE O_TMPFILE refuses before asking memfs.
     assert!(tmp == erofs || tmp == libc::EOPNOTSUPP, "O_TMPFILE: {tmp}");
-    assert_eq!(errno(nix::unistd::truncate(&s.join("a/one"), 0).map_err(std::io::Error::from)), erofs);
-    assert_eq!(errno(nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(std::io::Error::from)), erofs);
+    assert_eq!(
+        errno(nix::unistd::truncate(&s.join("a/one"), 0).map_err(std::io::Error::from)),
+        erofs
+    );
+    assert_eq!(
+        errno(
+            nix::unistd::mkfifo(
+                &s.join("fifo"),
+                nix::sys::stat::Mode::from_bits_truncate(0o600)
+            )
+            .map_err(std::io::Error::from)
+        ),
+        erofs
+    );
     let c = std::ffi::CString::new(s.join("a/one").as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: valid NUL-terminated strings; a 1-byte value.
     let r = unsafe { libc::setxattr(c.as_ptr(), c"user.x".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(erofs)));
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(erofs))
+    );
     // SAFETY: as above.
     let r = unsafe { libc::removexattr(c.as_ptr(), c"user.color".as_ptr()) };
-    assert_eq!((r, std::io::Error::last_os_error().raw_os_error()), (-1, Some(erofs)));
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(erofs))
+    );
     // A write through a descriptor opened for writing (the kernel may open
     // it without asking memfs): refused at the first write if not at open.
     match fs::OpenOptions::new().write(true).open(s.join("a/one")) {
@@ -150,7 +249,10 @@ fn every_change_under_snapshots_is_erofs() {
     assert_eq!(errno(fs::rename(m.p(".snapshots"), m.p("x"))), erofs);
     assert_eq!(errno(fs::write(m.p(".snapshots/f"), b"")), erofs);
     fs::create_dir(m.p("t/empty")).unwrap();
-    assert_eq!(errno(fs::rename(m.p("t/empty"), m.p(".snapshots"))), libc::EEXIST);
+    assert_eq!(
+        errno(fs::rename(m.p("t/empty"), m.p(".snapshots"))),
+        libc::EEXIST
+    );
     assert_eq!(errno(fs::create_dir(m.p(".snapshots"))), libc::EEXIST);
     // Nothing changed.
     assert_eq!(fs::read(s.join("a/one")).unwrap(), b"one\n");
@@ -163,7 +265,10 @@ fn snapdir_visible_and_renamed() {
     let m = Mount::with_args(&["-o", "snapdir=visible,snapdir_name=.zfs"]);
     fs::write(m.p("f"), b"1").unwrap();
     snap(&m, &["create", "first"]);
-    let root: Vec<_> = fs::read_dir(m.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let root: Vec<_> = fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert!(root.iter().any(|n| n == ".zfs"), "{root:?}");
     assert_eq!(fs::read(m.p(".zfs/first/f")).unwrap(), b"1");
     // .snapshots is an ordinary name here.
@@ -172,9 +277,17 @@ fn snapdir_visible_and_renamed() {
     for i in 0..300 {
         fs::write(m.p(&format!("n{i:03}")), b"").unwrap();
     }
-    let n = fs::read_dir(m.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name() == ".zfs").count();
+    let n = fs::read_dir(m.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() == ".zfs")
+        .count();
     assert_eq!(n, 1);
-    let bad = failed(memfs(["mount", "/nonexistent-x", "-o", "snapdir=sometimes"]));
+    let bad = failed(memfs([
+        "mount",
+        "/nonexistent-x",
+        "-o",
+        "snapdir=sometimes",
+    ]));
     assert!(bad.contains("snapdir"), "{bad}");
     m.unmount();
 }
@@ -189,7 +302,13 @@ fn snapshots_appear_and_disappear_at_once() {
     assert_eq!(fs::read(m.p(".snapshots/s/f")).unwrap(), b"gen1");
     assert_eq!(fs::read_dir(m.p(".snapshots")).unwrap().count(), 1);
     let mut held = fs::File::open(m.p(".snapshots/s/f")).unwrap();
-    let e = failed(memfs(["snapshot", "create", "s", "--mount", m.path().to_str().unwrap()]));
+    let e = failed(memfs([
+        "snapshot",
+        "create",
+        "s",
+        "--mount",
+        m.path().to_str().unwrap(),
+    ]));
     assert!(e.contains("exists"), "{e}");
     snap(&m, &["delete", "s"]);
     assert_eq!(errno(fs::metadata(m.p(".snapshots/s"))), libc::ENOENT);
@@ -205,11 +324,15 @@ fn snapshots_appear_and_disappear_at_once() {
         Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE)),
         Ok(_) => assert_eq!(buf, b"gen1"),
     }
+    drop(held);
     m.unmount();
 }
 
-const FILES: usize = 16;
-const LEN: usize = 128 * 1024;
+// One page per file: a read(2) of one page is one request, so it sees one
+// state; a read spanning pages can meet the switch between two requests
+// (docs/snapshots.md, "Online rollback").
+const FILES: usize = 64;
+const LEN: usize = 4096;
 
 fn write_generation(m: &Mount, g: u8) {
     for i in 0..FILES {
@@ -239,21 +362,35 @@ fn online_rollback_is_atomic_for_readers() {
                         let data = fs::read(dir.join(i.to_string())).unwrap();
                         assert_eq!(data.len(), LEN);
                         let g = data[0];
-                        assert!(data.iter().all(|&b| b == g), "a torn read of file {i}");
+                        assert!(data.iter().all(|&b| b == g), "a mixed read of file {i}");
                         assert!(g == b'A' || g == b'B');
-                        assert!(!must_be_a || g == b'A', "file {i} shows B after the rollback returned");
+                        assert!(
+                            !must_be_a || g == b'A',
+                            "file {i} shows B after the rollback returned"
+                        );
                         reads.fetch_add(1, Ordering::Relaxed);
                     }
                 }
             })
         })
         .collect();
-    common::poll_until("readers to run", || reads.load(Ordering::Relaxed) > 3 * FILES);
-    let out = ok(memfs(["rollback", "--mount", m.path().to_str().unwrap(), "--to", "a", "--yes"]));
+    common::poll_until("readers to run", || {
+        reads.load(Ordering::Relaxed) > 3 * FILES
+    });
+    let out = ok(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "a",
+        "--yes",
+    ]));
     assert!(out.contains("rolled"), "{out}");
     after.store(true, Ordering::Release);
     let seen = reads.load(Ordering::Relaxed);
-    common::poll_until("reads after the rollback", || reads.load(Ordering::Relaxed) > seen + 3 * FILES);
+    common::poll_until("reads after the rollback", || {
+        reads.load(Ordering::Relaxed) > seen + 3 * FILES
+    });
     stop.store(true, Ordering::Release);
     for r in readers {
         r.join().expect("a reader saw a mixed state");
@@ -262,9 +399,22 @@ fn online_rollback_is_atomic_for_readers() {
     let names = fs::read_dir(m.p("g")).unwrap().count();
     assert_eq!(names, FILES);
     // Refused without --yes when not asked on a terminal; unknown names refused.
-    let e = failed(memfs(["rollback", "--mount", m.path().to_str().unwrap(), "--to", "a"]));
+    let e = failed(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "a",
+    ]));
     assert!(e.contains("--yes"), "{e}");
-    let e = failed(memfs(["rollback", "--mount", m.path().to_str().unwrap(), "--to", "nope", "--yes"]));
+    let e = failed(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "nope",
+        "--yes",
+    ]));
     assert!(e.contains("nope"), "{e}");
     m.unmount();
 }
@@ -277,11 +427,22 @@ fn open_descriptors_across_a_rollback() {
     fs::write(m.p("kept"), b"new!").unwrap();
     fs::write(m.p("born"), b"born after").unwrap();
     let mut kept = fs::File::open(m.p("kept")).unwrap();
-    let mut born = fs::OpenOptions::new().read(true).write(true).open(m.p("born")).unwrap();
+    let mut born = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("born"))
+        .unwrap();
     let mut s = String::new();
     kept.read_to_string(&mut s).unwrap();
     assert_eq!(s, "new!");
-    ok(memfs(["rollback", "--mount", m.path().to_str().unwrap(), "--to", "s", "--yes"]));
+    ok(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "s",
+        "--yes",
+    ]));
     // A file in both states: the descriptor reads the target's content.
     kept.seek(SeekFrom::Start(0)).unwrap();
     s.clear();
@@ -307,7 +468,13 @@ fn clones_are_isolated_and_go_with_their_origin() {
     let c2 = tempfile::tempdir().unwrap();
     let mp = m.path();
     for c in [&c1, &c2] {
-        let out = ok(memfs(["clone", "base", c.path().to_str().unwrap(), "--mount", mp.to_str().unwrap()]));
+        let out = ok(memfs([
+            "clone",
+            "base",
+            c.path().to_str().unwrap(),
+            "--mount",
+            mp.to_str().unwrap(),
+        ]));
         assert!(out.contains("mounted"), "{out}");
         assert!(common::is_mount_point(c.path()));
     }
@@ -321,8 +488,17 @@ fn clones_are_isolated_and_go_with_their_origin() {
     assert_eq!(fs::read(c2.path().join("t/a/one")).unwrap(), b"one\n");
     assert!(!m.p("only-in-clone").exists());
     // A clone takes snapshots of its own.
-    ok(memfs(["snapshot", "create", "c", "--mount", c1p.to_str().unwrap()]));
-    assert_eq!(fs::read(c1p.join(".snapshots/c/t/a/one")).unwrap(), b"clone");
+    ok(memfs([
+        "snapshot",
+        "create",
+        "c",
+        "--mount",
+        c1p.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        fs::read(c1p.join(".snapshots/c/t/a/one")).unwrap(),
+        b"clone"
+    );
     assert_eq!(errno(fs::metadata(m.p(".snapshots/c"))), libc::ENOENT);
     // Deleting the origin's snapshot leaves the clones alone.
     snap(&m, &["delete", "base"]);
@@ -347,7 +523,12 @@ fn snapshot_commands_refuse_bad_input() {
     let e = failed(memfs(["clone", "none", "/tmp", "--mount", mps]));
     assert!(e.contains("none") || e.contains("already"), "{e}");
     let plain = tempfile::tempdir().unwrap();
-    let e = failed(memfs(["snapshot", "list", "--mount", plain.path().to_str().unwrap()]));
+    let e = failed(memfs([
+        "snapshot",
+        "list",
+        "--mount",
+        plain.path().to_str().unwrap(),
+    ]));
     assert!(e.contains("not mounted"), "{e}");
     m.unmount();
 }
@@ -355,7 +536,12 @@ fn snapshot_commands_refuse_bad_input() {
 #[test]
 fn a_durable_mount_shows_its_new_snapshots_in_snapshots() {
     let dir = common::disk_dir("memfs-snapfuse-");
-    let m = Mount::with_args(&["--data-dir", dir.path().to_str().unwrap(), "--durability", "none"]);
+    let m = Mount::with_args(&[
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--durability",
+        "none",
+    ]);
     fs::write(m.p("f"), b"v1").unwrap();
     snap(&m, &["create", "d1"]);
     fs::write(m.p("f"), b"v2").unwrap();
