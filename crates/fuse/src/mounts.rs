@@ -47,13 +47,14 @@ pub fn mount_dev(path: &Path) -> Option<String> {
     let canon = path.canonicalize().ok()?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines()
+        .rev()
         .filter_map(|l| {
             let mut f = l.split(' ');
             let dev = f.nth(2)?;
             let point = f.nth(1)?;
             (Path::new(&unescape_mount_path(point)) == canon).then(|| dev.to_string())
         })
-        .last()
+        .next()
 }
 
 /// Whether `path` is a mount point right now.
