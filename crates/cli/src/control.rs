@@ -561,7 +561,7 @@ pub fn data_dir_of_mount(mountpoint: &Path) -> anyhow::Result<PathBuf> {
         return Ok(dir);
     }
     bail!(
-        "{} is an in-memory memfs mount (source {source:?}): snapshots, diff and rollback need a data directory in this version (mount with --data-dir)",
+        "{} is an in-memory memfs mount (source {source:?}): diff, log and rollback to a commit need a data directory (mount with --data-dir); its snapshots are memfs snapshot create|list|delete NAME --mount M and memfs rollback --mount M --to NAME",
         mountpoint.display()
     )
 }
