@@ -171,13 +171,25 @@ pub const COMMANDS: &[Spec] = &[
     Spec {
         name: "snapshot",
         usage: "snapshot create NAME | list | delete NAME",
-        summary: "named snapshots (needs --data-dir)",
+        summary: "named snapshots (in memory: copy-on-write, browse with snapls)",
+        details: "With --data-dir: pinned commits of the journal. In memory: the engine's snapshots.",
+    },
+    Spec {
+        name: "snapshots",
+        usage: "snapshots",
+        summary: "list snapshots (snapshot list)",
+        details: "",
+    },
+    Spec {
+        name: "snapls",
+        usage: "snapls NAME [PATH]",
+        summary: "list a directory of an in-memory snapshot (like ls .snapshots/NAME/PATH)",
         details: "",
     },
     Spec {
         name: "rollback",
-        usage: "rollback --to SNAPSHOT",
-        summary: "return to a snapshot (needs --data-dir)",
+        usage: "rollback --to SNAPSHOT | rollback SNAPSHOT",
+        summary: "return to a snapshot",
         details: "",
     },
     Spec {
@@ -307,6 +319,8 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
         "xattr" => xattr(sh, args),
         "log" => log(sh, args),
         "snapshot" => snapshot(sh, args),
+        "snapshots" => snapshot(sh, &["list".to_string()]),
+        "snapls" => snapls(sh, args),
         "rollback" => rollback(sh, args),
         "help" => help(sh, args),
         "clear" => clear(sh, args),
@@ -1673,6 +1687,23 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
     if !matches!(ops.as_slice(), ["create", _] | ["list"] | ["delete", _]) {
         return usage("snapshot");
     }
+    if sh.durable.is_none() {
+        let fs = sh.fs.clone();
+        let e = |e: memfs_fs::Errno, n: &str| fs_err(e, n);
+        return match ops.as_slice() {
+            ["create", n] => {
+                let i = fs.snapshot_create(n.as_bytes()).map_err(|x| e(x, n))?;
+                writeln!(sh.out, "snapshot {n} created ({} nodes)", i.nodes).map_err(Into::into)
+            }
+            ["delete", n] => fs.snapshot_delete(n.as_bytes()).map_err(|x| e(x, n)),
+            _ => {
+                for i in fs.snapshot_list() {
+                    writeln!(sh.out, "{}", String::from_utf8_lossy(&i.name))?;
+                }
+                Ok(())
+            }
+        };
+    }
     let d = needs_durable(sh)?;
     let mut buf = Vec::new();
     let r = match ops.as_slice() {
@@ -1687,11 +1718,17 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
 
 fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     let o = Opts::parse(args, &[("--to", true)])?;
-    let Some(to) = o.value("--to") else {
-        return usage("rollback");
+    let to = match (o.value("--to"), o.operands.as_slice()) {
+        (Some(t), []) => t.to_string(),
+        (None, [t]) => t.clone(),
+        _ => return usage("rollback"),
     };
-    if !o.operands.is_empty() {
-        return usage("rollback");
+    let to = to.as_str();
+    if sh.durable.is_none() {
+        sh.fs
+            .rollback_to_snapshot(to.as_bytes())
+            .map_err(|e| fs_err(e, to))?;
+        return Ok(());
     }
     let d = needs_durable(sh)?;
     let fs = d
@@ -1700,6 +1737,42 @@ fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     sh.fs = fs;
     sh.cwd
         .store(memfs_fs::ROOT_INO, std::sync::atomic::Ordering::Release);
+    Ok(())
+}
+
+/// `snapls NAME [PATH]`: a directory of snapshot NAME, as `ls` shows one.
+fn snapls(sh: &mut Shell, args: &[String]) -> CmdResult {
+    let (name, path) = match args {
+        [n] => (n, ""),
+        [n, p] => (n, p.as_str()),
+        _ => return usage("snapls"),
+    };
+    let fs = sh.fs.clone();
+    let Some(info) = fs.snapshot_by_name(name.as_bytes()) else {
+        return err(format!("no snapshot named {name}"));
+    };
+    let mut ino = memfs_fs::ROOT_INO;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        ino = fs
+            .snap_lookup(info.id, ino, part.as_bytes())
+            .map_err(|e| fs_err(e, path))?
+            .ino;
+    }
+    let a = fs.snap_getattr(info.id, ino).map_err(|e| fs_err(e, path))?;
+    if a.kind != FileType::Directory {
+        writeln!(sh.out, "{path}")?;
+        return Ok(());
+    }
+    let mut names = Vec::new();
+    fs.snap_readdir(info.id, ino, 2, |e| {
+        names.push(e.name.to_vec());
+        true
+    })
+    .map_err(|e| fs_err(e, path))?;
+    names.sort();
+    for n in names {
+        writeln!(sh.out, "{}", String::from_utf8_lossy(&n))?;
+    }
     Ok(())
 }
 

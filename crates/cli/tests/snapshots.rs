@@ -1,0 +1,554 @@
+//! Snapshots of a live mount (issue 12): `.snapshots` browsing, EROFS on
+//! every change under it, the snapdir options, snapshots appearing and
+//! disappearing at once, online rollback of an in-memory mount while
+//! readers run, open descriptors across a rollback, and clones. Real
+//! mounts through the memfs binary; each test takes seconds.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use common::{Mount, failed, memfs, ok};
+
+fn snap(m: &Mount, args: &[&str]) -> String {
+    let mp = m.path();
+    let mut a: Vec<&str> = vec!["snapshot"];
+    a.extend_from_slice(args);
+    a.push("--mount");
+    a.push(mp.to_str().unwrap());
+    ok(memfs(&a))
+}
+
+fn errno<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+fn build_tree(root: &Path) {
+    fs::create_dir_all(root.join("a/b/c")).unwrap();
+    fs::write(root.join("a/one"), b"one\n").unwrap();
+    fs::write(root.join("a/b/two"), vec![7u8; 300_000]).unwrap();
+    fs::write(root.join("a/b/c/three"), b"three").unwrap();
+    std::os::unix::fs::symlink("../one", root.join("a/b/link")).unwrap();
+    fs::hard_link(root.join("a/one"), root.join("a/b/c/one-again")).unwrap();
+    xattr_set(&root.join("a/one"), "user.color", b"blue");
+}
+
+fn xattr_set(p: &Path, name: &str, v: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+fn xattr_get(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    let mut buf = vec![0u8; 256];
+    // SAFETY: valid NUL-terminated strings and a buffer of buf.len() bytes.
+    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Command::new(cmd).args(args).output().expect("run")
+}
+
+#[test]
+fn browse_a_snapshot_with_ls_cat_cp_find_diff() {
+    let m = Mount::new();
+    build_tree(&m.p("tree"));
+    let copy = tempfile::tempdir().unwrap();
+    assert!(
+        run(
+            "cp",
+            &[
+                "-a".as_ref(),
+                m.p("tree").as_os_str(),
+                copy.path().as_os_str()
+            ]
+        )
+        .status
+        .success()
+    );
+    let out = snap(&m, &["create", "s1"]);
+    assert!(out.contains("s1"), "{out}");
+    // Change everything in the live tree afterwards.
+    fs::write(m.p("tree/a/one"), b"changed").unwrap();
+    fs::remove_file(m.p("tree/a/b/two")).unwrap();
+    fs::rename(m.p("tree/a/b/c"), m.p("tree/moved")).unwrap();
+    fs::write(m.p("tree/new"), b"new").unwrap();
+
+    let s = m.p(".snapshots/s1/tree");
+    let d = run(
+        "diff",
+        &[
+            "-r".as_ref(),
+            copy.path().join("tree").as_os_str(),
+            s.as_os_str(),
+        ],
+    );
+    assert!(
+        d.status.success(),
+        "diff -r: {}",
+        String::from_utf8_lossy(&d.stdout)
+    );
+    assert_eq!(fs::read(s.join("a/one")).unwrap(), b"one\n");
+    assert_eq!(fs::read(s.join("a/b/two")).unwrap(), vec![7u8; 300_000]);
+    assert_eq!(
+        fs::read_link(s.join("a/b/link")).unwrap(),
+        Path::new("../one")
+    );
+    assert_eq!(xattr_get(&s.join("a/one"), "user.color").unwrap(), b"blue");
+    // Hard links stay one file inside the snapshot, distinct from the live one.
+    let (x, y) = (
+        fs::metadata(s.join("a/one")).unwrap(),
+        fs::metadata(s.join("a/b/c/one-again")).unwrap(),
+    );
+    assert_eq!((x.ino(), x.nlink()), (y.ino(), 2));
+    assert_ne!(x.ino(), fs::metadata(m.p("tree/a/one")).unwrap().ino());
+    let f = run("find", &[s.as_os_str()]);
+    assert_eq!(String::from_utf8_lossy(&f.stdout).lines().count(), 9);
+    let out = tempfile::tempdir().unwrap();
+    assert!(
+        run(
+            "cp",
+            &["-a".as_ref(), s.as_os_str(), out.path().as_os_str()]
+        )
+        .status
+        .success()
+    );
+    assert!(
+        run(
+            "diff",
+            &[
+                "-r".as_ref(),
+                copy.path().join("tree").as_os_str(),
+                out.path().join("tree").as_os_str()
+            ]
+        )
+        .status
+        .success()
+    );
+    // Hidden by default, there by name; listed inside.
+    let root: Vec<_> = fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!root.iter().any(|n| n == ".snapshots"), "{root:?}");
+    let names: Vec<_> = fs::read_dir(m.p(".snapshots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["s1"]);
+    let list = snap(&m, &["list"]);
+    assert!(list.starts_with("s1 "), "{list}");
+    m.unmount();
+}
+
+#[test]
+fn every_change_under_snapshots_is_erofs() {
+    let m = Mount::new();
+    build_tree(&m.p("t"));
+    snap(&m, &["create", "s"]);
+    let s = m.p(".snapshots/s/t");
+    let erofs = libc::EROFS;
+    assert_eq!(errno(fs::write(s.join("new"), b"x")), erofs);
+    assert_eq!(errno(fs::create_dir(s.join("d"))), erofs);
+    assert_eq!(errno(fs::remove_file(s.join("a/one"))), erofs);
+    assert_eq!(errno(fs::remove_dir(s.join("a/b/c"))), erofs);
+    assert_eq!(errno(fs::rename(s.join("a/one"), s.join("a/uno"))), erofs);
+    assert_eq!(errno(fs::rename(m.p("t/a/one"), s.join("a/uno"))), erofs);
+    assert_eq!(errno(fs::rename(s.join("a/one"), m.p("t/uno"))), erofs);
+    assert_eq!(errno(std::os::unix::fs::symlink("x", s.join("l"))), erofs);
+    assert_eq!(errno(fs::hard_link(m.p("t/a/one"), s.join("h"))), erofs);
+    assert_eq!(
+        errno(fs::hard_link(s.join("a/one"), m.p("t/h"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno(fs::set_permissions(
+            s.join("a/one"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600)
+        )),
+        erofs
+    );
+    assert_eq!(
+        errno(
+            fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(s.join("a/one"))
+        ),
+        erofs
+    );
+    let tmp = errno(
+        fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o600)
+            .open(s.join("a")),
+    );
+    // EOPNOTSUPP: a kernel without FUSE O_TMPFILE refuses before asking memfs.
+    assert!(tmp == erofs || tmp == libc::EOPNOTSUPP, "O_TMPFILE: {tmp}");
+    assert_eq!(
+        errno(nix::unistd::truncate(&s.join("a/one"), 0).map_err(std::io::Error::from)),
+        erofs
+    );
+    assert_eq!(
+        errno(
+            nix::unistd::mkfifo(
+                &s.join("fifo"),
+                nix::sys::stat::Mode::from_bits_truncate(0o600)
+            )
+            .map_err(std::io::Error::from)
+        ),
+        erofs
+    );
+    let c = std::ffi::CString::new(s.join("a/one").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: valid NUL-terminated strings; a 1-byte value.
+    let r = unsafe { libc::setxattr(c.as_ptr(), c"user.x".as_ptr(), b"1".as_ptr().cast(), 1, 0) };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(erofs))
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::removexattr(c.as_ptr(), c"user.color".as_ptr()) };
+    assert_eq!(
+        (r, std::io::Error::last_os_error().raw_os_error()),
+        (-1, Some(erofs))
+    );
+    // A write through a descriptor opened for writing (the kernel may open
+    // it without asking memfs): refused at the first write if not at open.
+    match fs::OpenOptions::new().write(true).open(s.join("a/one")) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(erofs)),
+        Ok(mut f) => assert_eq!(errno(f.write_all(b"x").and_then(|()| f.sync_all())), erofs),
+    }
+    // .snapshots itself, and the name in the root.
+    assert_eq!(errno(fs::create_dir(m.p(".snapshots/x"))), erofs);
+    assert_eq!(errno(fs::remove_dir(m.p(".snapshots/s"))), erofs);
+    assert_eq!(errno(fs::rename(m.p(".snapshots"), m.p("x"))), erofs);
+    assert_eq!(errno(fs::write(m.p(".snapshots/f"), b"")), erofs);
+    fs::create_dir(m.p("t/empty")).unwrap();
+    assert_eq!(
+        errno(fs::rename(m.p("t/empty"), m.p(".snapshots"))),
+        libc::EEXIST
+    );
+    assert_eq!(errno(fs::create_dir(m.p(".snapshots"))), libc::EEXIST);
+    // Nothing changed.
+    assert_eq!(fs::read(s.join("a/one")).unwrap(), b"one\n");
+    assert!(!s.join("new").exists());
+    m.unmount();
+}
+
+#[test]
+fn snapdir_visible_and_renamed() {
+    let m = Mount::with_args(&["-o", "snapdir=visible,snapdir_name=.zfs"]);
+    fs::write(m.p("f"), b"1").unwrap();
+    snap(&m, &["create", "first"]);
+    let root: Vec<_> = fs::read_dir(m.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(root.iter().any(|n| n == ".zfs"), "{root:?}");
+    assert_eq!(fs::read(m.p(".zfs/first/f")).unwrap(), b"1");
+    // .snapshots is an ordinary name here.
+    fs::create_dir(m.p(".snapshots")).unwrap();
+    // Listed once even when the listing takes several requests.
+    for i in 0..300 {
+        fs::write(m.p(&format!("n{i:03}")), b"").unwrap();
+    }
+    let n = fs::read_dir(m.path())
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name() == ".zfs")
+        .count();
+    assert_eq!(n, 1);
+    let bad = failed(memfs([
+        "mount",
+        "/nonexistent-x",
+        "-o",
+        "snapdir=sometimes",
+    ]));
+    assert!(bad.contains("snapdir"), "{bad}");
+    m.unmount();
+}
+
+#[test]
+fn snapshots_appear_and_disappear_at_once() {
+    let m = Mount::new();
+    fs::write(m.p("f"), b"gen1").unwrap();
+    assert_eq!(errno(fs::metadata(m.p(".snapshots/s"))), libc::ENOENT);
+    assert_eq!(fs::read_dir(m.p(".snapshots")).unwrap().count(), 0);
+    snap(&m, &["create", "s"]);
+    assert_eq!(fs::read(m.p(".snapshots/s/f")).unwrap(), b"gen1");
+    assert_eq!(fs::read_dir(m.p(".snapshots")).unwrap().count(), 1);
+    let mut held = fs::File::open(m.p(".snapshots/s/f")).unwrap();
+    let e = failed(memfs([
+        "snapshot",
+        "create",
+        "s",
+        "--mount",
+        m.path().to_str().unwrap(),
+    ]));
+    assert!(e.contains("exists"), "{e}");
+    snap(&m, &["delete", "s"]);
+    assert_eq!(errno(fs::metadata(m.p(".snapshots/s"))), libc::ENOENT);
+    assert_eq!(fs::read_dir(m.p(".snapshots")).unwrap().count(), 0);
+    // A descriptor of the deleted snapshot never shows another snapshot's
+    // data, even one of the same name: its own (cached pages) or ESTALE.
+    fs::write(m.p("f"), b"gen2").unwrap();
+    snap(&m, &["create", "s"]);
+    assert_eq!(fs::read(m.p(".snapshots/s/f")).unwrap(), b"gen2");
+    let mut buf = Vec::new();
+    held.seek(SeekFrom::Start(0)).unwrap();
+    match held.read_to_end(&mut buf) {
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ESTALE)),
+        Ok(_) => assert_eq!(buf, b"gen1"),
+    }
+    drop(held);
+    m.unmount();
+}
+
+// One page per file: a read(2) of one page is one request, so it sees one
+// state; a read spanning pages can meet the switch between two requests
+// (docs/snapshots.md, "Online rollback").
+const FILES: usize = 64;
+const LEN: usize = 4096;
+
+fn write_generation(m: &Mount, g: u8) {
+    for i in 0..FILES {
+        fs::write(m.p(&format!("g/{i}")), vec![g; LEN]).unwrap();
+    }
+}
+
+#[test]
+fn online_rollback_is_atomic_for_readers() {
+    let m = Mount::new();
+    fs::create_dir(m.p("g")).unwrap();
+    write_generation(&m, b'A');
+    snap(&m, &["create", "a"]);
+    write_generation(&m, b'B');
+    fs::write(m.p("g/extra"), b"B only").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let after = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (stop, after, reads, dir) = (stop.clone(), after.clone(), reads.clone(), m.p("g"));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    for i in 0..FILES {
+                        // Read after the command returned: only the target may show.
+                        let must_be_a = after.load(Ordering::Acquire);
+                        let data = fs::read(dir.join(i.to_string())).unwrap();
+                        assert_eq!(data.len(), LEN);
+                        let g = data[0];
+                        assert!(data.iter().all(|&b| b == g), "a mixed read of file {i}");
+                        assert!(g == b'A' || g == b'B');
+                        assert!(
+                            !must_be_a || g == b'A',
+                            "file {i} shows B after the rollback returned"
+                        );
+                        reads.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    common::poll_until("readers to run", || {
+        reads.load(Ordering::Relaxed) > 3 * FILES
+    });
+    let out = ok(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "a",
+        "--yes",
+    ]));
+    assert!(out.contains("rolled"), "{out}");
+    after.store(true, Ordering::Release);
+    let seen = reads.load(Ordering::Relaxed);
+    common::poll_until("reads after the rollback", || {
+        reads.load(Ordering::Relaxed) > seen + 3 * FILES
+    });
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        r.join().expect("a reader saw a mixed state");
+    }
+    assert_eq!(errno(fs::metadata(m.p("g/extra"))), libc::ENOENT);
+    let names = fs::read_dir(m.p("g")).unwrap().count();
+    assert_eq!(names, FILES);
+    // Refused without --yes when not asked on a terminal; unknown names refused.
+    let e = failed(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "a",
+    ]));
+    assert!(e.contains("--yes"), "{e}");
+    let e = failed(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "nope",
+        "--yes",
+    ]));
+    assert!(e.contains("nope"), "{e}");
+    m.unmount();
+}
+
+#[test]
+fn open_descriptors_across_a_rollback() {
+    let m = Mount::new();
+    fs::write(m.p("kept"), b"old").unwrap();
+    snap(&m, &["create", "s"]);
+    fs::write(m.p("kept"), b"new!").unwrap();
+    fs::write(m.p("born"), b"born after").unwrap();
+    let mut kept = fs::File::open(m.p("kept")).unwrap();
+    let mut born = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("born"))
+        .unwrap();
+    let mut s = String::new();
+    kept.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "new!");
+    ok(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "s",
+        "--yes",
+    ]));
+    // A file in both states: the descriptor reads the target's content.
+    kept.seek(SeekFrom::Start(0)).unwrap();
+    s.clear();
+    kept.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "old");
+    // A file the target lacks: it lives on unlinked, as after rm.
+    assert_eq!(born.metadata().unwrap().nlink(), 0);
+    s.clear();
+    born.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "born after");
+    born.write_all(b"!").unwrap();
+    assert!(!m.p("born").exists());
+    drop((kept, born));
+    m.unmount();
+}
+
+#[test]
+fn clones_are_isolated_and_go_with_their_origin() {
+    let m = Mount::new();
+    build_tree(&m.p("t"));
+    snap(&m, &["create", "base"]);
+    let c1 = tempfile::tempdir().unwrap();
+    let c2 = tempfile::tempdir().unwrap();
+    let mp = m.path();
+    for c in [&c1, &c2] {
+        let out = ok(memfs([
+            "clone",
+            "base",
+            c.path().to_str().unwrap(),
+            "--mount",
+            mp.to_str().unwrap(),
+        ]));
+        assert!(out.contains("mounted"), "{out}");
+        assert!(common::is_mount_point(c.path()));
+    }
+    let c1p = c1.path();
+    assert_eq!(fs::read(c1p.join("t/a/one")).unwrap(), b"one\n");
+    fs::write(c1p.join("t/a/one"), b"clone").unwrap();
+    fs::write(m.p("t/a/one"), b"origin").unwrap();
+    fs::write(c1p.join("only-in-clone"), b"").unwrap();
+    assert_eq!(fs::read(c1p.join("t/a/one")).unwrap(), b"clone");
+    assert_eq!(fs::read(m.p("t/a/one")).unwrap(), b"origin");
+    assert_eq!(fs::read(c2.path().join("t/a/one")).unwrap(), b"one\n");
+    assert!(!m.p("only-in-clone").exists());
+    // A clone takes snapshots of its own.
+    ok(memfs([
+        "snapshot",
+        "create",
+        "c",
+        "--mount",
+        c1p.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        fs::read(c1p.join(".snapshots/c/t/a/one")).unwrap(),
+        b"clone"
+    );
+    assert_eq!(errno(fs::metadata(m.p(".snapshots/c"))), libc::ENOENT);
+    // Deleting the origin's snapshot leaves the clones alone.
+    snap(&m, &["delete", "base"]);
+    assert_eq!(fs::read(c2.path().join("t/a/b/c/three")).unwrap(), b"three");
+    ok(memfs(["umount", c1p.to_str().unwrap()]));
+    assert!(!common::is_mount_point(c1p));
+    // The origin's unmount unmounts the remaining clone.
+    let c2p = c2.path().to_path_buf();
+    m.unmount();
+    assert!(!common::is_mount_point(&c2p));
+}
+
+#[test]
+fn snapshot_commands_refuse_bad_input() {
+    let m = Mount::new();
+    let mp = m.path();
+    let mps = mp.to_str().unwrap();
+    let e = failed(memfs(["snapshot", "create", "a/b", "--mount", mps]));
+    assert!(!e.is_empty());
+    let e = failed(memfs(["snapshot", "delete", "none", "--mount", mps]));
+    assert!(e.contains("none"), "{e}");
+    let e = failed(memfs(["clone", "none", "/tmp", "--mount", mps]));
+    assert!(e.contains("none") || e.contains("already"), "{e}");
+    let plain = tempfile::tempdir().unwrap();
+    let e = failed(memfs([
+        "snapshot",
+        "list",
+        "--mount",
+        plain.path().to_str().unwrap(),
+    ]));
+    assert!(e.contains("not mounted"), "{e}");
+    m.unmount();
+}
+
+#[test]
+fn a_durable_mount_shows_its_new_snapshots_in_snapshots() {
+    let dir = common::disk_dir("memfs-snapfuse-");
+    let m = Mount::with_args(&[
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--durability",
+        "none",
+    ]);
+    fs::write(m.p("f"), b"v1").unwrap();
+    snap(&m, &["create", "d1"]);
+    fs::write(m.p("f"), b"v2").unwrap();
+    assert_eq!(fs::read(m.p(".snapshots/d1/f")).unwrap(), b"v1");
+    let list = snap(&m, &["list"]);
+    assert!(list.contains("d1"), "{list}");
+    snap(&m, &["delete", "d1"]);
+    assert_eq!(errno(fs::metadata(m.p(".snapshots/d1"))), libc::ENOENT);
+    m.unmount();
+}
