@@ -171,14 +171,23 @@ pub const COMMANDS: &[Spec] = &[
     Spec {
         name: "snapshot",
         usage: "snapshot create NAME | list | delete NAME",
-        summary: "named snapshots (needs --data-dir)",
-        details: "",
+        summary: "named copy-on-write snapshots, browsable in .snapshots/NAME",
+        details: "Instant: a snapshot shares every page and directory with the live tree\n\
+                  and grows only with later changes. With --data-dir it is also a pinned\n\
+                  commit that survives restarts (browsable until the session reopens).",
     },
     Spec {
         name: "rollback",
         usage: "rollback --to SNAPSHOT",
-        summary: "return to a snapshot (needs --data-dir)",
-        details: "",
+        summary: "make the live tree the snapshot's again",
+        details: "Without --data-dir the switch is in place and keeps every snapshot;\n\
+                  with one, the data directory is rolled back (later snapshots go).",
+    },
+    Spec {
+        name: "diff",
+        usage: "diff SNAPSHOT [SNAPSHOT | -]",
+        summary: "paths created (+), deleted (-), modified (M), renamed (R) between two states",
+        details: "- (the default second side) is the live tree.",
     },
     Spec {
         name: "help",
@@ -308,6 +317,7 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
         "log" => log(sh, args),
         "snapshot" => snapshot(sh, args),
         "rollback" => rollback(sh, args),
+        "diff" => diff(sh, args),
         "help" => help(sh, args),
         "clear" => clear(sh, args),
         "exit" => exit(sh, args),
@@ -317,7 +327,7 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
 
 // ---- shared helpers --------------------------------------------------------------
 
-fn name_str(name: &[u8]) -> String {
+pub(super) fn name_str(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }
 
@@ -588,7 +598,14 @@ fn read(sh: &mut Shell, args: &[String]) -> CmdResult {
     }
     let mut results = Vec::new();
     for path in &o.operands {
-        let r = match sh.fs.read_file(sh.cwd(), path) {
+        let found = match super::snap::split(sh.cwd(), path) {
+            Some(comps) => super::snap::read(&sh.fs, path, &comps),
+            None => sh.fs.read_file(sh.cwd(), path).map_err(|e| match e {
+                Errno::EINVAL => super::CmdError(format!("not a regular file: {path}")),
+                e => fs_err(e, path),
+            }),
+        };
+        let r = match found {
             Ok(data) => {
                 sh.out.write_all(&data)?;
                 if !data.is_empty() && !data.ends_with(b"\n") {
@@ -596,8 +613,7 @@ fn read(sh: &mut Shell, args: &[String]) -> CmdResult {
                 }
                 Ok(())
             }
-            Err(Errno::EINVAL) => err(format!("not a regular file: {path}")),
-            Err(e) => Err(fs_err(e, path)),
+            Err(e) => Err(e),
         };
         results.push(r);
     }
@@ -622,6 +638,16 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
 }
 
 fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
+    ls_line_with(name, a, long, |ino| fs.readlink(ino).ok())
+}
+
+/// One `ls` line; `target` gives a symbolic link's target (live tree or snapshot).
+pub(super) fn ls_line_with(
+    name: &[u8],
+    a: &Attr,
+    long: bool,
+    target: impl FnOnce(u64) -> Option<Vec<u8>>,
+) -> String {
     let shown = quote(&name_str(name));
     if !long {
         return shown;
@@ -637,7 +663,7 @@ fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
         shown
     );
     if a.kind == FileType::Symlink {
-        if let Ok(t) = fs.readlink(a.ino) {
+        if let Some(t) = target(a.ino) {
             line.push_str(" -> ");
             line.push_str(&name_str(&t));
         }
@@ -660,6 +686,16 @@ fn ls(sh: &mut Shell, args: &[String]) -> CmdResult {
     let cwd = sh.cwd();
     let mut results = Vec::new();
     for (i, path) in paths.iter().enumerate() {
+        if let Some(comps) = super::snap::split(cwd, path) {
+            if paths.len() > 1 {
+                if i > 0 {
+                    writeln!(sh.out)?;
+                }
+                writeln!(sh.out, "{path}:")?;
+            }
+            results.push(super::snap::ls(sh, path, &comps, long, all));
+            continue;
+        }
         let attr = match sh.fs.stat_path(cwd, path) {
             Ok(a) => a,
             Err(e) => {
@@ -1673,6 +1709,9 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
     if !matches!(ops.as_slice(), ["create", _] | ["list"] | ["delete", _]) {
         return usage("snapshot");
     }
+    if sh.durable.is_none() {
+        return super::snap::manage(sh, &ops);
+    }
     let d = needs_durable(sh)?;
     let mut buf = Vec::new();
     let r = match ops.as_slice() {
@@ -1681,6 +1720,18 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
         _ => d.snapshot_list(&mut buf),
     };
     r.map_err(|e| super::CmdError(format!("{e:#}")))?;
+    // The durable snapshot (a pinned commit) is mirrored by an engine one of
+    // the same name, so that `ls .snapshots/NAME` is instant here too; a
+    // session reopened by a rollback starts with none.
+    match ops.as_slice() {
+        ["create", n] => {
+            let _ = sh.fs.snapshot_create(n.as_bytes());
+        }
+        ["delete", n] => {
+            let _ = sh.fs.snapshot_delete(n.as_bytes());
+        }
+        _ => {}
+    }
     sh.out.write_all(&buf)?;
     Ok(())
 }
@@ -1693,6 +1744,9 @@ fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     if !o.operands.is_empty() {
         return usage("rollback");
     }
+    if sh.durable.is_none() {
+        return super::snap::rollback(sh, to);
+    }
     let d = needs_durable(sh)?;
     let fs = d
         .rollback(to)
@@ -1701,6 +1755,15 @@ fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     sh.cwd
         .store(memfs_fs::ROOT_INO, std::sync::atomic::Ordering::Release);
     Ok(())
+}
+
+fn diff(sh: &mut Shell, args: &[String]) -> CmdResult {
+    let o = Opts::parse(args, &[])?;
+    match o.operands.as_slice() {
+        [a] => super::snap::diff(sh, a, "-"),
+        [a, b] => super::snap::diff(sh, a, b),
+        _ => usage("diff"),
+    }
 }
 
 // ---- session --------------------------------------------------------------------------
