@@ -30,6 +30,7 @@ fn hash(name: &[u8]) -> u64 {
 const INLINE_NAME: usize = 21;
 
 /// A name with the entry's type tucked into the same 24 bytes.
+#[derive(Clone)]
 enum Name {
     Inline {
         kind: FileType,
@@ -42,6 +43,7 @@ enum Name {
     },
 }
 
+#[derive(Clone)]
 struct Slot {
     ino: u64,
     /// Empty for a free slot (names are never empty).
@@ -115,7 +117,7 @@ pub(crate) struct Entry<'a> {
     pub kind: FileType,
 }
 
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub(crate) struct Dir {
     slots: Vec<Slot>,
     index: HashTable<u32>,

@@ -57,6 +57,7 @@ errnos!(
     ENXIO,
     EOVERFLOW,
     ESTALE,
+    EROFS,
     ETXTBSY,
 );
 

@@ -159,6 +159,7 @@ impl Fs {
     /// CAP_LINUX_IMMUTABLE, which the engine cannot see) may change
     /// append-only or immutable: `EPERM` otherwise. Changes ctime.
     pub fn set_flags(&self, ctx: Ctx, ino: u64, flags: u32) -> Result<Attr> {
+        let _gate = self.enter();
         self.admit(crate::fs::META_RECORD)?;
         if flags & !FS_FL_SUPPORTED != 0 {
             return Err(Errno::EOPNOTSUPP);

@@ -72,6 +72,9 @@ pub struct Fs {
     /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
     /// than a field in every inode.
     linkable: DashMap<u64, (), InoHasher>,
+    /// Named snapshots and the gate that makes each one a single instant
+    /// (`snapshot.rs`).
+    pub(crate) snaps: crate::snapshot::Snapshots,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -128,6 +131,49 @@ fn kill_priv(perm: u16) -> u16 {
     p
 }
 
+/// The permission check of `access(2)` on a node's attributes and access ACL.
+pub(crate) fn check_access(
+    ctx: Ctx,
+    in_group: &dyn Fn(u32) -> bool,
+    attr: &Attr,
+    acl: Option<Acl>,
+    mask: i32,
+) -> Result<()> {
+    if mask == 0 {
+        return Ok(());
+    }
+    if ctx.uid != 0
+        && ctx.uid != attr.uid
+        && let Some(acl) = acl
+    {
+        let want = (mask & 7) as u16;
+        return if acl.permits(ctx, attr.uid, attr.gid, in_group, want) {
+            Ok(())
+        } else {
+            Err(Errno::EACCES)
+        };
+    }
+    let perm = attr.perm as u32;
+    if ctx.uid == 0 {
+        // Root may do anything but execute a file nobody may execute.
+        if mask & libc::X_OK != 0 && attr.kind != FileType::Directory && perm & 0o111 == 0 {
+            return Err(Errno::EACCES);
+        }
+        return Ok(());
+    }
+    let bits = if ctx.uid == attr.uid {
+        perm >> 6
+    } else if ctx.gid == attr.gid {
+        perm >> 3
+    } else {
+        perm
+    } & 7;
+    if (mask as u32) & !bits & 7 != 0 {
+        return Err(Errno::EACCES);
+    }
+    Ok(())
+}
+
 impl Fs {
     pub fn new(config: Config) -> Fs {
         Fs::with_recorder(config, None)
@@ -176,6 +222,7 @@ impl Fs {
             commit: AtomicU64::new(0),
             recorder,
             linkable: DashMap::with_hasher(InoHasher::default()),
+            snaps: Default::default(),
         }
     }
 
@@ -271,7 +318,7 @@ impl Fs {
     }
 
     /// Frees a node once nothing refers to it: no link, no kernel reference, no open handle.
-    fn maybe_free(&self, inode: &Arc<Inode>) {
+    pub(crate) fn maybe_free(&self, inode: &Arc<Inode>) {
         if inode.ino == ROOT_INO {
             return;
         }
@@ -299,7 +346,10 @@ impl Fs {
                 _ => 0,
             }
         };
-        self.inodes.remove(&inode.ino);
+        // Only this object: a rollback may have put another node of the
+        // same number into the table meanwhile.
+        self.inodes
+            .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
         self.linkable.remove(&inode.ino);
         self.release_pages(pages);
         self.used_inodes.fetch_sub(1, Ordering::AcqRel);
@@ -427,6 +477,7 @@ impl Fs {
     }
 
     pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        let _gate = self.enter();
         let inode = self.get(ino)?;
         // A chmod rewrites the access ACL too: its record is admitted with it.
         let acl_bytes = match (&self.recorder, set.mode) {
@@ -561,39 +612,7 @@ impl Fs {
             let st = inode.state.read();
             (st.attr(ino, inode.kind), Self::access_acl(&st.meta))
         };
-        if mask == 0 {
-            return Ok(());
-        }
-        if ctx.uid != 0
-            && ctx.uid != attr.uid
-            && let Some(acl) = acl
-        {
-            let want = (mask & 7) as u16;
-            return if acl.permits(ctx, attr.uid, attr.gid, in_group, want) {
-                Ok(())
-            } else {
-                Err(Errno::EACCES)
-            };
-        }
-        let perm = attr.perm as u32;
-        if ctx.uid == 0 {
-            // Root may do anything but execute a file nobody may execute.
-            if mask & libc::X_OK != 0 && attr.kind != FileType::Directory && perm & 0o111 == 0 {
-                return Err(Errno::EACCES);
-            }
-            return Ok(());
-        }
-        let bits = if ctx.uid == attr.uid {
-            perm >> 6
-        } else if ctx.gid == attr.gid {
-            perm >> 3
-        } else {
-            perm
-        } & 7;
-        if (mask as u32) & !bits & 7 != 0 {
-            return Err(Errno::EACCES);
-        }
-        Ok(())
+        check_access(ctx, in_group, &attr, acl, mask)
     }
 
     // ---- creating nodes ----------------------------------------------------------
@@ -631,6 +650,7 @@ impl Fs {
         open: bool,
         umask: u32,
     ) -> Result<Attr> {
+        let _gate = self.enter();
         let inherited = if self.recorder.is_some() {
             self.inherited_bytes(parent)
         } else {
@@ -949,6 +969,7 @@ impl Fs {
         umask: u32,
         excl: bool,
     ) -> Result<Attr> {
+        let _gate = self.enter();
         let inherited = if self.recorder.is_some() {
             self.inherited_bytes(dir)
         } else {
@@ -1024,6 +1045,7 @@ impl Fs {
 
     /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+        let _gate = self.enter();
         self.admit(META_RECORD)?;
         check_new_name(newname)?;
         let inode = self.get(ino)?;
@@ -1072,6 +1094,7 @@ impl Fs {
     }
 
     fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<()> {
+        let _gate = self.enter();
         self.admit(META_RECORD)?;
         check_name(name)?;
         if want_dir && name == b"." {
@@ -1181,6 +1204,7 @@ impl Fs {
         flags: RenameFlags,
         whiteout: Option<Ctx>,
     ) -> Result<()> {
+        let _gate = self.enter();
         self.admit(META_RECORD)?;
         check_name(name)?;
         check_name(newname)?;
@@ -1615,6 +1639,7 @@ impl Fs {
     /// Writes `data` at `off` (at the end of file with `append`); returns the
     /// count written, which is all of it or an error.
     pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
+        let _gate = self.enter();
         self.admit(META_RECORD + data.len() as u64)?;
         let inode = self.get(ino)?;
         let mut st = inode.state.write();
@@ -1705,6 +1730,7 @@ impl Fs {
         len: u64,
         mode: FallocateMode,
     ) -> Result<()> {
+        let _gate = self.enter();
         self.admit(META_RECORD)?;
         if len == 0 {
             return Err(Errno::EINVAL);
@@ -1758,6 +1784,7 @@ impl Fs {
         off_out: u64,
         len: u64,
     ) -> Result<u64> {
+        let _gate = self.enter();
         const CHUNK: u64 = 1 << 20;
         let src = self.get(ino_in)?;
         let dst = self.get(ino_out)?;
@@ -1934,6 +1961,7 @@ impl Fs {
         value: &[u8],
         mode: XattrMode,
     ) -> Result<()> {
+        let _gate = self.enter();
         self.admit(META_RECORD + (name.len() + value.len()) as u64)?;
         xattr::check_name(name)?;
         if name == acl::ACL_ACCESS || name == acl::ACL_DEFAULT {
@@ -2029,7 +2057,7 @@ impl Fs {
     }
 
     /// The access ACL of a node, if it has one beyond its mode.
-    fn access_acl(meta: &Meta) -> Option<Acl> {
+    pub(crate) fn access_acl(meta: &Meta) -> Option<Acl> {
         let v = meta.xattrs.as_ref()?.get(acl::ACL_ACCESS)?;
         Acl::parse(v).ok().flatten()
     }
@@ -2059,6 +2087,7 @@ impl Fs {
     }
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+        let _gate = self.enter();
         self.admit(META_RECORD + name.len() as u64)?;
         xattr::check_name(name)?;
         let inode = self.get(ino)?;

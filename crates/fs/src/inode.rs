@@ -32,6 +32,7 @@ pub(crate) struct State {
     pub locks: Option<Box<LockTable>>,
 }
 
+#[derive(Clone)]
 pub(crate) struct Meta {
     /// Permission bits with setuid, setgid and sticky.
     pub perm: u16,
@@ -48,6 +49,7 @@ pub(crate) struct Meta {
     pub flags: u8,
 }
 
+#[derive(Clone)]
 pub(crate) enum Body {
     File(FileData),
     Dir(Box<Dir>),
@@ -73,30 +75,35 @@ impl Inode {
     }
 }
 
+/// The attributes `stat` shows for a node's metadata and contents (live or
+/// frozen in a snapshot).
+pub(crate) fn attr_of(m: &Meta, body: &Body, ino: u64, kind: FileType) -> Attr {
+    let (size, blocks) = match body {
+        Body::File(d) => (m.size, d.page_count() * (PAGE_SIZE as u64 / 512)),
+        Body::Dir(d) => ((d.len() as u64 + 2) * DIRENT_SIZE, 0),
+        Body::Symlink(t) => (t.len() as u64, 0),
+        Body::Special => (0, 0),
+    };
+    Attr {
+        ino,
+        kind,
+        perm: m.perm,
+        nlink: m.nlink,
+        uid: m.uid,
+        gid: m.gid,
+        rdev: m.rdev,
+        size,
+        blocks,
+        atime: m.atime,
+        mtime: m.mtime,
+        ctime: m.ctime,
+        blksize: PAGE_SIZE as u32,
+    }
+}
+
 impl State {
     pub fn attr(&self, ino: u64, kind: FileType) -> Attr {
-        let m = &self.meta;
-        let (size, blocks) = match &self.body {
-            Body::File(d) => (m.size, d.page_count() * (PAGE_SIZE as u64 / 512)),
-            Body::Dir(d) => ((d.len() as u64 + 2) * DIRENT_SIZE, 0),
-            Body::Symlink(t) => (t.len() as u64, 0),
-            Body::Special => (0, 0),
-        };
-        Attr {
-            ino,
-            kind,
-            perm: m.perm,
-            nlink: m.nlink,
-            uid: m.uid,
-            gid: m.gid,
-            rdev: m.rdev,
-            size,
-            blocks,
-            atime: m.atime,
-            mtime: m.mtime,
-            ctime: m.ctime,
-            blksize: PAGE_SIZE as u32,
-        }
+        attr_of(&self.meta, &self.body, ino, kind)
     }
 
     pub fn dir(&self) -> Option<&Dir> {

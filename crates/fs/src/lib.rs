@@ -24,6 +24,7 @@ mod mutation;
 mod nodes;
 mod path;
 mod replay;
+mod snapshot;
 mod types;
 mod xattr;
 
@@ -37,4 +38,5 @@ pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};
 pub use nodes::{FIRST_ENTRY_OFFSET, Node, NodeView};
+pub use snapshot::{MAX_SNAPSHOTS, RollbackOutcome, SnapshotInfo};
 pub use types::*;

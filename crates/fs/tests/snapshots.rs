@@ -1,0 +1,647 @@
+//! Snapshots, their read-only views, rollback and clones (issue 12).
+//!
+//! The model of a snapshot is the live tree itself at the instant it was
+//! taken: every check dumps the whole tree (paths, attributes, contents,
+//! xattrs) through the live API when the snapshot is taken and compares it
+//! later with the same dump through the snapshot API.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use memfs_fs::*;
+use proptest::prelude::*;
+
+const C: Ctx = Ctx::ROOT;
+
+fn fs() -> Fs {
+    Fs::new(Config {
+        capacity: 1 << 30,
+        max_inodes: 1 << 16,
+    })
+}
+
+/// One node of a dump: what `stat`, `read`/`readlink`/`readdir` and the
+/// xattr calls show, the access time excepted (reads change it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct N {
+    attr: Attr,
+    body: Vec<u8>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+type Tree = BTreeMap<Vec<u8>, N>;
+
+/// The live tree (`None`) or a snapshot's (`Some(id)`).
+fn dump(fs: &Fs, snap: Option<u64>) -> Result<Tree> {
+    let mut out = Tree::new();
+    dump_at(fs, snap, ROOT_INO, b"/".to_vec(), &mut out)?;
+    Ok(out)
+}
+
+fn dump_at(fs: &Fs, snap: Option<u64>, ino: u64, path: Vec<u8>, out: &mut Tree) -> Result<()> {
+    let mut attr = match snap {
+        None => fs.getattr(ino)?,
+        Some(s) => fs.snap_getattr(s, ino)?,
+    };
+    attr.atime = Timespec::default();
+    let names = match snap {
+        None => fs.listxattr(ino)?,
+        Some(s) => fs.snap_listxattr(s, ino)?,
+    };
+    let mut xattrs = Vec::new();
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let v = match snap {
+            None => fs.getxattr(ino, name)?,
+            Some(s) => fs.snap_getxattr(s, ino, name)?,
+        };
+        xattrs.push((name.to_vec(), v));
+    }
+    xattrs.sort();
+    let mut children = Vec::new();
+    let body = match attr.kind {
+        FileType::RegularFile => {
+            let mut buf = vec![0u8; attr.size as usize];
+            let n = match snap {
+                None => fs.read_atime(ino, 0, &mut buf, AtimeMode::Never)?,
+                Some(s) => fs.snap_read(s, ino, 0, &mut buf)?,
+            };
+            assert_eq!(n, buf.len(), "short read of {ino}");
+            buf
+        }
+        FileType::Symlink => match snap {
+            None => fs.readlink(ino)?,
+            Some(s) => fs.snap_readlink(s, ino)?,
+        },
+        FileType::Directory => {
+            let mut listing = Vec::new();
+            let mut f = |e: DirEntry<'_>| {
+                listing.push((e.name.to_vec(), e.ino, e.kind));
+                true
+            };
+            match snap {
+                None => fs.readdir(ino, 0, &mut f)?,
+                Some(s) => fs.snap_readdir(s, ino, 0, &mut f)?,
+            }
+            let mut body = Vec::new();
+            for (name, child, kind) in listing {
+                body.extend_from_slice(&name);
+                body.extend_from_slice(format!("={child}:{kind:?};").as_bytes());
+                if name != b"." && name != b".." {
+                    // Lookup agrees with readdir.
+                    let a = match snap {
+                        None => fs.lookup_noref(ino, &name)?,
+                        Some(s) => fs.snap_lookup(s, ino, &name)?,
+                    };
+                    assert_eq!((a.ino, a.kind), (child, kind));
+                    children.push((name, child));
+                }
+            }
+            body
+        }
+        _ => Vec::new(),
+    };
+    out.insert(path.clone(), N { attr, body, xattrs });
+    for (name, child) in children {
+        let mut p = path.clone();
+        if p.len() > 1 {
+            p.push(b'/');
+        }
+        p.extend_from_slice(&name);
+        dump_at(fs, snap, child, p, out)?;
+    }
+    Ok(())
+}
+
+fn used(fs: &Fs) -> (u64, u64) {
+    let s = fs.statfs();
+    (s.blocks - s.bfree, s.files - s.ffree)
+}
+
+/// Pages and nodes of the live tree, counted node by node.
+fn live_usage(fs: &Fs) -> (u64, u64) {
+    let nodes = fs.nodes();
+    let pages = nodes
+        .iter()
+        .map(|n| n.read(|v| v.page_count().unwrap_or(0)))
+        .sum();
+    (pages, nodes.len() as u64)
+}
+
+#[test]
+fn names_limits_and_stale_ids() {
+    let fs = fs();
+    for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
+        assert_eq!(
+            fs.snapshot_create(bad).unwrap_err(),
+            Errno::EINVAL,
+            "{bad:?}"
+        );
+    }
+    assert_eq!(
+        fs.snapshot_create(&[b'x'; 256]).unwrap_err(),
+        Errno::ENAMETOOLONG
+    );
+    let a = fs.snapshot_create(&[b'x'; 255]).unwrap();
+    assert_eq!(fs.snapshot_create(&[b'x'; 255]).unwrap_err(), Errno::EEXIST);
+    let b = fs.snapshot_create(b"b").unwrap();
+    assert!(b.id > a.id);
+    assert_eq!(
+        fs.snapshot_list()
+            .iter()
+            .map(|s| s.name.clone())
+            .collect::<Vec<_>>(),
+        vec![vec![b'x'; 255], b"b".to_vec()]
+    );
+    assert_eq!(fs.snapshot_by_name(b"b"), Some(b.clone()));
+    assert_eq!(fs.snapshot_by_name(b"nope"), None);
+    fs.snapshot_delete(b"b").unwrap();
+    assert_eq!(fs.snapshot_delete(b"b").unwrap_err(), Errno::ENOENT);
+    assert_eq!(fs.snap_getattr(b.id, ROOT_INO).unwrap_err(), Errno::ESTALE);
+    assert_eq!(
+        fs.snap_readdir(b.id, ROOT_INO, 0, |_| true).unwrap_err(),
+        Errno::ESTALE
+    );
+    assert_eq!(fs.snap_getattr(9999, ROOT_INO).unwrap_err(), Errno::ESTALE);
+    // A new snapshot never gets a deleted one's id.
+    let c = fs.snapshot_create(b"b").unwrap();
+    assert!(c.id > b.id);
+    assert_eq!(fs.rollback_to_snapshot(b"nope").unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        fs.clone_snapshot(b"nope", fs.config()).err(),
+        Some(Errno::ENOENT)
+    );
+}
+
+#[test]
+fn at_most_max_snapshots() {
+    let fs = fs();
+    for i in 0..MAX_SNAPSHOTS {
+        fs.snapshot_create(format!("s{i}").as_bytes()).unwrap();
+    }
+    assert_eq!(fs.snapshot_create(b"one-more").unwrap_err(), Errno::ENOSPC);
+    fs.snapshot_delete(b"s0").unwrap();
+    fs.snapshot_create(b"one-more").unwrap();
+}
+
+struct CountingRecorder(AtomicU64);
+
+impl Recorder for CountingRecorder {
+    fn record(&self, _: &Mutation<'_>) -> std::result::Result<u64, Errno> {
+        Ok(self.0.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+}
+
+#[test]
+fn with_a_recorder_snapshots_work_but_rollback_is_refused() {
+    let fs = Fs::with_recorder(
+        Config {
+            capacity: 1 << 20,
+            max_inodes: 100,
+        },
+        Some(Arc::new(CountingRecorder(AtomicU64::new(0)))),
+    );
+    fs.write_file(C, ROOT_INO, "/f", b"one").unwrap();
+    let s = fs.snapshot_create(b"s").unwrap();
+    fs.write_file(C, ROOT_INO, "/f", b"two").unwrap();
+    let f = fs.lookup_noref(ROOT_INO, b"f").unwrap().ino;
+    let mut buf = [0u8; 8];
+    assert_eq!(fs.snap_read(s.id, f, 0, &mut buf).unwrap(), 3);
+    assert_eq!(&buf[..3], b"one");
+    assert_eq!(
+        fs.rollback_to_snapshot(b"s").unwrap_err(),
+        Errno::EOPNOTSUPP
+    );
+    fs.snapshot_delete(b"s").unwrap();
+}
+
+#[test]
+fn views_are_read_only_and_frozen() {
+    let fs = fs();
+    fs.mkdir_all(C, ROOT_INO, "/d/e", 0o755).unwrap();
+    fs.write_file(C, ROOT_INO, "/d/f", b"hello").unwrap();
+    fs.symlink_path(C, ROOT_INO, "f", "/d/l").unwrap();
+    let f = fs.resolve(ROOT_INO, "/d/f", false).unwrap();
+    let d = fs.resolve(ROOT_INO, "/d", false).unwrap();
+    fs.setxattr(f, b"user.k", b"v1", XattrMode::Any).unwrap();
+    let before = dump(&fs, None).unwrap();
+    let s = fs.snapshot_create(b"s").unwrap();
+    assert_eq!(dump(&fs, Some(s.id)).unwrap(), before);
+
+    fs.write(C, f, 0, b"HELLO, world", false).unwrap();
+    fs.setxattr(f, b"user.k", b"v2", XattrMode::Any).unwrap();
+    fs.rename_path(ROOT_INO, "/d/l", "/l2", RenameFlags::default())
+        .unwrap();
+    fs.rmdir_path(ROOT_INO, "/d/e").unwrap();
+    fs.write_file(C, ROOT_INO, "/new", b"x").unwrap();
+    assert_ne!(dump(&fs, None).unwrap(), before);
+    assert_eq!(dump(&fs, Some(s.id)).unwrap(), before);
+
+    assert_eq!(
+        fs.snap_access(C, s.id, f, libc::W_OK).unwrap_err(),
+        Errno::EROFS
+    );
+    fs.snap_access(C, s.id, f, libc::R_OK).unwrap();
+    let user = Ctx {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    };
+    fs.setattr(
+        C,
+        f,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // The snapshot keeps the mode it had (0644 from the umask-free create).
+    assert_eq!(fs.access(user, f, libc::R_OK).unwrap_err(), Errno::EACCES);
+    assert_eq!(
+        fs.snap_access(user, s.id, f, libc::R_OK).is_ok(),
+        before[&b"/d/f".to_vec()].attr.perm & 0o004 != 0
+    );
+    assert_eq!(
+        fs.snap_read(s.id, d, 0, &mut [0; 4]).unwrap_err(),
+        Errno::EISDIR
+    );
+    assert_eq!(fs.snap_readlink(s.id, f).unwrap_err(), Errno::EINVAL);
+    assert_eq!(
+        fs.snap_lookup(s.id, d, b"e").unwrap().kind,
+        FileType::Directory
+    );
+    assert_eq!(fs.snap_lookup(s.id, d, b"..").unwrap().ino, ROOT_INO);
+    assert_eq!(fs.snap_lookup(s.id, d, b".").unwrap().ino, d);
+    assert_eq!(
+        fs.snap_lookup(s.id, ROOT_INO, b"new").unwrap_err(),
+        Errno::ENOENT
+    );
+    assert_eq!(fs.snap_lookup(s.id, f, b"x").unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(
+        fs.snap_getxattr(s.id, f, b"user.none").unwrap_err(),
+        Errno::ENODATA
+    );
+    // Readdir offsets resume like the live readdir's.
+    let mut all = Vec::new();
+    fs.snap_readdir(s.id, d, 0, |e| {
+        all.push((e.name.to_vec(), e.offset));
+        true
+    })
+    .unwrap();
+    assert_eq!(all.len(), 5);
+    let mut rest = Vec::new();
+    fs.snap_readdir(s.id, d, all[2].1, |e| {
+        rest.push(e.name.to_vec());
+        true
+    })
+    .unwrap();
+    assert_eq!(
+        rest,
+        all[3..].iter().map(|x| x.0.clone()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn rollback_restores_and_reports_changes() {
+    let fs = fs();
+    fs.mkdir_all(C, ROOT_INO, "/d", 0o755).unwrap();
+    fs.write_file(C, ROOT_INO, "/d/keep", b"keep").unwrap();
+    fs.write_file(C, ROOT_INO, "/d/gone", &vec![7u8; 10_000])
+        .unwrap();
+    let keep = fs.resolve(ROOT_INO, "/d/keep", false).unwrap();
+    let d = fs.resolve(ROOT_INO, "/d", false).unwrap();
+    let before = dump(&fs, None).unwrap();
+    let (pages0, nodes0) = live_usage(&fs);
+    fs.snapshot_create(b"s").unwrap();
+    // Changes after the snapshot: a new file held by the kernel, a removal,
+    // an overwrite.
+    let (n, _) = fs.create(C, d, b"new", 0o644, true).unwrap();
+    fs.release(n.ino);
+    fs.write(C, keep, 0, b"KEEP!", false).unwrap();
+    fs.unlink_path(ROOT_INO, "/d/gone").unwrap();
+    let out = fs.rollback_to_snapshot(b"s").unwrap();
+    assert_eq!(dump(&fs, None).unwrap(), before);
+    assert!(out.changed.contains(&keep));
+    assert!(out.changed.contains(&n.ino));
+    assert!(out.entries.contains(&(d, b"new".to_vec())));
+    assert!(out.entries.contains(&(d, b"gone".to_vec())));
+    assert!(!out.entries.contains(&(d, b"keep".to_vec())));
+    // The node the kernel still knows lives on unlinked until forgotten.
+    assert_eq!(fs.getattr(n.ino).unwrap().nlink, 0);
+    fs.forget(n.ino, 1);
+    assert_eq!(fs.getattr(n.ino).unwrap_err(), Errno::ENOENT);
+    // The snapshot stays usable, and a second rollback changes nothing visible.
+    fs.write_file(C, ROOT_INO, "/d/keep", b"again").unwrap();
+    fs.rollback_to_snapshot(b"s").unwrap();
+    assert_eq!(dump(&fs, None).unwrap(), before);
+    fs.snapshot_delete(b"s").unwrap();
+    assert_eq!(used(&fs), (pages0, nodes0));
+}
+
+#[test]
+fn clones_are_independent() {
+    let fs = fs();
+    fs.write_file(C, ROOT_INO, "/a", &vec![1u8; 9000]).unwrap();
+    let before = dump(&fs, None).unwrap();
+    fs.snapshot_create(b"s").unwrap();
+    let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    assert_eq!(dump(&clone, None).unwrap(), before);
+    fs.write_file(C, ROOT_INO, "/a", b"origin").unwrap();
+    clone.write_file(C, ROOT_INO, "/a", b"clone").unwrap();
+    clone
+        .write_file(C, ROOT_INO, "/b", b"only in clone")
+        .unwrap();
+    assert_eq!(fs.read_file(ROOT_INO, "/a").unwrap(), b"origin");
+    assert_eq!(clone.read_file(ROOT_INO, "/a").unwrap(), b"clone");
+    assert_eq!(
+        fs.resolve(ROOT_INO, "/b", false).unwrap_err(),
+        Errno::ENOENT
+    );
+    fs.snapshot_delete(b"s").unwrap();
+    assert_eq!(clone.read_file(ROOT_INO, "/a").unwrap(), b"clone");
+    assert_eq!(used(&clone), live_usage(&clone));
+    assert_eq!(used(&fs), live_usage(&fs));
+    let tiny = Config {
+        capacity: 4096,
+        max_inodes: 10,
+    };
+    fs.write_file(C, ROOT_INO, "/big", &vec![1u8; 20_000])
+        .unwrap();
+    fs.snapshot_create(b"t").unwrap();
+    assert_eq!(fs.clone_snapshot(b"t", tiny).err(), Some(Errno::ENOSPC));
+}
+
+/// Two files always written together by one rename: each snapshot must show
+/// the pair of one generation.
+#[test]
+fn concurrent_writers_see_consistent_snapshots() {
+    let fs = Arc::new(fs());
+    fs.mkdir_all(C, ROOT_INO, "/p", 0o755).unwrap();
+    fs.write_file(C, ROOT_INO, "/p/a", b"0").unwrap();
+    fs.write_file(C, ROOT_INO, "/p/b", b"0").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    for t in 0..2u64 {
+        let fs = fs.clone();
+        let stop = stop.clone();
+        let rounds = rounds.clone();
+        writers.push(std::thread::spawn(move || {
+            let mut g = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                g += 1;
+                let generation = format!("{t}-{g}");
+                // Build a directory holding both files, then swap it in.
+                let tmp = format!("/tmp{t}");
+                fs.mkdir_all(C, ROOT_INO, &tmp, 0o755).unwrap();
+                fs.write_file(C, ROOT_INO, &format!("{tmp}/a"), generation.as_bytes())
+                    .unwrap();
+                fs.write_file(C, ROOT_INO, &format!("{tmp}/b"), generation.as_bytes())
+                    .unwrap();
+                fs.rename_path(
+                    ROOT_INO,
+                    &tmp,
+                    "/p",
+                    RenameFlags {
+                        exchange: true,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                // The old pair is now at tmp: empty it for the next round.
+                fs.unlink_path(ROOT_INO, &format!("{tmp}/a")).unwrap();
+                fs.unlink_path(ROOT_INO, &format!("{tmp}/b")).unwrap();
+                fs.rmdir_path(ROOT_INO, &tmp).unwrap();
+                rounds.fetch_add(1, Ordering::AcqRel);
+            }
+        }));
+    }
+    while rounds.load(Ordering::Acquire) == 0 {
+        std::thread::yield_now();
+    }
+    let mut i = 0;
+    // At least 200 snapshots, and until the writers got 100 rounds in.
+    while i < 200 || rounds.load(Ordering::Acquire) < 100 {
+        i += 1;
+        let name = format!("s{i}");
+        let s = fs.snapshot_create(name.as_bytes()).unwrap();
+        let p = fs.snap_lookup(s.id, ROOT_INO, b"p").unwrap().ino;
+        let read = |n: &[u8]| {
+            let ino = fs.snap_lookup(s.id, p, n).unwrap().ino;
+            let mut buf = [0u8; 64];
+            let k = fs.snap_read(s.id, ino, 0, &mut buf).unwrap();
+            buf[..k].to_vec()
+        };
+        assert_eq!(read(b"a"), read(b"b"), "snapshot {name} mixes generations");
+        if i % 3 != 0 || fs.snapshot_list().len() >= MAX_SNAPSHOTS / 2 {
+            fs.snapshot_delete(name.as_bytes()).unwrap();
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for w in writers {
+        w.join().unwrap();
+    }
+    // Every snapshot still reads consistently after the writers stopped.
+    for info in fs.snapshot_list() {
+        dump(&fs, Some(info.id)).unwrap();
+    }
+}
+
+// ---- model test ---------------------------------------------------------------
+
+const DIRS: [&str; 3] = ["", "/d", "/d/e"];
+const NAMES: [&str; 3] = ["a", "b", "e"];
+
+fn path(d: usize, n: usize) -> String {
+    format!("{}/{}", DIRS[d % DIRS.len()], NAMES[n % NAMES.len()])
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create(usize, usize),
+    Write(usize, usize, u16, u8, u8),
+    Truncate(usize, usize, u16),
+    Unlink(usize, usize),
+    Mkdir(usize, usize),
+    Rmdir(usize, usize),
+    Rename(usize, usize, usize, usize),
+    Link(usize, usize, usize, usize),
+    Chmod(usize, usize, u16),
+    Xattr(usize, usize, u8),
+    Snap,
+    Delete(usize),
+    Rollback(usize),
+    Clone(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let p = || (0..3usize, 0..3usize);
+    prop_oneof![
+        p().prop_map(|(d, n)| Op::Create(d, n)),
+        (p(), 0..3usize, any::<u16>(), any::<u8>()).prop_map(|((d, n), pg, len, b)| Op::Write(
+            d,
+            n,
+            pg as u16 * 2048 + len % 97,
+            b,
+            (len % 7) as u8
+        )),
+        (p(), any::<u16>()).prop_map(|((d, n), s)| Op::Truncate(d, n, s % 12_000)),
+        p().prop_map(|(d, n)| Op::Unlink(d, n)),
+        p().prop_map(|(d, n)| Op::Mkdir(d, n)),
+        p().prop_map(|(d, n)| Op::Rmdir(d, n)),
+        (p(), p()).prop_map(|((a, b), (c, d))| Op::Rename(a, b, c, d)),
+        (p(), p()).prop_map(|((a, b), (c, d))| Op::Link(a, b, c, d)),
+        (p(), any::<u16>()).prop_map(|((d, n), m)| Op::Chmod(d, n, m & 0o777)),
+        (p(), any::<u8>()).prop_map(|((d, n), v)| Op::Xattr(d, n, v)),
+        Just(Op::Snap),
+        Just(Op::Snap),
+        (0..4usize).prop_map(Op::Delete),
+        (0..4usize).prop_map(Op::Rollback),
+        (0..4usize).prop_map(Op::Clone),
+    ]
+}
+
+fn apply(fs: &Fs, op: &Op) {
+    let ino = |d, n| fs.resolve(ROOT_INO, &path(d, n), false);
+    // Errors are part of the engine's behaviour, not of this test's.
+    match *op {
+        Op::Create(d, n) => {
+            let _ = fs.create_path(C, ROOT_INO, &path(d, n), 0o644, true);
+        }
+        Op::Write(d, n, off, b, pages) => {
+            if let Ok(i) = ino(d, n) {
+                let len = 1 + pages as usize * 3000;
+                let _ = fs.write(C, i, off as u64 * 3, &vec![b; len], false);
+            }
+        }
+        Op::Truncate(d, n, s) => {
+            if let Ok(i) = ino(d, n) {
+                let _ = fs.setattr(
+                    C,
+                    i,
+                    &SetAttr {
+                        size: Some(s as u64),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        Op::Unlink(d, n) => {
+            let _ = fs.unlink_path(ROOT_INO, &path(d, n));
+        }
+        Op::Mkdir(d, n) => {
+            let _ = fs.mkdir_path(C, ROOT_INO, &path(d, n), 0o755);
+        }
+        Op::Rmdir(d, n) => {
+            let _ = fs.rmdir_path(ROOT_INO, &path(d, n));
+        }
+        Op::Rename(a, b, c, d) => {
+            let _ = fs.rename_path(ROOT_INO, &path(a, b), &path(c, d), RenameFlags::default());
+        }
+        Op::Link(a, b, c, d) => {
+            let _ = fs.link_path(ROOT_INO, &path(a, b), &path(c, d));
+        }
+        Op::Chmod(d, n, m) => {
+            if let Ok(i) = ino(d, n) {
+                let _ = fs.setattr(
+                    C,
+                    i,
+                    &SetAttr {
+                        mode: Some(m as u32),
+                        ..Default::default()
+                    },
+                );
+            }
+        }
+        Op::Xattr(d, n, v) => {
+            if let Ok(i) = ino(d, n) {
+                let _ = fs.setxattr(i, b"user.v", &[v], XattrMode::Any);
+            }
+        }
+        _ => unreachable!("snapshot ops are the test's"),
+    }
+}
+
+fn run_model(ops: Vec<Op>) {
+    let fs = fs();
+    let (pages0, nodes0) = used(&fs);
+    assert_eq!((pages0, nodes0), live_usage(&fs));
+    // (name, id, tree at creation)
+    let mut snaps: Vec<(Vec<u8>, u64, Tree)> = Vec::new();
+    let mut clones: Vec<(Fs, Tree)> = Vec::new();
+    let mut next = 0;
+    for op in &ops {
+        match *op {
+            Op::Snap => {
+                let name = format!("s{next}").into_bytes();
+                next += 1;
+                let tree = dump(&fs, None).unwrap();
+                let info = fs.snapshot_create(&name).unwrap();
+                snaps.push((name, info.id, tree));
+            }
+            Op::Delete(k) if !snaps.is_empty() => {
+                let (name, _, _) = snaps.remove(k % snaps.len());
+                fs.snapshot_delete(&name).unwrap();
+            }
+            Op::Rollback(k) if !snaps.is_empty() => {
+                let (name, _, tree) = &snaps[k % snaps.len()];
+                fs.rollback_to_snapshot(name).unwrap();
+                assert_eq!(&dump(&fs, None).unwrap(), tree, "live after rollback");
+            }
+            Op::Clone(k) if !snaps.is_empty() => {
+                let (name, _, tree) = &snaps[k % snaps.len()];
+                let c = fs.clone_snapshot(name, fs.config()).unwrap();
+                assert_eq!(&dump(&c, None).unwrap(), tree, "fresh clone");
+                // The clone diverges; the origin must not notice.
+                let origin = dump(&fs, None).unwrap();
+                c.write_file(C, ROOT_INO, "/clone-only", b"c").unwrap();
+                for o in ops.iter().take(5) {
+                    if !matches!(o, Op::Snap | Op::Delete(_) | Op::Rollback(_) | Op::Clone(_)) {
+                        apply(&c, o);
+                    }
+                }
+                assert_eq!(
+                    dump(&fs, None).unwrap(),
+                    origin,
+                    "origin after clone writes"
+                );
+                let ct = dump(&c, None).unwrap();
+                clones.push((c, ct));
+            }
+            Op::Delete(_) | Op::Rollback(_) | Op::Clone(_) => {}
+            _ => apply(&fs, op),
+        }
+        for (name, id, tree) in &snaps {
+            let got = dump(&fs, Some(*id)).unwrap();
+            assert_eq!(
+                &got,
+                tree,
+                "snapshot {:?} after {op:?}",
+                String::from_utf8_lossy(name)
+            );
+        }
+        for (c, tree) in &clones {
+            assert_eq!(&dump(c, None).unwrap(), tree, "clone changed by {op:?}");
+        }
+    }
+    for (name, _, _) in snaps.drain(..) {
+        fs.snapshot_delete(&name).unwrap();
+    }
+    assert_eq!(
+        used(&fs),
+        live_usage(&fs),
+        "memory held after the last snapshot"
+    );
+    for (c, _) in &clones {
+        assert_eq!(used(c), live_usage(c), "clone accounting");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #[test]
+    fn snapshots_match_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run_model(ops);
+    }
+}
