@@ -1,21 +1,30 @@
-//! The control socket of a mounted durable memfs: `<data-dir>/control.sock`.
+//! The control channels of a mounted memfs.
 //!
-//! While a data directory is mounted its lock is held, so `memfs snapshot`
-//! and friends cannot open it; they ask the running server instead. The
-//! protocol is one request line per connection and a reply of lines: first
-//! `ok` or `error MESSAGE`, then the payload. Requests:
-//! `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`, `diff A B`, `rollback COMMIT`, `sync`,
-//! `checkpoint`, `status`. Only the owner of the data directory can connect
-//! (the socket is created with mode 0600).
+//! Every mount listens on `/run/memfs/ctl/MAJOR:MINOR.sock` (the FUSE
+//! connection's device number, as `stat -c %d M` and /proc/self/mountinfo
+//! show it; `$XDG_RUNTIME_DIR/memfs/ctl` or `/tmp/memfs-ctl-UID` when not
+//! root), so `--mount M` finds the server of any mount, durable or not. A
+//! durable mount also listens on `<data-dir>/control.sock`: while a data
+//! directory is mounted its lock is held, so `memfs snapshot --data-dir`
+//! and friends cannot open it; they ask the running server instead.
+//!
+//! The protocol is one request line per connection and a reply of lines:
+//! first `ok` or `error MESSAGE`, then the payload. Requests of a durable
+//! mount: `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`,
+//! `diff A B`, `rollback COMMIT`, `sync`, `checkpoint`, `status`. Requests
+//! of every mount (the engine's copy-on-write snapshots, browsable in
+//! `.snapshots`): `snap-create NAME`, `snap-delete NAME`, `snap-list`,
+//! `snap-rollback NAME`, `clone NAME MOUNTPOINT`, `kind`. Only the owner can
+//! connect (sockets 0600 in a 0700 directory).
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use memfs_durable::DurableFs;
@@ -23,11 +32,10 @@ use memfs_fuse::swap::Swapper;
 
 pub use memfs_durable::control::{request, socket_path};
 
-/// A running control server; [`Control::stop`] ends it and removes the socket.
+/// A running control server; [`Control::stop`] ends it and removes its sockets.
 pub struct Control {
-    path: PathBuf,
+    listeners: Vec<(PathBuf, JoinHandle<()>)>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl Control {
@@ -37,20 +45,18 @@ impl Control {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accept loop with a connection of our own.
-        let _ = UnixStream::connect(&self.path);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        for (path, thread) in self.listeners.drain(..) {
+            // Wake the accept loop with a connection of our own.
+            let _ = UnixStream::connect(&path);
+            let _ = thread.join();
+            let _ = std::fs::remove_file(&path);
         }
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
 impl Drop for Control {
     fn drop(&mut self) {
-        if self.thread.is_some() {
-            self.shutdown();
-        }
+        self.shutdown();
     }
 }
 
@@ -58,18 +64,102 @@ impl Drop for Control {
 /// (hence the mutex), and `swapper` replaces the tree the adapter serves.
 pub type Served = Arc<Mutex<DurableFs>>;
 
-pub fn serve(d: Served, swapper: Option<Swapper>) -> anyhow::Result<Control> {
-    let path = socket_path(d.lock().unwrap_or_else(|e| e.into_inner()).path());
-    // We hold the data directory's lock: any socket file left is stale.
-    let _ = std::fs::remove_file(&path);
-    let listener = UnixListener::bind(&path)
+/// What a mount's control server acts on.
+pub struct Mount {
+    pub mountpoint: PathBuf,
+    /// `None`: an in-memory mount.
+    pub durable: Option<Served>,
+    pub swapper: Swapper,
+    /// The engine's limits and the adapter's options, for clones.
+    pub config: memfs_fs::Config,
+    pub fuse: memfs_fuse::MountOptions,
+    /// Clones mounted by this server from this mount's snapshots.
+    pub clones: Clones,
+}
+
+/// Clones served by this process; dropping this unmounts them all (the
+/// origin's unmount takes its clones with it).
+#[derive(Default, Clone)]
+pub struct Clones(Arc<Mutex<Vec<CloneMount>>>);
+
+struct CloneMount {
+    mountpoint: PathBuf,
+    unmounter: memfs_fuse::Unmounter,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Clones {
+    /// Unmounts every clone still mounted and waits for their servers.
+    pub fn unmount_all(&self) {
+        let list = std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()));
+        for mut c in list {
+            if memfs_fuse::mounts::is_mounted(&c.mountpoint) && c.unmounter.unmount().is_err() {
+                memfs_fuse::mounts::lazy_unmount(&c.mountpoint);
+            }
+            if let Some(t) = c.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Where the control socket of the mount with device `dev` ("MAJOR:MINOR") lives.
+pub fn ctl_socket(dev: &str) -> PathBuf {
+    ctl_dir().join(format!("{dev}.sock"))
+}
+
+fn ctl_dir() -> PathBuf {
+    if memfs_fuse::mounts::is_root() {
+        return PathBuf::from("/run/memfs/ctl");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d).join("memfs/ctl"),
+        _ => PathBuf::from(format!("/tmp/memfs-ctl-{}", nix::unistd::geteuid())),
+    }
+}
+
+fn listen(path: &Path) -> anyhow::Result<UnixListener> {
+    // Only one mount has a device number at a time: a socket file left
+    // under ours is stale (a server that was killed).
+    let _ = std::fs::remove_file(path);
+    let listener = UnixListener::bind(path)
         .with_context(|| format!("cannot create the control socket {}", path.display()))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("cannot restrict {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Starts the control server of `m` (mounted now): the per-device socket,
+/// and `<data-dir>/control.sock` for a durable mount.
+pub fn serve(m: Mount) -> anyhow::Result<Control> {
+    let dev = memfs_fuse::mounts::mount_dev(&m.mountpoint).with_context(|| {
+        format!(
+            "cannot find the device number of the mount at {}",
+            m.mountpoint.display()
+        )
+    })?;
+    let dir = ctl_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let mut paths = vec![ctl_socket(&dev)];
+    if let Some(d) = &m.durable {
+        paths.push(socket_path(
+            d.lock().unwrap_or_else(|e| e.into_inner()).path(),
+        ));
+    }
+    let m = Arc::new(m);
     let stop = Arc::new(AtomicBool::new(false));
-    let thread = {
-        let stop = stop.clone();
-        std::thread::Builder::new()
+    let mut control = Control {
+        listeners: Vec::new(),
+        stop: stop.clone(),
+    };
+    for path in paths {
+        let listener = listen(&path)?;
+        let (m, stop) = (m.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
             .name("memfs-control".into())
             .spawn(move || {
                 for conn in listener.incoming() {
@@ -78,8 +168,7 @@ pub fn serve(d: Served, swapper: Option<Swapper>) -> anyhow::Result<Control> {
                     }
                     match conn {
                         Ok(c) => {
-                            let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
-                            if let Err(e) = handle(&mut d, swapper.as_ref(), c) {
+                            if let Err(e) = handle(&m, c) {
                                 tracing::warn!("control request failed: {e:#}");
                             }
                         }
@@ -87,23 +176,33 @@ pub fn serve(d: Served, swapper: Option<Swapper>) -> anyhow::Result<Control> {
                     }
                 }
             })
-            .context("cannot start the control thread")?
-    };
-    Ok(Control {
-        path,
-        stop,
-        thread: Some(thread),
-    })
+            .context("cannot start the control thread")?;
+        control.listeners.push((path, thread));
+    }
+    Ok(control)
 }
 
-fn handle(d: &mut DurableFs, swapper: Option<&Swapper>, conn: UnixStream) -> anyhow::Result<()> {
+fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let line = line.trim();
-    let r = match line.strip_prefix("rollback ") {
-        Some(target) => rollback(d, swapper, target),
-        None => answer(d, line),
+    let r = match engine_request(m, line).transpose() {
+        Some(r) => r,
+        None => match &m.durable {
+            None => Err(anyhow::anyhow!(
+                "{} is an in-memory memfs mount: {line:?} needs a data directory (commit history); \
+                 snapshots of an in-memory mount are memfs snapshot create|list|delete and memfs rollback --to NAME",
+                m.mountpoint.display()
+            )),
+            Some(d) => {
+                let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+                match line.strip_prefix("rollback ") {
+                    Some(target) => rollback(&mut d, Some(&m.swapper), target),
+                    None => answer(&d, Some(&m.swapper), line),
+                }
+            }
+        },
     };
     let reply = match r {
         Ok(lines) => {
@@ -118,6 +217,180 @@ fn handle(d: &mut DurableFs, swapper: Option<&Swapper>, conn: UnixStream) -> any
     };
     (&conn).write_all(reply.as_bytes())?;
     Ok(())
+}
+
+fn errno(e: memfs_fs::Errno, what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {e}")
+}
+
+/// `NAME ID CREATED_NS NODES BYTES`.
+pub fn snap_line(s: &memfs_fs::SnapshotInfo) -> String {
+    let t = s.created;
+    let ns = (t.sec.max(0) as u64) * 1_000_000_000 + t.nsec as u64;
+    format!(
+        "{} {} {ns} {} {}",
+        String::from_utf8_lossy(&s.name),
+        s.id,
+        s.nodes,
+        s.bytes
+    )
+}
+
+/// The requests every mount answers (the engine's snapshots); `None`: not one of them.
+fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let (cmd, arg) = match line.split_once(' ') {
+        Some((c, a)) => (c, a),
+        None => (line, ""),
+    };
+    let name = arg.as_bytes();
+    let need = || -> anyhow::Result<()> {
+        if arg.is_empty() {
+            bail!("{cmd} needs a snapshot name");
+        }
+        Ok(())
+    };
+    Ok(Some(match cmd {
+        "kind" => vec![
+            if m.durable.is_some() {
+                "durable"
+            } else {
+                "memory"
+            }
+            .into(),
+        ],
+        "snap-create" => {
+            need()?;
+            let s = m
+                .swapper
+                .snapshot_create(name)
+                .map_err(|e| errno(e, &format!("cannot create snapshot {arg:?}")))?;
+            vec![snap_line(&s)]
+        }
+        "snap-delete" => {
+            need()?;
+            m.swapper
+                .snapshot_delete(name)
+                .map_err(|e| errno(e, &format!("cannot delete snapshot {arg:?}")))?;
+            Vec::new()
+        }
+        "snap-list" => m.swapper.snapshot_list().iter().map(snap_line).collect(),
+        "snap-rollback" => {
+            need()?;
+            if m.durable.is_some() {
+                bail!(
+                    "a durable mount rolls back through its journal: memfs rollback --mount {} --to NAME|COMMIT",
+                    m.mountpoint.display()
+                );
+            }
+            let t = Instant::now();
+            let (inodes, names) = m
+                .swapper
+                .rollback_to_snapshot(name)
+                .map_err(|e| errno(e, &format!("cannot roll back to snapshot {arg:?}")))?;
+            vec![format!("{inodes} {names} {}", t.elapsed().as_micros())]
+        }
+        "clone" => {
+            let (snap, target) = arg
+                .split_once(' ')
+                .context("clone needs a snapshot name and a mount point")?;
+            let t = Instant::now();
+            clone(m, snap, Path::new(target))?;
+            vec![t.elapsed().as_micros().to_string()]
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// Mounts a writable clone of snapshot `snap` at `target`, served by this
+/// process until it is unmounted (or the origin is).
+fn clone(m: &Mount, snap: &str, target: &Path) -> anyhow::Result<()> {
+    let target = target
+        .canonicalize()
+        .with_context(|| format!("mount point {} does not exist", target.display()))?;
+    if memfs_fuse::mounts::is_mounted(&target) {
+        bail!("{} is already a mount point", target.display());
+    }
+    let fs = m
+        .swapper
+        .clone_snapshot(snap.as_bytes(), m.config)
+        .map_err(|e| errno(e, &format!("cannot clone snapshot {snap:?}")))?;
+    let mut opts = m.fuse.clone();
+    // Not the origin's data directory: a clone keeps no journal.
+    opts.fsname = "memfs".into();
+    let mut mounted = memfs_fuse::mount(Arc::new(fs), &target, &opts)
+        .map_err(|e| anyhow::anyhow!("cannot mount the clone at {}: {e}", target.display()))?;
+    let clones = Clones::default();
+    let control = serve(Mount {
+        mountpoint: target.clone(),
+        durable: None,
+        swapper: mounted.swapper(),
+        config: m.config,
+        fuse: opts,
+        clones: clones.clone(),
+    });
+    let unmounter = mounted.unmounter();
+    let mp = target.clone();
+    let thread = std::thread::Builder::new()
+        .name("memfs-clone".into())
+        .spawn(move || {
+            if let Err(e) = mounted.run() {
+                tracing::warn!("serving the clone at {}: {e}", mp.display());
+            }
+            clones.unmount_all();
+            drop(control);
+        })
+        .context("cannot start the clone's server thread")?;
+    m.clones
+        .0
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(CloneMount {
+            mountpoint: target,
+            unmounter,
+            thread: Some(thread),
+        });
+    Ok(())
+}
+
+/// Sends one request to the server of the memfs mounted at `mountpoint`
+/// through its per-device socket; returns the payload lines of an `ok` reply.
+pub fn mount_request(mountpoint: &Path, req: &str) -> anyhow::Result<Vec<String>> {
+    if !mountpoint.exists() {
+        bail!("{} does not exist", mountpoint.display());
+    }
+    let dev = memfs_fuse::mounts::mount_dev(mountpoint)
+        .with_context(|| format!("{} is not mounted", mountpoint.display()))?;
+    let socket = ctl_socket(&dev);
+    let conn = UnixStream::connect(&socket).with_context(|| {
+        format!(
+            "{} is mounted, but no memfs control socket answers at {} (not a memfs mount, another user's, or a server of an older version)",
+            mountpoint.display(),
+            socket.display()
+        )
+    })?;
+    conn.set_read_timeout(Some(Duration::from_secs(600)))?;
+    (&conn).write_all(format!("{req}\n").as_bytes())?;
+    conn.shutdown(std::net::Shutdown::Write)?;
+    let mut lines = BufReader::new(&conn).lines();
+    let first = lines
+        .next()
+        .context("the running memfs closed the control connection without a reply")??;
+    if let Some(msg) = first.strip_prefix("error ") {
+        bail!("{msg}");
+    }
+    if first != "ok" {
+        bail!("unexpected reply from the running memfs: {first:?}");
+    }
+    Ok(lines.collect::<Result<_, _>>()?)
+}
+
+/// Whether the memfs at `mountpoint` has a data directory (else: in memory).
+pub fn is_durable_mount(mountpoint: &Path) -> bool {
+    crate::mount::mount_source(mountpoint)
+        .map(PathBuf::from)
+        .is_some_and(|d| {
+            d.is_absolute() && d.join(memfs_durable::journal::dir::LOCK_FILE).is_file()
+        })
 }
 
 pub fn snapshot_line(s: &memfs_durable::SnapshotEntry) -> String {
@@ -157,15 +430,31 @@ fn rollback(
     )])
 }
 
-fn answer(d: &DurableFs, req: &str) -> anyhow::Result<Vec<String>> {
+fn answer(d: &DurableFs, swapper: Option<&Swapper>, req: &str) -> anyhow::Result<Vec<String>> {
     let (cmd, arg) = match req.split_once(' ') {
         Some((c, a)) => (c, Some(a)),
         None => (req, None),
     };
     let need = || arg.with_context(|| format!("{cmd} needs an argument"));
     Ok(match cmd {
-        "snapshot-create" => vec![snapshot_line(&d.snapshot_create(need()?)?)],
-        "snapshot-delete" => vec![snapshot_line(&d.snapshot_delete(need()?)?)],
+        "snapshot-create" => {
+            let s = d.snapshot_create(need()?)?;
+            // The same name in the engine, so `.snapshots/NAME` shows it
+            // at once (until a restart: docs/snapshots.md).
+            if let Some(sw) = swapper
+                && let Err(e) = sw.snapshot_create(s.name.as_bytes())
+            {
+                tracing::warn!("snapshot {}: not browsable in .snapshots: {e}", s.name);
+            }
+            vec![snapshot_line(&s)]
+        }
+        "snapshot-delete" => {
+            let s = d.snapshot_delete(need()?)?;
+            if let Some(sw) = swapper {
+                let _ = sw.snapshot_delete(s.name.as_bytes());
+            }
+            vec![snapshot_line(&s)]
+        }
         "snapshot-list" => d.history()?.snapshots.iter().map(snapshot_line).collect(),
         "diff" => {
             let (a, b) = need()?

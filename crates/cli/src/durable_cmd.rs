@@ -174,7 +174,69 @@ fn parse_snapshot_line(l: &str) -> anyhow::Result<SnapshotEntry> {
     }
 }
 
+/// The in-memory mount `at` names, if it names one (its snapshots are the
+/// engine's, asked for through the mount's control socket).
+fn memory_mount(at: &Where) -> Option<&Path> {
+    let m = at.mount.as_deref()?;
+    (at.data_dir.is_none() && memfs_fuse::mounts::is_mounted(m) && !control::is_durable_mount(m))
+        .then_some(m)
+}
+
+/// One line of `snap-list`: `NAME ID CREATED_NS NODES BYTES`.
+fn print_snap_line(l: &str) -> anyhow::Result<()> {
+    let f: Vec<&str> = l.rsplitn(5, ' ').collect();
+    let [bytes, nodes, ns, id, name] = f.as_slice() else {
+        bail!("unexpected reply line {l:?}");
+    };
+    println!(
+        "{name:<24} id {id:<10} {}  {nodes} nodes, {} of data",
+        fmt_time_ns(ns.parse()?),
+        crate::mount::human_bytes(bytes.parse()?)
+    );
+    Ok(())
+}
+
+/// `memfs snapshot ... --mount M` for an in-memory mount.
+fn run_memory_snapshot(cmd: SnapshotCmd, mp: &Path) -> anyhow::Result<()> {
+    match cmd {
+        SnapshotCmd::Create { name, .. } => {
+            durable::check_snapshot_name(&name)?;
+            control::mount_request(mp, &format!("snap-create {name}"))?;
+            println!(
+                "snapshot {name} created; browse it in {}",
+                mp.join(".snapshots").join(&name).display()
+            );
+        }
+        SnapshotCmd::Delete { name, .. } => {
+            control::mount_request(mp, &format!("snap-delete {name}"))?;
+            println!("snapshot {name} deleted");
+        }
+        SnapshotCmd::List { .. } => {
+            let lines = control::mount_request(mp, "snap-list")?;
+            if lines.is_empty() {
+                println!(
+                    "no snapshots (create one with: memfs snapshot create NAME --mount {})",
+                    mp.display()
+                );
+            }
+            for l in &lines {
+                print_snap_line(l)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn run_snapshot(a: SnapshotArgs) -> anyhow::Result<()> {
+    let at = match &a.cmd {
+        SnapshotCmd::Create { at, .. }
+        | SnapshotCmd::List { at }
+        | SnapshotCmd::Delete { at, .. } => at,
+    };
+    if let Some(mp) = memory_mount(at) {
+        let mp = mp.to_path_buf();
+        return run_memory_snapshot(a.cmd, &mp);
+    }
     match a.cmd {
         SnapshotCmd::Create { name, at } => {
             durable::check_snapshot_name(&name)?;
@@ -289,7 +351,73 @@ fn confirm(question: &str, yes: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Online rollback of an in-memory mount to one of its snapshots.
+fn run_memory_rollback(a: &RollbackArgs, mp: &Path) -> anyhow::Result<()> {
+    confirm(
+        &format!(
+            "roll {} back to snapshot {}: every change since is lost",
+            mp.display(),
+            a.to
+        ),
+        a.yes,
+    )?;
+    let reply = control::mount_request(mp, &format!("snap-rollback {}", a.to))?;
+    let f: Vec<&str> = reply
+        .first()
+        .map(|l| l.split(' ').collect())
+        .unwrap_or_default();
+    let [inodes, names, us] = f.as_slice() else {
+        bail!("unexpected reply {reply:?}");
+    };
+    let ms = us.parse::<f64>().unwrap_or(0.0) / 1000.0;
+    println!(
+        "rolled {} back to snapshot {} in {ms:.1} ms ({inodes} nodes and {names} names invalidated); the mount shows it now",
+        mp.display(),
+        a.to
+    );
+    Ok(())
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CloneArgs {
+    /// The snapshot to clone (memfs snapshot list --mount M).
+    pub name: String,
+    /// Where to mount the clone (an existing directory).
+    pub target: PathBuf,
+    /// The mount whose snapshot it is; its server serves the clone too.
+    #[arg(long, value_name = "MOUNTPOINT")]
+    pub mount: PathBuf,
+}
+
+/// `memfs clone NAME M2 --mount M`: returns once M2 is usable.
+pub fn run_clone(a: CloneArgs) -> anyhow::Result<()> {
+    durable::check_snapshot_name(&a.name)?;
+    let target = a
+        .target
+        .canonicalize()
+        .with_context(|| format!("mount point {} does not exist", a.target.display()))?;
+    if target.to_string_lossy().contains('\n') {
+        bail!("mount point {} has a newline in its name", target.display());
+    }
+    let reply =
+        control::mount_request(&a.mount, &format!("clone {} {}", a.name, target.display()))?;
+    let us: f64 = reply.first().and_then(|l| l.parse().ok()).unwrap_or(0.0);
+    println!(
+        "memfs: clone of snapshot {} mounted at {} in {:.1} ms (served by the server of {}; unmount with: memfs umount {})",
+        a.name,
+        target.display(),
+        us / 1000.0,
+        a.mount.display(),
+        target.display()
+    );
+    Ok(())
+}
+
 pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
+    if let Some(mp) = memory_mount(&a.at) {
+        let mp = mp.to_path_buf();
+        return run_memory_rollback(&a, &mp);
+    }
     let dir = a.at.dir()?;
     let online = match memfs_journal::DataDir::open(&dir, false) {
         Err(memfs_journal::Error::Locked { .. }) => true,

@@ -46,6 +46,8 @@ enum Command {
     Store(store_cmd::Args),
     /// Named snapshots of a data directory (create, list, delete).
     Snapshot(durable_cmd::SnapshotArgs),
+    /// Mount a writable copy-on-write clone of a snapshot of a running mount (same server).
+    Clone(durable_cmd::CloneArgs),
     /// Created, deleted, modified and renamed paths between two snapshots or commits, or the live tree (-).
     Diff(durable_cmd::DiffArgs),
     /// Recent commits of a data directory.
@@ -138,6 +140,7 @@ fn main() -> std::process::ExitCode {
         Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Snapshot(args) => durable_cmd::run_snapshot(args),
+        Command::Clone(args) => durable_cmd::run_clone(args),
         Command::Diff(args) => durable_cmd::run_diff(args),
         Command::Log(args) => durable_cmd::run_log(args),
         Command::Rollback(args) => durable_cmd::run_rollback(args),

@@ -61,6 +61,13 @@ pub struct MountArgs {
     /// acknowledged write must be journaled; so does --writeback-cache.
     #[arg(long, value_name = "PATH")]
     pub data_path: Option<String>,
+    /// Whether readdir of the root lists the snapshot directory: hidden
+    /// (default; `cd .snapshots` works anyway) or visible.
+    #[arg(long, value_name = "hidden|visible")]
+    pub snapdir: Option<String>,
+    /// The name of the snapshot directory in the root (default .snapshots).
+    #[arg(long, value_name = "NAME")]
+    pub snapdir_name: Option<String>,
     /// Stay in the foreground (for service managers); SIGINT and SIGTERM unmount.
     #[arg(long, short = 'f')]
     pub foreground: bool,
@@ -149,6 +156,14 @@ fn parse_data_path(name: &str, s: &str) -> anyhow::Result<memfs_fuse::DataPath> 
         .map_err(|e: String| anyhow::anyhow!("{name}: {e}"))
 }
 
+fn parse_snapdir(name: &str, s: &str) -> anyhow::Result<bool> {
+    match s {
+        "visible" => Ok(true),
+        "hidden" => Ok(false),
+        _ => bail!("{name}: {s:?} is neither hidden nor visible"),
+    }
+}
+
 fn parse_secs(name: &str, s: &str) -> anyhow::Result<Duration> {
     let v: f64 = s
         .parse()
@@ -220,6 +235,12 @@ impl MountArgs {
         if let Some(p) = &self.data_path {
             fuse.data_path = parse_data_path("--data-path", p)?;
         }
+        if let Some(v) = &self.snapdir {
+            fuse.snapdir_visible = parse_snapdir("--snapdir", v)?;
+        }
+        if let Some(n) = &self.snapdir_name {
+            fuse.snapdir_name = n.as_bytes().to_vec();
+        }
         let mut remount = false;
         if let Some(src) = &self.helper_source
             && !src.is_empty()
@@ -265,6 +286,8 @@ impl MountArgs {
                 "checkpoint_interval" => interval = Some(need()?.to_string()),
                 "retention" => retention = Some(need()?.to_string()),
                 "remount" => remount = true,
+                "snapdir" => fuse.snapdir_visible = parse_snapdir("mount option snapdir", need()?)?,
+                "snapdir_name" => fuse.snapdir_name = need()?.as_bytes().to_vec(),
                 // The FUSE kernel never updates atime itself: the policy is
                 // the engine's (noatime is also passed on as the mount flag).
                 "relatime" => fuse.atime = AtimeMode::Relative,
@@ -283,6 +306,7 @@ impl MountArgs {
                 _ => bail!("unknown mount option {opt:?}"),
             }
         }
+        memfs_fuse::snapdir::check_dir_name(&fuse.snapdir_name).map_err(anyhow::Error::msg)?;
         if fuse.threads == 0 {
             bail!("--threads must be at least 1");
         }
@@ -588,10 +612,15 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         .map(|d| ReadOnlyWatch::start(&d.lock().unwrap_or_else(|e| e.into_inner()), mountpoint));
     // After the mount (the control socket can swap the served tree), before
     // it is reported ready.
-    let control = match &durable {
-        Some(d) => Some(crate::control::serve(d.clone(), Some(mounted.swapper()))?),
-        None => None,
-    };
+    let clones = crate::control::Clones::default();
+    let control = crate::control::serve(crate::control::Mount {
+        mountpoint: mountpoint.to_path_buf(),
+        durable: durable.clone(),
+        swapper: mounted.swapper(),
+        config: settings.config,
+        fuse: fuse_opts.clone(),
+        clones: clones.clone(),
+    })?;
     let mut unmounter = mounted.unmounter();
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -633,9 +662,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     let _ = signal_thread.join();
     let result = result.with_context(|| format!("serving {}", mountpoint.display()));
     drop(ro_watch);
-    if let Some(c) = control {
-        c.stop();
-    }
+    control.stop();
+    // The origin's clones are served by this process: they go with it.
+    clones.unmount_all();
     if let Some(d) = durable {
         // The session's workers are gone with `mounted`: this is the last reference.
         match Arc::try_unwrap(d) {

@@ -12,9 +12,13 @@
 
 pub mod mounts;
 pub mod passthrough;
+pub mod snapdir;
+mod snapops;
 
 pub use passthrough::DataPath;
 use passthrough::{Backing, PASSTHROUGH_FH};
+use snapdir::Node;
+use snapops::EROFS;
 pub mod swap;
 
 use std::cell::RefCell;
@@ -84,6 +88,11 @@ pub struct MountOptions {
     /// When reads update atime (`relatime`, `strictatime`, `noatime`): the
     /// FUSE kernel leaves atime to the server whatever the mount flags say.
     pub atime: AtimeMode,
+    /// List `.snapshots` in readdir of the root (`-o snapdir=visible`); it
+    /// can be entered by name either way.
+    pub snapdir_visible: bool,
+    /// The name of the snapshot directory in the root (`-o snapdir_name=`).
+    pub snapdir_name: Vec<u8>,
 }
 
 impl Default for MountOptions {
@@ -106,6 +115,8 @@ impl Default for MountOptions {
             subtype: "memfs".into(),
             extra: Vec::new(),
             atime: AtimeMode::Relative,
+            snapdir_visible: false,
+            snapdir_name: b".snapshots".to_vec(),
         }
     }
 }
@@ -237,8 +248,10 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
             }
         },
     };
+    snapdir::check_dir_name(&opts.snapdir_name).map_err(io::Error::other)?;
     let notifier = Arc::new(OnceLock::new());
     let cell = Arc::new(swap::FsCell::new(fs));
+    let slots = Arc::new(snapdir::Slots::default());
     let adapter = MemFuse {
         fs: cell.clone(),
         next_fh: AtomicU64::new(1),
@@ -255,10 +268,13 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         data_path: opts.data_path,
         backing,
         notifier: notifier.clone(),
+        slots: slots.clone(),
+        snapdir_name: opts.snapdir_name.clone(),
+        snapdir_visible: opts.snapdir_visible,
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
-    let swapper = swap::Swapper::new(cell, session.notifier());
+    let swapper = swap::Swapper::new(cell, session.notifier(), slots, opts.snapdir_name.clone());
     Ok(Mounted { session, swapper })
 }
 
@@ -317,10 +333,21 @@ pub struct MemFuse {
     backing: Option<Arc<Backing>>,
     /// Set once the session exists; see [`MemFuse::privileges_may_drop`].
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Which snapshot each slot of the node id space shows (snapdir.rs).
+    slots: Arc<snapdir::Slots>,
+    snapdir_name: Vec<u8>,
+    snapdir_visible: bool,
 }
 
 fn err(e: Errno) -> fuser::Errno {
     fuser::Errno::from_i32(e.0)
+}
+
+/// A request about a node the kernel holds that the engine no longer has:
+/// after an online rollback to a snapshot, the files created since (open
+/// descriptors, working directories) answer ESTALE, as on ZFS.
+fn stale(e: Errno) -> Errno {
+    if e == Errno::ENOENT { Errno::ESTALE } else { e }
 }
 
 fn kind(k: FileType) -> fuser::FileType {
@@ -431,8 +458,20 @@ impl MemFuse {
 
     fn entry(&self, reply: ReplyEntry, r: memfs_fs::Result<Attr>) {
         match self.settled(r) {
+            // Beyond INO_MASK the number would name a snapshot's node (snapdir.rs).
+            Ok(a) if a.ino > snapdir::INO_MASK => reply.error(fuser::Errno::EOVERFLOW),
             Ok(a) => {
                 reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &self.attr(a), GENERATION)
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
+    /// A node of `.snapshots` (already renumbered; never backed).
+    fn snap_entry(&self, reply: ReplyEntry, r: memfs_fs::Result<Attr>) {
+        match r {
+            Ok(a) => {
+                reply.entry_with_ttls(&self.entry_ttl, &self.attr_ttl, &fuse_attr(&a), GENERATION)
             }
             Err(e) => reply.error(err(e)),
         }
@@ -609,10 +648,21 @@ impl Filesystem for MemFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.entry(reply, self.fs.get().lookup(parent.0, name.as_bytes()));
+        let name = name.as_bytes();
+        match snapdir::classify(parent.0) {
+            Node::Live(p) if self.is_snapdir_name(p, name) => {
+                self.snap_entry(reply, self.snapdir_attr())
+            }
+            Node::Live(p) => self.entry(reply, self.fs.get().lookup(p, name)),
+            node => self.snap_entry(reply, self.snap_lookup(node, name)),
+        }
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // Snapshot nodes keep no lookup counts.
+        if self.writable(ino.0).is_err() {
+            return;
+        }
         self.fs.get().forget(ino.0, nlookup);
         if let Some(b) = &self.backing {
             b.maybe_drop(&self.fs.get(), ino.0);
@@ -620,7 +670,14 @@ impl Filesystem for MemFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.fs.get().getattr(ino.0) {
+        let node = snapdir::classify(ino.0);
+        if node != Node::Live(ino.0) {
+            return match self.snap_getattr(node) {
+                Ok(a) => reply.attr(&self.attr_ttl, &fuse_attr(&a)),
+                Err(e) => reply.error(err(e)),
+            };
+        }
+        match self.fs.get().getattr(ino.0).map_err(stale) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(a)),
             Err(e) => reply.error(err(e)),
         }
@@ -653,7 +710,10 @@ impl Filesystem for MemFuse {
             mtime: set_time(mtime),
             ctime: ctime.map(Timespec::from_system_time),
         };
-        let mut r = self.fs.get().setattr(ctx(req), ino.0, &set);
+        if let Err(e) = self.writable(ino.0) {
+            return reply.error(err(e));
+        }
+        let mut r = self.fs.get().setattr(ctx(req), ino.0, &set).map_err(stale);
         if let (Ok(_), Some(b)) = (&r, self.backed(ino.0)) {
             // The engine checked and recorded the change; the data is here.
             if let Some(size) = size
@@ -670,7 +730,12 @@ impl Filesystem for MemFuse {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.fs.get().readlink(ino.0) {
+        let r = match snapdir::classify(ino.0) {
+            Node::Live(i) => self.fs.get().readlink(i),
+            Node::Snap { slot, ino } => self.snap_readlink(slot, ino),
+            Node::SnapDir => Err(Errno::EINVAL),
+        };
+        match r {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(err(e)),
         }
@@ -686,12 +751,12 @@ impl Filesystem for MemFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
+        let r = self.new_name(parent.0, name.as_bytes()).and_then(|()| {
             self.fs
                 .get()
-                .mknod_umask(ctx(req), parent.0, name.as_bytes(), mode, rdev, umask),
-        );
+                .mknod_umask(ctx(req), parent.0, name.as_bytes(), mode, rdev, umask)
+        });
+        self.entry(reply, r);
     }
 
     fn mkdir(
@@ -703,26 +768,26 @@ impl Filesystem for MemFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
+        let r = self.new_name(parent.0, name.as_bytes()).and_then(|()| {
             self.fs
                 .get()
-                .mkdir_umask(ctx(req), parent.0, name.as_bytes(), mode, umask),
-        );
+                .mkdir_umask(ctx(req), parent.0, name.as_bytes(), mode, umask)
+        });
+        self.entry(reply, r);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.settled(self.fs.get().unlink(parent.0, name.as_bytes())),
-        );
+        let r = self
+            .old_name(parent.0, name.as_bytes())
+            .and_then(|()| self.fs.get().unlink(parent.0, name.as_bytes()));
+        Self::empty(reply, self.settled(r));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.settled(self.fs.get().rmdir(parent.0, name.as_bytes())),
-        );
+        let r = self
+            .old_name(parent.0, name.as_bytes())
+            .and_then(|()| self.fs.get().rmdir(parent.0, name.as_bytes()));
+        Self::empty(reply, self.settled(r));
     }
 
     fn symlink(
@@ -733,12 +798,16 @@ impl Filesystem for MemFuse {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let r = self.fs.get().symlink(
-            ctx(req),
-            parent.0,
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-        );
+        let r = self
+            .new_name(parent.0, link_name.as_bytes())
+            .and_then(|()| {
+                self.fs.get().symlink(
+                    ctx(req),
+                    parent.0,
+                    link_name.as_bytes(),
+                    target.as_os_str().as_bytes(),
+                )
+            });
         self.entry(reply, r);
     }
 
@@ -756,7 +825,8 @@ impl Filesystem for MemFuse {
         let whiteout = flags.bits() & libc::RENAME_WHITEOUT != 0;
         let bits = flags.bits() & !libc::RENAME_WHITEOUT;
         let (p, n, np, nn) = (parent.0, name.as_bytes(), newparent.0, newname.as_bytes());
-        let r = RenameFlags::from_bits(bits).and_then(|f| {
+        let names = self.old_name(p, n).and_then(|()| self.new_name(np, nn));
+        let r = names.and(RenameFlags::from_bits(bits)).and_then(|f| {
             if whiteout {
                 self.fs.get().rename_whiteout(ctx(req), p, n, np, nn, f)
             } else {
@@ -774,13 +844,27 @@ impl Filesystem for MemFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.entry(
-            reply,
-            self.fs.get().link(ino.0, newparent.0, newname.as_bytes()),
-        );
+        // A snapshot's node cannot gain a live name: another file system, as far as link(2) goes.
+        let r = self
+            .new_name(newparent.0, newname.as_bytes())
+            .and_then(|()| self.writable(ino.0).map_err(|_| Errno::EXDEV))
+            .and_then(|()| self.fs.get().link(ino.0, newparent.0, newname.as_bytes()));
+        self.entry(reply, r);
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if self.writable(ino.0).is_err() {
+            // A snapshot never changes: its pages may stay cached across opens.
+            let writes = flags.0 & (libc::O_ACCMODE | libc::O_TRUNC) != libc::O_RDONLY;
+            return if writes {
+                reply.error(err(EROFS))
+            } else {
+                match self.snap_getattr(snapdir::classify(ino.0)) {
+                    Ok(_) => reply.opened(self.new_fh(), FopenFlags::FOPEN_KEEP_CACHE),
+                    Err(e) => reply.error(err(e)),
+                }
+            };
+        }
         if let Some(b) = &self.backing {
             if let Err(e) = self.fs.get().open(ino.0, flags.0) {
                 return reply.error(err(e));
@@ -835,9 +919,15 @@ impl Filesystem for MemFuse {
                 buf.resize(size as usize, 0);
             }
             let buf = &mut buf[..size as usize];
-            let r = match &backed {
-                Some(b) => b.read_at(offset, buf),
-                None => self.fs.get().read_atime(ino.0, offset, buf, self.atime),
+            let r = match (snapdir::classify(ino.0), &backed) {
+                (Node::Snap { slot, ino }, _) => self.snap_read(slot, ino, offset, buf),
+                (Node::SnapDir, _) => Err(Errno::EISDIR),
+                (_, Some(b)) => b.read_at(offset, buf),
+                (_, None) => self
+                    .fs
+                    .get()
+                    .read_atime(ino.0, offset, buf, self.atime)
+                    .map_err(stale),
             };
             match r {
                 Ok(n) => reply.data(&buf[..n]),
@@ -861,12 +951,19 @@ impl Filesystem for MemFuse {
         // With writeback caching the kernel places every page itself; honouring
         // O_APPEND here too would move cached pages to the end of the file.
         let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
+        if let Err(e) = self.writable(ino.0) {
+            return reply.error(err(e));
+        }
         let drops = self.privileges_may_drop(req, ino.0);
         let r = match self.backed(ino.0) {
             Some(b) => (if append { b.size() } else { Ok(offset) })
                 .and_then(|off| b.write_at(off, data))
                 .and_then(|n| self.touch(req, ino.0).map(|()| n)),
-            None => self.fs.get().write(ctx(req), ino.0, offset, data, append),
+            None => self
+                .fs
+                .get()
+                .write(ctx(req), ino.0, offset, data, append)
+                .map_err(stale),
         };
         match self.settled(r) {
             Ok(n) => {
@@ -887,7 +984,7 @@ impl Filesystem for MemFuse {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        if !self.engine_locks {
+        if !self.engine_locks || self.writable(ino.0).is_err() {
             // Nothing to flush (no data is buffered here) and no locks to drop:
             // declining makes the kernel stop sending FLUSH at every close.
             return reply.error(fuser::Errno::ENOSYS);
@@ -910,6 +1007,9 @@ impl Filesystem for MemFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.writable(ino.0).is_err() {
+            return reply.ok();
+        }
         if let Some(owner) = lock_owner {
             self.fs.get().release_locks(ino.0, owner.0);
         }
@@ -944,6 +1044,9 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.writable(ino.0).is_err() {
+            return reply.ok();
+        }
         Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
@@ -953,7 +1056,11 @@ impl Filesystem for MemFuse {
         if self.no_opendir.load(Ordering::Relaxed) {
             return reply.error(fuser::Errno::ENOSYS);
         }
-        match self.fs.get().getattr(ino.0) {
+        let a = match snapdir::classify(ino.0) {
+            Node::Live(i) => self.fs.get().getattr(i),
+            node => self.snap_getattr(node),
+        };
+        match a {
             Ok(a) if a.kind == FileType::Directory => {
                 reply.opened(FileHandle(0), FopenFlags::empty())
             }
@@ -970,14 +1077,40 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let r = self.fs.get().readdir(ino.0, offset, |e| {
-            !reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                kind(e.kind),
-                OsStr::from_bytes(e.name),
-            )
-        });
+        let node = snapdir::classify(ino.0);
+        if node != Node::Live(ino.0) {
+            return match self.snap_readdir(node, offset, &mut reply) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(err(e)),
+            };
+        }
+        let root = ino.0 == memfs_fs::ROOT_INO;
+        let mut full = false;
+        let r = if offset >= snapdir::SNAPDIR_ENTRY_OFFSET {
+            Ok(())
+        } else {
+            self.fs.get().readdir(ino.0, offset, |e| {
+                // A live node of the snapshot directory's name is shadowed.
+                if root && self.is_snapdir_name(ino.0, e.name) {
+                    return true;
+                }
+                full = reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    kind(e.kind),
+                    OsStr::from_bytes(e.name),
+                );
+                !full
+            })
+        };
+        if r.is_ok() && root && !full && self.snapdir_entry_due(offset) {
+            let _ = reply.add(
+                INodeNo(snapdir::SNAPDIR),
+                snapdir::SNAPDIR_ENTRY_OFFSET,
+                fuser::FileType::Directory,
+                OsStr::from_bytes(&self.snapdir_name),
+            );
+        }
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
@@ -992,16 +1125,49 @@ impl Filesystem for MemFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let r = self.fs.get().readdirplus(ino.0, offset, |e, a| {
-            !reply.add(
-                INodeNo(e.ino),
-                e.offset,
-                OsStr::from_bytes(e.name),
+        let node = snapdir::classify(ino.0);
+        if node != Node::Live(ino.0) {
+            return match self.snap_readdirplus(node, offset, &mut reply) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(err(e)),
+            };
+        }
+        let root = ino.0 == memfs_fs::ROOT_INO;
+        let mut full = false;
+        let r = if offset >= snapdir::SNAPDIR_ENTRY_OFFSET {
+            Ok(())
+        } else {
+            self.fs.get().readdirplus(ino.0, offset, |e, a| {
+                // A shadowed live node (accepted unseen: false would end the listing).
+                if root && self.is_snapdir_name(ino.0, e.name) {
+                    return true;
+                }
+                full = reply.add(
+                    INodeNo(e.ino),
+                    e.offset,
+                    OsStr::from_bytes(e.name),
+                    &self.entry_ttl,
+                    &self.attr(*a),
+                    GENERATION,
+                );
+                !full
+            })
+        };
+        if r.is_ok()
+            && root
+            && !full
+            && self.snapdir_entry_due(offset)
+            && let Ok(a) = self.snapdir_attr()
+        {
+            let _ = reply.add(
+                INodeNo(snapdir::SNAPDIR),
+                snapdir::SNAPDIR_ENTRY_OFFSET,
+                OsStr::from_bytes(&self.snapdir_name),
                 &self.entry_ttl,
-                &self.attr(*a),
+                &fuse_attr(&a),
                 GENERATION,
-            )
-        });
+            );
+        }
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(err(e)),
@@ -1016,6 +1182,9 @@ impl Filesystem for MemFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.writable(ino.0).is_err() {
+            return reply.ok();
+        }
         Self::empty(reply, self.fs.get().fsync(ino.0));
     }
 
@@ -1049,27 +1218,38 @@ impl Filesystem for MemFuse {
         // engine asks /proc, as for fallocate.
         let pid = req.pid();
         let in_group = move |gid| caller_in_group(pid, gid);
-        let r = XattrMode::from_flags(flags).and_then(|m| {
-            self.fs
-                .get()
-                .setxattr_as(ctx(req), &in_group, ino.0, name.as_bytes(), value, m)
-        });
+        let r = self
+            .writable(ino.0)
+            .and(XattrMode::from_flags(flags))
+            .and_then(|m| {
+                self.fs
+                    .get()
+                    .setxattr_as(ctx(req), &in_group, ino.0, name.as_bytes(), value, m)
+            });
         Self::empty(reply, self.settled(r));
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.get().getxattr(ino.0, name.as_bytes()));
+        let r = match snapdir::classify(ino.0) {
+            Node::Live(i) => self.fs.get().getxattr(i, name.as_bytes()),
+            node => self.snap_getxattr(node, name.as_bytes()),
+        };
+        xattr_reply(reply, size, r);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.fs.get().listxattr(ino.0));
+        let r = match snapdir::classify(ino.0) {
+            Node::Live(i) => self.fs.get().listxattr(i),
+            node => self.snap_listxattr(node),
+        };
+        xattr_reply(reply, size, r);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.settled(self.fs.get().removexattr(ino.0, name.as_bytes())),
-        );
+        let r = self
+            .writable(ino.0)
+            .and_then(|()| self.fs.get().removexattr(ino.0, name.as_bytes()));
+        Self::empty(reply, self.settled(r));
     }
 
     fn create(
@@ -1083,14 +1263,11 @@ impl Filesystem for MemFuse {
         reply: ReplyCreate,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        let r = self.settled(self.fs.get().create_umask(
-            ctx(req),
-            parent.0,
-            name.as_bytes(),
-            mode,
-            excl,
-            umask,
-        ));
+        let r = self.settled(self.new_name(parent.0, name.as_bytes()).and_then(|()| {
+            self.fs
+                .get()
+                .create_umask(ctx(req), parent.0, name.as_bytes(), mode, excl, umask)
+        }));
         match r {
             Ok((a, _)) => self.reply_created(a, reply),
             Err(e) => reply.error(err(e)),
@@ -1111,11 +1288,11 @@ impl Filesystem for MemFuse {
     ) {
         let excl = flags & libc::O_EXCL != 0;
         // With FUSE_DONT_MASK the kernel leaves the umask to the server, as for create.
-        let r = self.settled(
+        let r = self.settled(self.writable(parent.0).and_then(|()| {
             self.fs
                 .get()
-                .tmpfile_umask(ctx(req), parent.0, mode, umask, excl),
-        );
+                .tmpfile_umask(ctx(req), parent.0, mode, umask, excl)
+        }));
         match r {
             Ok(a) => self.reply_created(a, reply),
             Err(e) => reply.error(err(e)),
@@ -1134,6 +1311,9 @@ impl Filesystem for MemFuse {
         pid: u32,
         reply: ReplyLock,
     ) {
+        if self.writable(ino.0).is_err() {
+            return reply.error(fuser::Errno::ENOLCK);
+        }
         match self
             .fs
             .get()
@@ -1172,6 +1352,9 @@ impl Filesystem for MemFuse {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        if self.writable(ino.0).is_err() {
+            return reply.error(fuser::Errno::ENOLCK);
+        }
         if typ != libc::F_UNLCK {
             self.note_lock_owner(fh, lock_owner.0);
         }
@@ -1221,6 +1404,9 @@ impl Filesystem for MemFuse {
         reply: ReplyEmpty,
     ) {
         // The kernel leaves killing setuid/setgid on fallocate to us.
+        if let Err(e) = self.writable(ino.0) {
+            return reply.error(err(e));
+        }
         let pid = req.pid();
         let in_group = move |gid| caller_in_group(pid, gid);
         let drops = self.privileges_may_drop(req, ino.0);
@@ -1273,6 +1459,10 @@ impl Filesystem for MemFuse {
         const FSGETXATTR: u32 = 0x801c_581f;
         const FSSETXATTR: u32 = 0x401c_5820;
         const FSXATTR_LEN: usize = 28;
+        if self.writable(ino.0).is_err() {
+            // The engine keeps no flags for snapshot nodes' readers to see.
+            return reply.error(fuser::Errno::from_i32(libc::ENOTTY));
+        }
         let fs = self.fs.get();
         let u32_at = |b: &[u8], at: usize| -> memfs_fs::Result<u32> {
             b.get(at..at + 4)
@@ -1335,6 +1525,20 @@ impl Filesystem for MemFuse {
         if offset < 0 {
             return reply.error(fuser::Errno::ENXIO);
         }
+        if let node @ (Node::Snap { .. } | Node::SnapDir) = snapdir::classify(ino.0) {
+            // Without a map of a snapshot's holes: all data, as a file system
+            // without SEEK_HOLE support answers.
+            let r = self.snap_getattr(node).and_then(|a| match whence {
+                libc::SEEK_DATA if (offset as u64) < a.size => Ok(offset as u64),
+                libc::SEEK_HOLE if (offset as u64) < a.size => Ok(a.size),
+                libc::SEEK_DATA | libc::SEEK_HOLE => Err(Errno::ENXIO),
+                _ => Err(Errno::EINVAL),
+            });
+            return match r {
+                Ok(o) => reply.offset(o as i64),
+                Err(e) => reply.error(err(e)),
+            };
+        }
         let r = match self.backed(ino.0) {
             Some(b) => b.seek(offset as u64, whence),
             None => self.fs.get().lseek(ino.0, offset as u64, whence),
@@ -1360,6 +1564,13 @@ impl Filesystem for MemFuse {
     ) {
         // The kernel caps one request; it loops for larger copies.
         let len = len.min(u32::MAX as u64 & !0xfff);
+        if let Err(e) = self.writable(ino_out.0) {
+            return reply.error(err(e));
+        }
+        if self.writable(ino_in.0).is_err() {
+            // From a snapshot: the kernel copies through read and write.
+            return reply.error(fuser::Errno::EXDEV);
+        }
         let (b_in, b_out) = (self.backed(ino_in.0), self.backed(ino_out.0));
         if b_in.is_some() || b_out.is_some() {
             let r = self.copy_backed(

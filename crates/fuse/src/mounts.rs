@@ -39,6 +39,23 @@ pub fn unescape_mount_path(p: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The device number ("MAJOR:MINOR", as `stat` shows it for files inside)
+/// of the mount at `path`, from /proc/self/mountinfo: no request reaches
+/// the file system (its server may be the caller, not serving yet). The
+/// last entry wins: the one mounted on top.
+pub fn mount_dev(path: &Path) -> Option<String> {
+    let canon = path.canonicalize().ok()?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let dev = f.nth(2)?;
+            let point = f.nth(1)?;
+            (Path::new(&unescape_mount_path(point)) == canon).then(|| dev.to_string())
+        })
+        .last()
+}
+
 /// Whether `path` is a mount point right now.
 pub fn is_mounted(path: &Path) -> bool {
     let Ok(canon) = path.canonicalize() else {
@@ -72,5 +89,7 @@ mod tests {
         assert_eq!(unescape_mount_path("/mnt/a\\040b"), "/mnt/a b");
         assert_eq!(unescape_mount_path("/plain"), "/plain");
         assert!(is_mounted(Path::new("/")));
+        let dev = mount_dev(Path::new("/")).unwrap();
+        assert!(dev.split_once(':').is_some(), "{dev}");
     }
 }

@@ -13,7 +13,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use fuser::{INodeNo, Notifier};
-use memfs_fs::{FIRST_ENTRY_OFFSET, Fs};
+use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, RollbackOutcome, SnapshotInfo};
+
+use crate::snapdir::{SNAPDIR, Slots};
 use parking_lot::{RwLock, RwLockReadGuard};
 
 thread_local! {
@@ -70,11 +72,99 @@ impl FsCell {
 pub struct Swapper {
     cell: Arc<FsCell>,
     notifier: Notifier,
+    slots: Arc<Slots>,
+    snapdir_name: Vec<u8>,
 }
 
 impl Swapper {
-    pub(crate) fn new(cell: Arc<FsCell>, notifier: Notifier) -> Self {
-        Swapper { cell, notifier }
+    pub(crate) fn new(
+        cell: Arc<FsCell>,
+        notifier: Notifier,
+        slots: Arc<Slots>,
+        snapdir_name: Vec<u8>,
+    ) -> Self {
+        Swapper {
+            cell,
+            notifier,
+            slots,
+            snapdir_name,
+        }
+    }
+
+    /// The tree served now.
+    pub fn fs(&self) -> Arc<Fs> {
+        self.cell.current.read().clone()
+    }
+
+    /// Takes a snapshot of the served tree; `.snapshots/NAME` appears at once.
+    pub fn snapshot_create(&self, name: &[u8]) -> Result<SnapshotInfo, Errno> {
+        let info = self.cell.get().snapshot_create(name)?;
+        self.snapdir_changed(name);
+        Ok(info)
+    }
+
+    /// Deletes a snapshot; `.snapshots/NAME` disappears at once, and what
+    /// the kernel still holds of it (open files, working directories)
+    /// answers ESTALE from now on.
+    pub fn snapshot_delete(&self, name: &[u8]) -> Result<(), Errno> {
+        let fs = self.cell.get();
+        let id = fs.snapshot_by_name(name).map(|i| i.id);
+        fs.snapshot_delete(name)?;
+        drop(fs);
+        if let Some(id) = id {
+            self.slots.forget_id(id);
+        }
+        self.snapdir_changed(name);
+        Ok(())
+    }
+
+    pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
+        self.cell.get().snapshot_list()
+    }
+
+    /// A writable copy-on-write clone of snapshot `name`, to be mounted elsewhere.
+    pub fn clone_snapshot(&self, name: &[u8], config: Config) -> Result<Fs, Errno> {
+        self.cell.get().clone_snapshot(name, config)
+    }
+
+    /// Online rollback of the live tree to snapshot `name`: no request runs
+    /// while the engine switches (they hold the cell shared), then the
+    /// kernel forgets what it cached of every node and name that changed
+    /// (with the lock released, as in [`Swapper::swap`]). Returns how many
+    /// nodes and names were invalidated.
+    pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<(usize, usize), Errno> {
+        let cur = self.cell.current.write();
+        let out: RollbackOutcome = cur.rollback_to_snapshot(name)?;
+        drop(cur);
+        for &ino in &out.changed {
+            // ENOENT: the kernel does not know the node; nothing to drop.
+            let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
+        }
+        for (parent, n) in &out.entries {
+            let _ = self
+                .notifier
+                .inval_entry(INodeNo(*parent), OsStr::from_bytes(n));
+        }
+        tracing::info!(
+            "rolled back to snapshot {}: invalidated {} inodes and {} names",
+            String::from_utf8_lossy(name),
+            out.changed.len(),
+            out.entries.len()
+        );
+        Ok((out.changed.len(), out.entries.len()))
+    }
+
+    /// `.snapshots` gained or lost `name`.
+    fn snapdir_changed(&self, name: &[u8]) {
+        let _ = self
+            .notifier
+            .inval_entry(INodeNo(SNAPDIR), OsStr::from_bytes(name));
+        let _ = self.notifier.inval_inode(INodeNo(SNAPDIR), 0, 0);
+    }
+
+    /// The name of the snapshot directory in the root.
+    pub fn snapdir_name(&self) -> &[u8] {
+        &self.snapdir_name
     }
 
     /// Blocks every request, calls `make` with the current tree, serves what
@@ -87,7 +177,10 @@ impl Swapper {
         let mut cur = self.cell.current.write();
         let (new, v) = make(&cur)?;
         let old = std::mem::replace(&mut *cur, new);
+        // The old tree's snapshots went with it.
+        self.slots.forget_all();
         drop(cur);
+        let _ = self.notifier.inval_inode(INodeNo(SNAPDIR), 0, 0);
         self.invalidate(&old);
         Ok(v)
     }

@@ -1,0 +1,271 @@
+//! The requests that reach `.snapshots` and the snapshots under it (node
+//! ids in snapdir.rs). Everything here reads: a change answers EROFS.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use fuser::{INodeNo, ReplyDirectory, ReplyDirectoryPlus};
+use memfs_fs::{Attr, Errno, FileType, ROOT_INO, Result};
+
+use crate::snapdir::{self, Node, SNAPDIR, SNAPDIR_ENTRY_OFFSET};
+use crate::{GENERATION, MemFuse, kind};
+
+pub(crate) const EROFS: Errno = Errno(libc::EROFS);
+
+/// Offsets of `.snapshots`' listing: `.`, `..`, then snapshot `i` (oldest
+/// first) at `FIRST + i`.
+const FIRST: u64 = 2;
+
+impl MemFuse {
+    /// A change to `nodeid` (or a new name in it): only live nodes change.
+    pub(crate) fn writable(&self, nodeid: u64) -> Result<()> {
+        match snapdir::classify(nodeid) {
+            Node::Live(_) => Ok(()),
+            _ => Err(EROFS),
+        }
+    }
+
+    /// A new name `name` in `parent`: the snapshot directory's name in the
+    /// root is taken (it shadows any live node of that name).
+    pub(crate) fn new_name(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.writable(parent)?;
+        if parent == ROOT_INO && name == self.snapdir_name.as_slice() {
+            return Err(Errno::EEXIST);
+        }
+        Ok(())
+    }
+
+    /// Removing or renaming `name` away from `parent`.
+    pub(crate) fn old_name(&self, parent: u64, name: &[u8]) -> Result<()> {
+        self.writable(parent)?;
+        if parent == ROOT_INO && name == self.snapdir_name.as_slice() {
+            return Err(EROFS);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_snapdir_name(&self, parent: u64, name: &[u8]) -> bool {
+        parent == ROOT_INO && name == self.snapdir_name.as_slice()
+    }
+
+    /// `.snapshots`: the root's owner and times, read-only.
+    pub(crate) fn snapdir_attr(&self) -> Result<Attr> {
+        let mut a = self.fs.get().getattr(ROOT_INO)?;
+        a.ino = SNAPDIR;
+        a.perm = 0o555;
+        a.nlink = 2;
+        a.size = 0;
+        a.blocks = 0;
+        Ok(a)
+    }
+
+    fn snap_id(&self, slot: u64) -> Result<u64> {
+        self.slots.id_of(slot)
+    }
+
+    /// An engine attribute of a snapshot node, renumbered for the kernel.
+    fn renumber(slot: u64, mut a: Attr) -> Result<Attr> {
+        a.ino = snapdir::snap_nodeid(slot, a.ino)?;
+        Ok(a)
+    }
+
+    /// The root of snapshot `name`.
+    pub(crate) fn lookup_snapshot(&self, name: &[u8]) -> Result<Attr> {
+        let fs = self.fs.get();
+        let info = fs.snapshot_by_name(name).ok_or(Errno::ENOENT)?;
+        let slot = self.slots.slot_of(info.id)?;
+        Self::renumber(slot, fs.snap_getattr(info.id, ROOT_INO)?)
+    }
+
+    /// Attributes of any node that is not live.
+    pub(crate) fn snap_getattr(&self, node: Node) -> Result<Attr> {
+        match node {
+            Node::SnapDir => self.snapdir_attr(),
+            Node::Snap { slot, ino } => {
+                let id = self.snap_id(slot)?;
+                Self::renumber(slot, self.fs.get().snap_getattr(id, ino)?)
+            }
+            Node::Live(_) => Err(Errno::EINVAL),
+        }
+    }
+
+    pub(crate) fn snap_lookup(&self, node: Node, name: &[u8]) -> Result<Attr> {
+        match node {
+            Node::SnapDir => self.lookup_snapshot(name),
+            Node::Snap { slot, ino } => {
+                let id = self.snap_id(slot)?;
+                Self::renumber(slot, self.fs.get().snap_lookup(id, ino, name)?)
+            }
+            Node::Live(_) => Err(Errno::EINVAL),
+        }
+    }
+
+    pub(crate) fn snap_read(&self, slot: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let id = self.snap_id(slot)?;
+        self.fs.get().snap_read(id, ino, off, buf)
+    }
+
+    pub(crate) fn snap_readlink(&self, slot: u64, ino: u64) -> Result<Vec<u8>> {
+        let id = self.snap_id(slot)?;
+        self.fs.get().snap_readlink(id, ino)
+    }
+
+    pub(crate) fn snap_getxattr(&self, node: Node, name: &[u8]) -> Result<Vec<u8>> {
+        match node {
+            Node::Snap { slot, ino } => {
+                let id = self.snap_id(slot)?;
+                self.fs.get().snap_getxattr(id, ino, name)
+            }
+            _ => Err(Errno::ENODATA),
+        }
+    }
+
+    pub(crate) fn snap_listxattr(&self, node: Node) -> Result<Vec<u8>> {
+        match node {
+            Node::Snap { slot, ino } => {
+                let id = self.snap_id(slot)?;
+                self.fs.get().snap_listxattr(id, ino)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The listing of a node that is not live, through `add(ino, offset,
+    /// kind, name, attr)` (true: the reply is full); attributes are
+    /// computed only when `plus`.
+    fn snap_list(
+        &self,
+        node: Node,
+        offset: u64,
+        plus: bool,
+        mut add: impl FnMut(u64, u64, FileType, &[u8], Option<&Attr>) -> bool,
+    ) -> Result<()> {
+        match node {
+            Node::SnapDir => {
+                let attr = |a: Result<Attr>| if plus { a.ok() } else { None };
+                if offset == 0
+                    && add(
+                        SNAPDIR,
+                        1,
+                        FileType::Directory,
+                        b".",
+                        attr(self.snapdir_attr()).as_ref(),
+                    )
+                {
+                    return Ok(());
+                }
+                if offset <= 1 {
+                    let root = attr(self.fs.get().getattr(ROOT_INO));
+                    if add(ROOT_INO, FIRST, FileType::Directory, b"..", root.as_ref()) {
+                        return Ok(());
+                    }
+                }
+                let list = self.fs.get().snapshot_list();
+                for (i, s) in list
+                    .iter()
+                    .enumerate()
+                    .skip(offset.saturating_sub(FIRST) as usize)
+                {
+                    let Ok(slot) = self.slots.slot_of(s.id) else {
+                        continue;
+                    };
+                    let a = if plus {
+                        match self
+                            .fs
+                            .get()
+                            .snap_getattr(s.id, ROOT_INO)
+                            .and_then(|a| Self::renumber(slot, a))
+                        {
+                            Ok(a) => Some(a),
+                            // Deleted meanwhile.
+                            Err(_) => continue,
+                        }
+                    } else {
+                        None
+                    };
+                    if add(
+                        snapdir::snap_root(slot),
+                        FIRST + i as u64 + 1,
+                        FileType::Directory,
+                        &s.name,
+                        a.as_ref(),
+                    ) {
+                        break;
+                    }
+                }
+                Ok(())
+            }
+            Node::Snap { slot, ino } => {
+                let id = self.snap_id(slot)?;
+                let fs = self.fs.get();
+                let mut failed = None;
+                fs.snap_readdir(id, ino, offset, |e| {
+                    let up_from_root = ino == ROOT_INO && e.name == b"..";
+                    let nodeid = if up_from_root {
+                        SNAPDIR
+                    } else {
+                        match snapdir::snap_nodeid(slot, e.ino) {
+                            Ok(n) => n,
+                            Err(err) => {
+                                failed = Some(err);
+                                return false;
+                            }
+                        }
+                    };
+                    let a = if !plus {
+                        None
+                    } else if up_from_root {
+                        self.snapdir_attr().ok()
+                    } else {
+                        fs.snap_getattr(id, e.ino)
+                            .and_then(|a| Self::renumber(slot, a))
+                            .ok()
+                    };
+                    if plus && a.is_none() {
+                        return true;
+                    }
+                    !add(nodeid, e.offset, e.kind, e.name, a.as_ref())
+                })?;
+                failed.map_or(Ok(()), Err)
+            }
+            Node::Live(_) => Err(Errno::EINVAL),
+        }
+    }
+
+    pub(crate) fn snap_readdir(
+        &self,
+        node: Node,
+        offset: u64,
+        reply: &mut ReplyDirectory,
+    ) -> Result<()> {
+        self.snap_list(node, offset, false, |ino, off, k, name, _| {
+            reply.add(INodeNo(ino), off, kind(k), OsStr::from_bytes(name))
+        })
+    }
+
+    pub(crate) fn snap_readdirplus(
+        &self,
+        node: Node,
+        offset: u64,
+        reply: &mut ReplyDirectoryPlus,
+    ) -> Result<()> {
+        let ttl = self.entry_ttl;
+        self.snap_list(node, offset, true, |ino, off, _, name, a| {
+            let Some(a) = a else { return false };
+            reply.add(
+                INodeNo(ino),
+                off,
+                OsStr::from_bytes(name),
+                &ttl,
+                &crate::fuse_attr(a),
+                GENERATION,
+            )
+        })
+    }
+
+    /// The root listing's extra entry, `.snapshots`, after the engine's
+    /// entries when `snapdir=visible` (see `readdir` in lib.rs).
+    pub(crate) fn snapdir_entry_due(&self, offset: u64) -> bool {
+        self.snapdir_visible && offset < SNAPDIR_ENTRY_OFFSET
+    }
+}
