@@ -22,6 +22,7 @@
 
 use crate::types::PAGE_SIZE;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub(crate) type Page = [u8; PAGE_SIZE];
 
@@ -33,7 +34,84 @@ const PAGE: u64 = PAGE_SIZE as u64;
 /// pays a copy into a page (the figures per size are in docs/engine.md).
 pub const INLINE_MAX: usize = PAGE_SIZE / 2;
 
-type PageMap = BTreeMap<u64, Box<Page>>;
+type PageMap = BTreeMap<u64, Slot>;
+
+/// One page of a file: its own, or shared copy-on-write with snapshots
+/// (`snapshot.rs`). Shared pages are the exception (only a snapshot makes
+/// them), so an owned page stays one bare 4096-byte allocation.
+pub(crate) enum Slot {
+    Own(Box<Page>),
+    /// The outer `Arc` counts holders in this file system (the live file and
+    /// snapshots): the last one to let go gives the page back to this file
+    /// system's usage. The inner one counts holders across file systems (a
+    /// clone shares the page too, under an outer `Arc` of its own): the last
+    /// one frees the memory. Two counts need two `Arc`s; the page itself
+    /// stays a separate 4096-byte `Box` (an `Arc<Page>` would be 4112 bytes,
+    /// the allocator's next size class).
+    #[allow(clippy::redundant_allocation)]
+    Shared(Arc<Arc<Box<Page>>>),
+}
+
+impl Clone for Slot {
+    /// A deep copy of an owned page, another holder of a shared one.
+    fn clone(&self) -> Slot {
+        match self {
+            Slot::Own(p) => Slot::Own(p.clone()),
+            Slot::Shared(a) => Slot::Shared(a.clone()),
+        }
+    }
+}
+
+impl Slot {
+    fn page(&self) -> &Page {
+        match self {
+            Slot::Own(p) => p,
+            Slot::Shared(a) => a,
+        }
+    }
+
+    /// Lets the page go; true when that gives a page back to this file system.
+    fn release(self) -> bool {
+        match self {
+            Slot::Own(_) => true,
+            Slot::Shared(a) => Arc::into_inner(a).is_some(),
+        }
+    }
+}
+
+/// Makes page `idx` (present) the file's own to write: a shared page is
+/// taken over when nobody else holds it, else copied. Returns the page and
+/// the pages this adds to the file system's usage (1 for a copy of a page
+/// that a snapshot keeps).
+fn own_page(pages: &mut PageMap, idx: u64) -> (&mut Page, u64) {
+    let mut added = 0;
+    if matches!(pages.get(&idx), Some(Slot::Shared(_))) {
+        let Some(Slot::Shared(a)) = pages.remove(&idx) else {
+            unreachable!("checked above")
+        };
+        let page = match Arc::try_unwrap(a) {
+            Ok(inner) => match Arc::try_unwrap(inner) {
+                Ok(page) => page,
+                // Only a clone in another file system holds it: copy, the
+                // count of this one does not change.
+                Err(inner) => page_from(&inner[..]),
+            },
+            Err(a) => {
+                let page = page_from(&a[..]);
+                // Another holder may have let go meanwhile.
+                if Arc::into_inner(a).is_none() {
+                    added = 1;
+                }
+                page
+            }
+        };
+        pages.insert(idx, Slot::Own(page));
+    }
+    match pages.get_mut(&idx) {
+        Some(Slot::Own(p)) => (p, added),
+        _ => unreachable!("owned above"),
+    }
+}
 
 /// Empty files (most files of metadata-heavy workloads) hold nothing: the
 /// enum is two words, so `Body` stays two words and every inode keeps its
@@ -83,7 +161,7 @@ impl FileData {
             if let FileData::Inline(v) = self {
                 let mut p = zero_page();
                 p[..v.len()].copy_from_slice(v);
-                map.insert(0, p);
+                map.insert(0, Slot::Own(p));
             }
             *self = FileData::Pages(Box::new(map));
         }
@@ -155,7 +233,7 @@ impl FileData {
             let to = (end - pstart).min(PAGE);
             let n = (to - from) as usize;
             let dst = (filled - off) as usize;
-            buf[dst..dst + n].copy_from_slice(&page[from as usize..to as usize]);
+            buf[dst..dst + n].copy_from_slice(&page.page()[from as usize..to as usize]);
             filled += n as u64;
         }
         if filled < end {
@@ -240,9 +318,13 @@ impl FileData {
             let in_page = (pos % PAGE) as usize;
             let n = (PAGE_SIZE - in_page).min(rest.len());
             let (chunk, tail) = rest.split_at(n);
-            match pages.get_mut(&idx) {
-                Some(page) => page[in_page..in_page + n].copy_from_slice(chunk),
-                None => {
+            match pages.contains_key(&idx) {
+                true => {
+                    let (page, added) = own_page(pages, idx);
+                    page[in_page..in_page + n].copy_from_slice(chunk);
+                    allocated += added;
+                }
+                false => {
                     let page = if n == PAGE_SIZE {
                         // A whole page: no need to zero it first.
                         page_from(chunk)
@@ -251,7 +333,7 @@ impl FileData {
                         p[in_page..in_page + n].copy_from_slice(chunk);
                         p
                     };
-                    pages.insert(idx, page);
+                    pages.insert(idx, Slot::Own(page));
                     allocated += 1;
                 }
             }
@@ -261,9 +343,11 @@ impl FileData {
         allocated
     }
 
-    /// Zeroes `[off, off + len)` without allocating: absent pages already read
-    /// as zeros, whole present pages are dropped. Returns pages freed.
-    pub fn punch(&mut self, off: u64, len: u64) -> u64 {
+    /// Zeroes `[off, off + len)`: absent pages already read as zeros, whole
+    /// present pages are dropped. Returns the pages this gives back to the
+    /// file system, less one for each partial page it had to copy because a
+    /// snapshot shares it (so it may be negative).
+    pub fn punch(&mut self, off: u64, len: u64) -> i64 {
         if len == 0 {
             return 0;
         }
@@ -282,17 +366,18 @@ impl FileData {
             }
             return 0;
         }
-        let mut freed = 0;
+        let mut freed = 0i64;
         if first_whole < end_whole {
             let doomed: Vec<u64> = self
                 .map()
                 .range(first_whole..end_whole)
                 .map(|(&k, _)| k)
                 .collect();
-            freed = doomed.len() as u64;
             if let FileData::Pages(pages) = self {
                 for k in doomed {
-                    pages.remove(&k);
+                    if pages.remove(&k).is_some_and(Slot::release) {
+                        freed += 1;
+                    }
                 }
             }
             self.shrink();
@@ -300,26 +385,35 @@ impl FileData {
         // Partial pages at either edge.
         let head_page = off / PAGE;
         if off % PAGE != 0 || end < (head_page + 1) * PAGE {
-            self.zero_in_page(head_page, off, end);
+            freed -= self.zero_in_page(head_page, off, end) as i64;
         }
         let tail_page = end / PAGE;
         if end % PAGE != 0 && tail_page != head_page {
-            self.zero_in_page(tail_page, end - end % PAGE, end);
+            freed -= self.zero_in_page(tail_page, end - end % PAGE, end) as i64;
         }
         freed
     }
 
-    fn zero_in_page(&mut self, idx: u64, from: u64, to: u64) {
-        if let FileData::Pages(pages) = self
-            && let Some(page) = pages.get_mut(&idx)
-        {
-            let pstart = idx * PAGE;
-            let a = (from.max(pstart) - pstart) as usize;
-            let b = (to.min(pstart + PAGE) - pstart) as usize;
-            if a < b {
-                page[a..b].fill(0);
-            }
+    /// Zeroes part of a page if present; returns pages added (a shared page copied).
+    fn zero_in_page(&mut self, idx: u64, from: u64, to: u64) -> u64 {
+        let pstart = idx * PAGE;
+        let a = (from.max(pstart) - pstart) as usize;
+        let b = (to.min(pstart + PAGE) - pstart) as usize;
+        if a >= b {
+            return 0;
         }
+        if let FileData::Pages(pages) = self
+            && let Some(slot) = pages.get(&idx)
+        {
+            if slot.page()[a..b].iter().all(|&x| x == 0) {
+                // Nothing to change: no copy of a shared page.
+                return 0;
+            }
+            let (page, added) = own_page(pages, idx);
+            page[a..b].fill(0);
+            return added;
+        }
+        0
     }
 
     /// Allocates zeroed pages over `[off, off + len)` where none exist. Returns
@@ -342,7 +436,7 @@ impl FileData {
                 let pages = self.map_mut();
                 for idx in first..=last {
                     if let std::collections::btree_map::Entry::Vacant(e) = pages.entry(idx) {
-                        e.insert(zero_page());
+                        e.insert(Slot::Own(zero_page()));
                         allocated += 1;
                     }
                 }
@@ -352,8 +446,8 @@ impl FileData {
     }
 
     /// Drops everything at or beyond `size` and zeroes the tail of the last page.
-    /// Returns pages freed.
-    pub fn truncate(&mut self, size: u64) -> u64 {
+    /// Returns pages given back (see [`FileData::punch`]; may be negative).
+    pub fn truncate(&mut self, size: u64) -> i64 {
         match self {
             FileData::Empty => 0,
             FileData::Inline(_) if size == 0 => {
@@ -369,9 +463,13 @@ impl FileData {
             FileData::Pages(pages) => {
                 let keep = size.div_ceil(PAGE);
                 let doomed = pages.split_off(&keep);
+                let mut freed = doomed
+                    .into_values()
+                    .filter_map(|s| s.release().then_some(()))
+                    .count() as i64;
                 if size % PAGE != 0 {
                     let idx = size / PAGE;
-                    self.zero_in_page(idx, size, (idx + 1) * PAGE);
+                    freed -= self.zero_in_page(idx, size, (idx + 1) * PAGE) as i64;
                 }
                 self.shrink();
                 // Cut down to a small file: back to inline, giving the page back.
@@ -380,11 +478,116 @@ impl FileData {
                     && pages.len() == 1
                     && let Some(p) = pages.get(&0)
                 {
-                    let bytes = p[..size as usize].to_vec();
-                    *self = FileData::Inline(Box::new(bytes));
+                    let bytes = p.page()[..size as usize].to_vec();
+                    let FileData::Pages(mut pages) =
+                        std::mem::replace(self, FileData::Inline(Box::new(bytes)))
+                    else {
+                        unreachable!("pages above")
+                    };
+                    // The inline buffer counts as page 0 from now on.
+                    if !pages.remove(&0).is_some_and(Slot::release) {
+                        freed -= 1;
+                    }
                 }
-                doomed.len() as u64
+                freed
             }
+        }
+    }
+
+    /// Makes every page shared (no data is copied) and returns a copy of
+    /// the file that shares them: what a snapshot keeps. An inline file is
+    /// copied (at most [`INLINE_MAX`] bytes). Returns the copy and the pages
+    /// it adds to the file system's usage (1 for an inline copy).
+    pub fn share(&mut self) -> (FileData, u64) {
+        self.make_shared();
+        self.clone_shared()
+    }
+
+    /// Turns owned pages into shared ones, without copying any data.
+    pub fn make_shared(&mut self) {
+        if let FileData::Pages(pages) = self
+            && pages.values().any(|s| matches!(s, Slot::Own(_)))
+        {
+            // Rebuilt from the sorted pairs in one pass (no page is copied).
+            let old = std::mem::take(&mut **pages);
+            **pages = old
+                .into_iter()
+                .map(|(k, s)| match s {
+                    Slot::Own(p) => (k, Slot::Shared(Arc::new(Arc::new(p)))),
+                    shared => (k, shared),
+                })
+                .collect();
+        }
+    }
+
+    /// Another holder of a file whose pages are shared: owned pages (there
+    /// should be none) and inline bytes are copied. Returns the copy and the
+    /// pages it adds to the file system's usage.
+    pub fn clone_shared(&self) -> (FileData, u64) {
+        let added = match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) => 1,
+            FileData::Pages(m) => m.values().filter(|s| matches!(s, Slot::Own(_))).count() as u64,
+        };
+        (self.clone(), added)
+    }
+
+    /// A copy for another file system (a clone): it shares the pages' memory
+    /// but counts them as its own. Returns the copy; it holds
+    /// [`FileData::page_count`] pages of the other file system.
+    pub fn import(&self) -> FileData {
+        match self {
+            FileData::Pages(m) => FileData::Pages(Box::new(
+                m.iter()
+                    .map(|(&k, s)| {
+                        let s = match s {
+                            Slot::Own(p) => Slot::Own(p.clone()),
+                            Slot::Shared(a) => Slot::Shared(Arc::new((**a).clone())),
+                        };
+                        (k, s)
+                    })
+                    .collect(),
+            )),
+            other => other.clone(),
+        }
+    }
+
+    /// Lets the contents go; returns the pages that gives back to the file
+    /// system (shared pages a snapshot still holds stay counted).
+    pub fn release(self) -> u64 {
+        match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) => 1,
+            FileData::Pages(m) => m
+                .into_values()
+                .filter_map(|s| s.release().then_some(()))
+                .count() as u64,
+        }
+    }
+
+    /// Pages in `[first, last]` that are shared, each of which a write may copy.
+    pub fn shared_pages(&self, first: u64, last: u64) -> u64 {
+        match self {
+            FileData::Pages(m) => m
+                .range(first..=last)
+                .filter(|(_, s)| matches!(s, Slot::Shared(_)))
+                .count() as u64,
+            _ => 0,
+        }
+    }
+
+    /// Pages held by this copy alone (for a snapshot's size estimate).
+    pub fn unique_pages(&self) -> u64 {
+        match self {
+            FileData::Empty => 0,
+            FileData::Inline(_) => 1,
+            FileData::Pages(m) => m
+                .values()
+                .filter(|s| match s {
+                    Slot::Own(_) => true,
+                    Slot::Shared(a) => Arc::strong_count(a) == 1,
+                })
+                .count() as u64,
         }
     }
 
@@ -404,7 +607,7 @@ impl FileData {
         let mut it = self.map().range(start..);
         for _ in 0..max {
             let (&k, p) = it.next()?;
-            f(k, p);
+            f(k, p.page());
         }
         it.next().map(|(&k, _)| k)
     }

@@ -168,7 +168,7 @@ impl Fs {
         if !matches!(inode.kind, FileType::RegularFile | FileType::Directory) {
             return Err(Errno(libc::ENOTTY));
         }
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         if ctx.uid != 0 && ctx.uid != st.meta.uid {
             return Err(Errno::EPERM);
         }

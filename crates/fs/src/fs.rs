@@ -62,8 +62,10 @@ pub struct Fs {
     pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
-    pub(crate) used_pages: AtomicU64,
-    pub(crate) used_inodes: AtomicU64,
+    /// Shared with the snapshots' frozen nodes, which give back what they
+    /// held when they go.
+    pub(crate) used_pages: Arc<AtomicU64>,
+    pub(crate) used_inodes: Arc<AtomicU64>,
     rename_lock: Mutex<()>,
     pub(crate) commit: AtomicU64,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
@@ -216,8 +218,8 @@ impl Fs {
             next_ino: AtomicU64::new(ROOT_INO + 1),
             max_pages: config.capacity / PAGE,
             config,
-            used_pages: AtomicU64::new(0),
-            used_inodes: AtomicU64::new(1),
+            used_pages: Arc::new(AtomicU64::new(0)),
+            used_inodes: Arc::new(AtomicU64::new(1)),
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
@@ -308,6 +310,18 @@ impl Fs {
         }
     }
 
+    /// Gives back `n` pages, or takes `-n` (a truncation that copied a page
+    /// a snapshot shares: allowed past the capacity by that page, rather
+    /// than failing a shrink).
+    pub(crate) fn give_back(&self, n: i64) {
+        if n >= 0 {
+            self.release_pages(n as u64);
+        } else {
+            self.used_pages
+                .fetch_add(n.unsigned_abs(), Ordering::AcqRel);
+        }
+    }
+
     fn reserve_inode(&self) -> Result<u64> {
         self.used_inodes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -329,7 +343,9 @@ impl Fs {
             return;
         }
         let pages = {
-            let st = inode.state.read();
+            // Not `write_state`: nothing reaches the node any more, and the
+            // snapshots kept it when its last name went.
+            let mut st = inode.state.write();
             if st.meta.nlink > 0
                 || inode.nlookup.load(Ordering::Acquire) > 0
                 || inode.nopen.load(Ordering::Acquire) > 0
@@ -341,8 +357,9 @@ impl Fs {
             if inode.freed.swap(true, Ordering::AcqRel) {
                 return;
             }
-            match &st.body {
-                Body::File(d) => d.page_count(),
+            match &mut st.body {
+                // Shared pages a snapshot holds stay counted until it goes.
+                Body::File(d) => std::mem::take(d).release(),
                 _ => 0,
             }
         };
@@ -489,7 +506,7 @@ impl Fs {
             _ => 0,
         };
         self.admit(META_RECORD + acl_bytes)?;
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         st.meta.check_setattr(set)?;
         let now = Timespec::now();
         let mut chmod_acl = None;
@@ -507,8 +524,7 @@ impl Fs {
             let State { meta, body, .. } = &mut *st;
             if let Body::File(data) = body {
                 if size < meta.size {
-                    let freed = data.truncate(size);
-                    self.release_pages(freed);
+                    self.give_back(data.truncate(size));
                 }
                 meta.size = size;
             }
@@ -660,7 +676,7 @@ impl Fs {
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
-        let mut st = dir.state.write();
+        let mut st = self.write_state(&dir);
         st.check_new_entry(name)?;
         st.meta.check_add_entry()?;
         if kind == FileType::Directory && st.meta.nlink >= LINK_MAX {
@@ -693,7 +709,7 @@ impl Fs {
             xattrs,
             flags: inherited_flags,
         };
-        let inode = Arc::new(Inode::new(ino, kind, meta, body));
+        let inode = self.new_inode(ino, kind, meta, body);
         let attr = inode.state.read().attr(ino, kind);
         if take_ref {
             inode.nlookup.store(1, Ordering::Relaxed);
@@ -999,7 +1015,7 @@ impl Fs {
             flags: inherited_flags,
         };
         let kind = FileType::RegularFile;
-        let inode = Arc::new(Inode::new(ino, kind, meta, Body::File(FileData::default())));
+        let inode = self.new_inode(ino, kind, meta, Body::File(FileData::default()));
         inode.nlookup.store(1, Ordering::Relaxed);
         inode.nopen.store(1, Ordering::Relaxed);
         if !excl {
@@ -1008,7 +1024,7 @@ impl Fs {
         // Published, then recorded under the node's lock, as a create is: a
         // checkpoint that copies the node sees it with its record already
         // counted, or replays the record over it.
-        let st = inode.state.write();
+        let st = self.write_state(&inode);
         let attr = st.attr(ino, kind);
         self.inodes.insert(ino, inode.clone());
         let logged = self.log(|| Mutation::Tmpfile { attr }).and_then(|()| {
@@ -1053,10 +1069,10 @@ impl Fs {
             return Err(Errno::EPERM);
         }
         let dir = self.get(newparent)?;
-        let mut dst = dir.state.write();
+        let mut dst = self.write_state(&dir);
         dst.check_new_entry(newname)?;
         dst.meta.check_add_entry()?;
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         // A removed node stays removed, except a linkable tmpfile's first
         // name; it is an ordinary file from then on, as with Linux's I_LINKABLE.
         if st.meta.nlink == 0 && self.linkable.remove(&ino).is_none() {
@@ -1107,7 +1123,7 @@ impl Fs {
             return Err(Errno::EISDIR);
         }
         let dir = self.get(parent)?;
-        let mut pst = dir.state.write();
+        let mut pst = self.write_state(&dir);
         let (ino, kind) = pst
             .dir()
             .ok_or(Errno::ENOTDIR)?
@@ -1122,7 +1138,7 @@ impl Fs {
         let child = self.get(ino)?;
         let now = Timespec::now();
         {
-            let mut cst = child.state.write();
+            let mut cst = self.write_state(&child);
             cst.meta.check_modify()?;
             if want_dir {
                 if !cst.dir().is_some_and(|d| d.is_empty()) {
@@ -1213,7 +1229,7 @@ impl Fs {
         }
         let src_dir = self.get(parent)?;
         if parent == newparent {
-            let mut st = src_dir.state.write();
+            let mut st = self.write_state(&src_dir);
             if st.dir().is_none() {
                 return Err(Errno::ENOTDIR);
             }
@@ -1241,12 +1257,12 @@ impl Fs {
         };
         let (mut a, mut b);
         let mut pair = if src_first {
-            a = src_dir.state.write();
-            b = dst_dir.state.write();
+            a = self.write_state(&src_dir);
+            b = self.write_state(&dst_dir);
             DirPair::Two(&mut a, &mut b)
         } else {
-            b = dst_dir.state.write();
-            a = src_dir.state.write();
+            b = self.write_state(&dst_dir);
+            a = self.write_state(&src_dir);
             DirPair::Two(&mut a, &mut b)
         };
         if pair.src().dir().is_none() || pair.dst().dir().is_none() {
@@ -1318,7 +1334,7 @@ impl Fs {
             flags: 0,
         };
         let kind = FileType::CharDevice;
-        let inode = Arc::new(Inode::new(wino, kind, meta, Body::Special));
+        let inode = self.new_inode(wino, kind, meta, Body::Special);
         let attr = inode.state.read().attr(wino, kind);
         self.inodes.insert(wino, inode);
         src.dir_mut().expect("dir").insert(name, wino, kind);
@@ -1432,15 +1448,15 @@ impl Fs {
         let (mut ms, mut os);
         match &other {
             Some(o) if other_first => {
-                os = Some(o.state.write());
-                ms = moved.state.write();
+                os = Some(self.write_state(o));
+                ms = self.write_state(&moved);
             }
             Some(o) => {
-                ms = moved.state.write();
-                os = Some(o.state.write());
+                ms = self.write_state(&moved);
+                os = Some(self.write_state(o));
             }
             None => {
-                ms = moved.state.write();
+                ms = self.write_state(&moved);
                 os = None;
             }
         }
@@ -1617,7 +1633,7 @@ impl Fs {
         drop(st);
         if needs_atime {
             let now = Timespec::now();
-            let mut st = inode.state.write();
+            let mut st = self.write_state(&inode);
             if mode == AtimeMode::Strict || stale(&st.meta) {
                 st.meta.atime = now;
             }
@@ -1642,7 +1658,7 @@ impl Fs {
         let _gate = self.enter();
         self.admit(META_RECORD + data.len() as u64)?;
         let inode = self.get(ino)?;
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         let (meta, file) = st.file_mut(Errno::EINVAL)?;
         meta.check_write(append)?;
         let off = if append { meta.size } else { off };
@@ -1653,10 +1669,13 @@ impl Fs {
         if end > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
-        let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
-        self.reserve_pages(missing)?;
+        let (first, last) = (off / PAGE, (end - 1) / PAGE);
+        // A page a snapshot shares costs a copy on its first write.
+        let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+        self.reserve_pages(reserved)?;
         let allocated = file.write(off, data);
-        debug_assert_eq!(allocated, missing);
+        debug_assert!(allocated <= reserved);
+        self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
         let now = Timespec::now();
         meta.mtime = now;
@@ -1740,24 +1759,27 @@ impl Fs {
             return Err(Errno::EFBIG);
         }
         let inode = self.get(ino)?;
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         let (meta, file) = st.file_mut(Errno::ENODEV)?;
         // vfs_fallocate: only a plain allocation may touch an append-only file.
         meta.check_write(!(mode.punch_hole || mode.zero_range))?;
         let now = Timespec::now();
         if mode.punch_hole {
-            let freed = file.punch(off, len.min(meta.size.saturating_sub(off)));
-            self.release_pages(freed);
+            self.give_back(file.punch(off, len.min(meta.size.saturating_sub(off))));
         } else {
             // Reserve before zeroing, so that ENOSPC leaves the file untouched.
             // Whole pages the zeroing frees are allocated again just below, so
-            // they keep their reservation: only absent pages need capacity.
-            let missing = file.missing_pages(off / PAGE, (end - 1) / PAGE);
-            self.reserve_pages(missing)?;
+            // they keep their reservation: only absent pages need capacity,
+            // and shared ones (a snapshot keeps the old page).
+            let (first, last) = (off / PAGE, (end - 1) / PAGE);
+            let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+            self.reserve_pages(reserved)?;
+            let mut net = 0i64;
             if mode.zero_range {
-                file.punch(off, len.min(meta.size.saturating_sub(off)));
+                net -= file.punch(off, len.min(meta.size.saturating_sub(off)));
             }
-            file.allocate(off, len);
+            net += file.allocate(off, len) as i64;
+            self.give_back(reserved as i64 - net);
             if !mode.keep_size {
                 meta.size = meta.size.max(end);
             }
@@ -1973,7 +1995,7 @@ impl Fs {
         {
             return Err(Errno::EPERM);
         }
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         st.meta.check_modify()?;
         let xs = st
             .meta
@@ -2012,7 +2034,7 @@ impl Fs {
         if inode.kind == FileType::Symlink {
             return Err(Errno::EOPNOTSUPP);
         }
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         if ctx.uid != 0 && ctx.uid != st.meta.uid {
             return Err(Errno::EPERM);
         }
@@ -2091,7 +2113,7 @@ impl Fs {
         self.admit(META_RECORD + name.len() as u64)?;
         xattr::check_name(name)?;
         let inode = self.get(ino)?;
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         st.meta.check_modify()?;
         let xs = st.meta.xattrs.as_mut().ok_or(Errno::ENODATA)?;
         xs.remove(name)?;

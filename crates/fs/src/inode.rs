@@ -30,6 +30,9 @@ pub(crate) struct State {
     pub body: Body,
     /// Record and flock locks; allocated on first use.
     pub locks: Option<Box<LockTable>>,
+    /// The snapshot epoch of the node's last change (`snapshot.rs`): a
+    /// change in a later epoch first preserves the node for the snapshots.
+    pub epoch: u64,
 }
 
 #[derive(Clone)]
@@ -70,6 +73,7 @@ impl Inode {
                 meta,
                 body,
                 locks: None,
+                epoch: 0,
             }),
         }
     }

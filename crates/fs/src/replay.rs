@@ -57,7 +57,7 @@ impl Fs {
     /// Installs a fresh node (a create, or a node read from an image),
     /// replacing any node of that number.
     pub(crate) fn install(&self, a: &Attr, body: Body) -> Arc<Inode> {
-        let inode = Arc::new(Inode::new(a.ino, a.kind, meta_of(a), body));
+        let inode = self.new_inode(a.ino, a.kind, meta_of(a), body);
         if a.ino == ROOT_INO {
             inode.nlookup.store(1, Ordering::Relaxed);
         }
@@ -89,12 +89,11 @@ impl Fs {
     /// Overwrites a node's attributes; a smaller size drops the data beyond.
     fn set_attr(&self, a: &Attr) -> Arc<Inode> {
         let inode = self.node(a);
-        let mut st = inode.state.write();
+        let mut st = self.write_state(&inode);
         let State { meta, body, .. } = &mut *st;
         if let Body::File(d) = body {
             if a.size < meta.size {
-                self.used_pages
-                    .fetch_sub(d.truncate(a.size), Ordering::AcqRel);
+                self.give_back(d.truncate(a.size));
             }
             meta.size = a.size;
         }
@@ -112,7 +111,7 @@ impl Fs {
 
     fn set_entry(&self, dir: &Attr, name: &[u8], child: Option<&Attr>) {
         let d = self.node(dir);
-        let mut st = d.state.write();
+        let mut st = self.write_state(&d);
         if let Some(dir) = st.dir_mut() {
             match child {
                 Some(c) => dir.upsert(name, c.ino, c.kind),
@@ -126,7 +125,7 @@ impl Fs {
     fn set_dir_parent(&self, a: &Attr, parent: u64) {
         if a.kind == FileType::Directory {
             let n = self.node(a);
-            if let Some(d) = n.state.write().dir_mut() {
+            if let Some(d) = self.write_state(&n).dir_mut() {
                 d.parent = parent;
             }
         }
@@ -137,7 +136,7 @@ impl Fs {
             return;
         }
         let n = self.node(a);
-        let mut st = n.state.write();
+        let mut st = self.write_state(&n);
         if let Body::File(d) = &mut st.body {
             let delta = f(d);
             if delta >= 0 {
@@ -154,7 +153,7 @@ impl Fs {
         let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };
-        let mut st = n.state.write();
+        let mut st = self.write_state(&n);
         if let Body::File(d) = &mut st.body {
             let added = d.write(first * PAGE, data);
             self.used_pages.fetch_add(added, Ordering::AcqRel);
@@ -170,7 +169,7 @@ impl Fs {
         let Some(n) = self.inodes.get(&dir).map(|n| n.clone()) else {
             return;
         };
-        let mut st = n.state.write();
+        let mut st = self.write_state(&n);
         if let Some(d) = st.dir_mut() {
             for (name, ino, kind) in entries {
                 d.upsert(name, ino, kind);
@@ -183,7 +182,7 @@ impl Fs {
         let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };
-        let mut st = n.state.write();
+        let mut st = self.write_state(&n);
         for (name, value) in xs {
             let x = st
                 .meta
@@ -274,11 +273,11 @@ impl Fs {
                     if mode.punch_hole {
                         // Clipped at the size as the engine does, so pages
                         // allocated beyond the end (keep-size) stay.
-                        -(d.punch(offset, len.min(attr.size.saturating_sub(offset))) as i64)
+                        -d.punch(offset, len.min(attr.size.saturating_sub(offset)))
                     } else {
                         let mut delta = 0i64;
                         if mode.zero_range {
-                            delta -= d.punch(offset, len) as i64;
+                            delta -= d.punch(offset, len);
                         }
                         delta + d.allocate(offset, len) as i64
                     }
@@ -293,7 +292,7 @@ impl Fs {
             Mutation::RemoveXattr { attr, name } => {
                 let n = self.node(&attr);
                 {
-                    let mut st = n.state.write();
+                    let mut st = self.write_state(&n);
                     if let Some(x) = st.meta.xattrs.as_mut() {
                         let _ = x.remove(name);
                         if x.is_empty() {

@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::fs::{DirEntry, Fs, check_access};
-use crate::inode::{Body, Inode, Meta, attr_of};
+use crate::inode::{Body, Inode, Meta, State, attr_of};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
 use crate::{Errno, Result};
 
@@ -41,43 +41,90 @@ pub struct RollbackOutcome {
     pub entries: Vec<(u64, Vec<u8>)>,
 }
 
-/// A node as a snapshot holds it.
+/// A node as a snapshot holds it: the state it had before its first change
+/// after the snapshot. What it holds counts in the file system's usage
+/// until it goes.
 pub(crate) struct Frozen {
     kind: FileType,
     meta: Meta,
     body: Body,
+    /// The file system's page and node counters (shared with it).
+    used: (Arc<AtomicU64>, Arc<AtomicU64>),
 }
 
 impl Frozen {
-    fn attr(&self, ino: u64) -> Attr {
-        attr_of(&self.meta, &self.body, ino, self.kind)
-    }
-
-    fn pages(&self) -> u64 {
+    /// Pages only this copy holds.
+    fn unique_pages(&self) -> u64 {
         match &self.body {
-            Body::File(d) => d.page_count(),
+            Body::File(d) => d.unique_pages(),
             _ => 0,
         }
     }
 }
 
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if let Body::File(d) = &mut self.body {
+            let freed = std::mem::take(d).release();
+            self.used.0.fetch_sub(freed, Ordering::AcqRel);
+        }
+        self.used.1.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A copy of a body that shares a file's pages (and copies the rest), with
+/// the pages the copy adds to the file system's usage.
+fn copy_body(body: &Body) -> (Body, u64) {
+    match body {
+        Body::File(d) => {
+            let (d, added) = d.clone_shared();
+            (Body::File(d), added)
+        }
+        other => (other.clone(), 0),
+    }
+}
+
+/// Lets a body go; returns the pages that gives back.
+fn release_body(body: Body) -> u64 {
+    match body {
+        Body::File(d) => d.release(),
+        _ => 0,
+    }
+}
+
+/// What a snapshot keeps of the nodes changed since it: the state each had
+/// at the snapshot (`None`: the node did not exist then).
+type Preserved = HashMap<u64, Option<Arc<Frozen>>>;
+
 struct Snap {
     id: u64,
     name: Vec<u8>,
     created: Timespec,
-    nodes: HashMap<u64, Arc<Frozen>>,
-    pages: u64,
+    /// The epoch this snapshot closed: nodes whose last change is in this
+    /// epoch or an earlier one read as they are in the live table.
+    epoch: u64,
+    /// Nodes changed after this snapshot and before the next one, as they
+    /// were. A node changed after several snapshots is kept once, in the
+    /// newest of them; older snapshots find it there (see [`Fs::snap_node`]).
+    map: Mutex<Preserved>,
 }
 
 impl Snap {
     fn info(&self) -> SnapshotInfo {
-        let nodes = self.nodes.len() as u64;
+        let map = self.map.lock();
+        let mut nodes = 0;
+        let mut bytes = 0;
+        for f in map.values().flatten() {
+            nodes += 1;
+            bytes +=
+                (std::mem::size_of::<Frozen>() + 48) as u64 + f.unique_pages() * PAGE_SIZE as u64;
+        }
         SnapshotInfo {
             id: self.id,
             name: self.name.clone(),
             created: self.created,
             nodes,
-            bytes: self.pages * PAGE_SIZE as u64 + nodes * std::mem::size_of::<Frozen>() as u64,
+            bytes,
         }
     }
 }
@@ -85,9 +132,16 @@ impl Snap {
 /// The snapshots of one file system.
 #[derive(Default)]
 pub(crate) struct Snapshots {
-    /// Oldest first; ids ascend.
+    /// Oldest first; ids and epochs ascend. Readers of a snapshot hold this
+    /// shared while they resolve a node, so that a deletion (exclusive)
+    /// never moves a preserved node under them. Writers preserving a node
+    /// take it with `read_recursive` while they hold the node's lock: a
+    /// reader waits for that node lock while holding this shared, and a
+    /// fair `read` would queue behind a waiting deletion (deadlock).
     list: RwLock<Vec<Arc<Snap>>>,
     next_id: AtomicU64,
+    /// The current epoch; taking a snapshot closes it.
+    epoch: AtomicU64,
     /// Held shared by every operation that changes the tree, for its whole
     /// body, and exclusively while a snapshot is taken or a rollback runs:
     /// so a snapshot never sees half of a rename. Readers never take it.
@@ -123,14 +177,6 @@ fn check_snapshot_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn frozen_of(kind: FileType, meta: &Meta, body: &Body) -> Frozen {
-    Frozen {
-        kind,
-        meta: meta.clone(),
-        body: body.clone(),
-    }
-}
-
 fn entries_of(body: &Body) -> HashMap<Vec<u8>, u64> {
     let mut out = HashMap::new();
     if let Body::Dir(d) = body {
@@ -140,6 +186,21 @@ fn entries_of(body: &Body) -> HashMap<Vec<u8>, u64> {
         });
     }
     out
+}
+
+/// Entries added, removed or re-pointed between two versions of a directory.
+fn entry_changes(ino: u64, old: &Body, new: &Body, out: &mut Vec<(u64, Vec<u8>)>) {
+    let (old, new) = (entries_of(old), entries_of(new));
+    for (name, i) in &old {
+        if new.get(name) != Some(i) {
+            out.push((ino, name.clone()));
+        }
+    }
+    for name in new.keys() {
+        if !old.contains_key(name) {
+            out.push((ino, name.clone()));
+        }
+    }
 }
 
 impl Fs {
@@ -155,83 +216,186 @@ impl Fs {
         }
     }
 
-    fn snap(&self, id: u64) -> Result<Arc<Snap>> {
+    /// A new node, born in the current epoch. While snapshots exist, the
+    /// newest one notes that it had no such node, so that no snapshot shows
+    /// it (inode numbers are never reused).
+    pub(crate) fn new_inode(&self, ino: u64, kind: FileType, meta: Meta, body: Body) -> Arc<Inode> {
+        let mut inode = Inode::new(ino, kind, meta, body);
+        let list = self.snaps.list.read_recursive();
+        inode.state.get_mut().epoch = self.snaps.epoch.load(Ordering::Acquire);
+        if let Some(newest) = list.last() {
+            newest.map.lock().entry(ino).or_insert(None);
+        }
+        Arc::new(inode)
+    }
+
+    /// Locks a node's state for a change. The first change after a
+    /// snapshot first preserves the node as it is, for the snapshots that
+    /// see it (every change to a node goes through here).
+    pub(crate) fn write_state<'a>(&self, inode: &'a Inode) -> RwLockWriteGuard<'a, State> {
+        let mut st = inode.state.write();
+        if st.epoch < self.snaps.epoch.load(Ordering::Acquire) {
+            self.preserve(inode, &mut st);
+        }
+        st
+    }
+
+    #[cold]
+    fn preserve(&self, inode: &Inode, st: &mut State) {
+        let list = self.snaps.list.read_recursive();
+        // A snapshot is added and its epoch closed under the list's write
+        // lock, so the two agree here.
+        let epoch = self.snaps.epoch.load(Ordering::Acquire);
+        if let Some(newest) = list.last()
+            && st.epoch <= newest.epoch
+        {
+            newest
+                .map
+                .lock()
+                .entry(inode.ino)
+                .or_insert_with(|| Some(Arc::new(self.freeze(inode.kind, st))));
+        }
+        st.epoch = epoch;
+    }
+
+    /// The node's state as a snapshot keeps it: file pages become shared
+    /// (no data copied); a directory's entries, a symlink's target and the
+    /// xattrs are copied (a directory costs O(entries) once per snapshot
+    /// that sees it change).
+    fn freeze(&self, kind: FileType, st: &mut State) -> Frozen {
+        let (body, added) = match &mut st.body {
+            Body::File(d) => {
+                let (d, added) = d.share();
+                (Body::File(d), added)
+            }
+            other => (other.clone(), 0),
+        };
+        self.used_pages.fetch_add(added, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        Frozen {
+            kind,
+            meta: st.meta.clone(),
+            body,
+            used: (self.used_pages.clone(), self.used_inodes.clone()),
+        }
+    }
+
+    /// Runs `f` on node `ino` as snapshot `snap` has it: the first preserved
+    /// copy in that snapshot or a newer one, else the live node, if it has
+    /// not changed since (if it has, a writer preserved it meanwhile: look
+    /// again).
+    fn with_snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
+        self.snap_node(snap, ino, false, f)
+    }
+
+    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
+    /// first made shared (under its write lock: no change a snapshot can
+    /// see), so that a clone can share them too.
+    fn snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        share_live: bool,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
         let list = self.snaps.list.read();
         let i = list
-            .binary_search_by_key(&id, |s| s.id)
+            .binary_search_by_key(&snap, |s| s.id)
             .map_err(|_| Errno::ESTALE)?;
-        Ok(list[i].clone())
+        let epoch = list[i].epoch;
+        // A writer that changes the node between the two looks preserves
+        // it first, so the second round finds it; more rounds than writers
+        // could ever race would be a bug in the preservation: an error,
+        // never a hang.
+        for _ in 0..1_000_000 {
+            for s in &list[i..] {
+                let found = s.map.lock().get(&ino).cloned();
+                if let Some(v) = found {
+                    let fr = v.ok_or(Errno::ENOENT)?;
+                    return f(fr.kind, &fr.meta, &fr.body);
+                }
+            }
+            let node = self.get(ino)?;
+            if share_live && node.kind == FileType::RegularFile {
+                let mut st = node.state.write();
+                if st.epoch <= epoch {
+                    if let Body::File(d) = &mut st.body {
+                        d.make_shared();
+                    }
+                    return f(node.kind, &st.meta, &st.body);
+                }
+                continue;
+            }
+            let st = node.state.read();
+            if st.epoch <= epoch {
+                return f(node.kind, &st.meta, &st.body);
+            }
+        }
+        tracing::error!(snap, ino, "snapshot node neither preserved nor unchanged");
+        Err(Errno::EIO)
     }
 
-    fn snap_named(&self, name: &[u8]) -> Result<Arc<Snap>> {
-        let list = self.snaps.list.read();
-        list.iter()
-            .find(|s| s.name == name)
-            .cloned()
-            .ok_or(Errno::ENOENT)
-    }
-
-    fn frozen(&self, snap: u64, ino: u64) -> Result<Arc<Frozen>> {
-        self.snap(snap)?
-            .nodes
-            .get(&ino)
-            .cloned()
-            .ok_or(Errno::ENOENT)
-    }
-
-    /// Freezes the tree as it is now under `name`.
+    /// Freezes the tree as it is now under `name`: O(1), no copy. Every
+    /// change waits for it (the gate), for an instant.
     pub fn snapshot_create(&self, name: &[u8]) -> Result<SnapshotInfo> {
         check_snapshot_name(name)?;
         let _gate = self.snaps.gate.write();
-        {
-            let list = self.snaps.list.read();
-            if list.iter().any(|s| s.name == name) {
-                return Err(Errno::EEXIST);
-            }
-            if list.len() >= MAX_SNAPSHOTS {
-                return Err(Errno::ENOSPC);
-            }
+        let mut list = self.snaps.list.write();
+        if list.iter().any(|s| s.name == name) {
+            return Err(Errno::EEXIST);
         }
-        let mut nodes = HashMap::new();
-        let mut pages = 0;
-        for node in self.nodes_raw() {
-            let st = node.state.read();
-            if st.meta.nlink == 0 && node.ino != ROOT_INO {
-                // Unlinked but open: not part of the tree.
-                continue;
-            }
-            let f = frozen_of(node.kind, &st.meta, &st.body);
-            pages += f.pages();
-            nodes.insert(node.ino, Arc::new(f));
+        if list.len() >= MAX_SNAPSHOTS {
+            return Err(Errno::ENOSPC);
         }
-        self.used_pages.fetch_add(pages, Ordering::AcqRel);
-        self.used_inodes
-            .fetch_add(nodes.len() as u64, Ordering::AcqRel);
+        let epoch = self.snaps.epoch.load(Ordering::Acquire);
         let snap = Arc::new(Snap {
             id: self.snaps.next_id.fetch_add(1, Ordering::AcqRel) + 1,
             name: name.to_vec(),
             created: Timespec::now(),
-            nodes,
-            pages,
+            epoch,
+            map: Default::default(),
         });
-        let info = snap.info();
-        self.snaps.list.write().push(snap);
-        Ok(info)
+        list.push(snap.clone());
+        self.snaps.epoch.store(epoch + 1, Ordering::Release);
+        drop(list);
+        Ok(snap.info())
     }
 
-    /// Deletes the snapshot named `name`.
+    /// Deletes the snapshot named `name`. What it preserved passes to the
+    /// next older snapshot where that one has nothing for the node (it was
+    /// that snapshot's state too); the rest is freed.
     pub fn snapshot_delete(&self, name: &[u8]) -> Result<()> {
-        let snap = {
+        let mut leftovers = Vec::new();
+        {
             let mut list = self.snaps.list.write();
             let i = list
                 .iter()
                 .position(|s| s.name == name)
                 .ok_or(Errno::ENOENT)?;
-            list.remove(i)
-        };
-        self.used_pages.fetch_sub(snap.pages, Ordering::AcqRel);
-        self.used_inodes
-            .fetch_sub(snap.nodes.len() as u64, Ordering::AcqRel);
+            let snap = list.remove(i);
+            let map = std::mem::take(&mut *snap.map.lock());
+            match i.checked_sub(1) {
+                Some(older) => {
+                    let mut om = list[older].map.lock();
+                    for (ino, v) in map {
+                        match om.entry(ino) {
+                            std::collections::hash_map::Entry::Vacant(e) => {
+                                e.insert(v);
+                            }
+                            std::collections::hash_map::Entry::Occupied(_) => leftovers.push(v),
+                        }
+                    }
+                }
+                None => leftovers.extend(map.into_values()),
+            }
+        }
+        // Freed outside the list lock: a big snapshot takes a while.
+        drop(leftovers);
         Ok(())
     }
 
@@ -241,12 +405,13 @@ impl Fs {
     }
 
     pub fn snapshot_by_name(&self, name: &[u8]) -> Option<SnapshotInfo> {
-        self.snap_named(name).ok().map(|s| s.info())
+        let list = self.snaps.list.read();
+        list.iter().find(|s| s.name == name).map(|s| s.info())
     }
 
     /// Attributes of `ino` in snapshot `snap` (an id; `ESTALE` once deleted).
     pub fn snap_getattr(&self, snap: u64, ino: u64) -> Result<Attr> {
-        Ok(self.frozen(snap, ino)?.attr(ino))
+        self.with_snap_node(snap, ino, |kind, m, b| Ok(attr_of(m, b, ino, kind)))
     }
 
     /// Looks `name` up in directory `parent` of snapshot `snap`; takes no
@@ -255,20 +420,19 @@ impl Fs {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
-        let s = self.snap(snap)?;
-        let get = |ino: u64| s.nodes.get(&ino).cloned().ok_or(Errno::ENOENT);
-        let dir = get(parent)?;
-        if name == b"." {
-            return Ok(dir.attr(parent));
-        }
-        let Body::Dir(d) = &dir.body else {
-            return Err(Errno::ENOTDIR);
-        };
-        let ino = match name {
-            b".." => d.parent,
-            _ => d.get(name).ok_or(Errno::ENOENT)?.0,
-        };
-        Ok(get(ino)?.attr(ino))
+        let child = self.with_snap_node(snap, parent, |_, _, b| {
+            if name == b"." {
+                return Ok(parent);
+            }
+            let Body::Dir(d) = b else {
+                return Err(Errno::ENOTDIR);
+            };
+            match name {
+                b".." => Ok(d.parent),
+                _ => Ok(d.get(name).ok_or(Errno::ENOENT)?.0),
+            }
+        })?;
+        self.snap_getattr(snap, child)
     }
 
     /// Lists directory `ino` of snapshot `snap` with the offsets and contract
@@ -280,178 +444,178 @@ impl Fs {
         offset: u64,
         mut f: impl FnMut(DirEntry<'_>) -> bool,
     ) -> Result<()> {
-        let node = self.frozen(snap, ino)?;
-        let Body::Dir(d) = &node.body else {
-            return Err(Errno::ENOTDIR);
-        };
-        if offset == 0
-            && !f(DirEntry {
-                ino,
-                kind: FileType::Directory,
-                name: b".",
-                offset: 1,
-            })
-        {
-            return Ok(());
-        }
-        if offset <= 1
-            && !f(DirEntry {
-                ino: d.parent,
-                kind: FileType::Directory,
-                name: b"..",
-                offset: FIRST_SLOT_OFFSET,
-            })
-        {
-            return Ok(());
-        }
-        d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
-            f(DirEntry {
-                ino: s.ino,
-                kind: s.kind,
-                name: s.name,
-                offset: next,
-            })
-        });
-        Ok(())
+        self.with_snap_node(snap, ino, |_, _, b| {
+            let Body::Dir(d) = b else {
+                return Err(Errno::ENOTDIR);
+            };
+            if offset == 0
+                && !f(DirEntry {
+                    ino,
+                    kind: FileType::Directory,
+                    name: b".",
+                    offset: 1,
+                })
+            {
+                return Ok(());
+            }
+            if offset <= 1
+                && !f(DirEntry {
+                    ino: d.parent,
+                    kind: FileType::Directory,
+                    name: b"..",
+                    offset: FIRST_SLOT_OFFSET,
+                })
+            {
+                return Ok(());
+            }
+            d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
+                f(DirEntry {
+                    ino: s.ino,
+                    kind: s.kind,
+                    name: s.name,
+                    offset: next,
+                })
+            });
+            Ok(())
+        })
     }
 
     /// Reads file `ino` of snapshot `snap`; returns the count (0 at its end).
     pub fn snap_read(&self, snap: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let node = self.frozen(snap, ino)?;
-        let data = match &node.body {
-            Body::File(d) => d,
-            Body::Dir(_) => return Err(Errno::EISDIR),
-            _ => return Err(Errno::EINVAL),
-        };
-        if off >= node.meta.size {
-            return Ok(0);
-        }
-        let n = ((node.meta.size - off) as usize).min(buf.len());
-        data.read(off, &mut buf[..n]);
-        Ok(n)
+        self.with_snap_node(snap, ino, |_, m, b| {
+            let data = match b {
+                Body::File(d) => d,
+                Body::Dir(_) => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            };
+            if off >= m.size {
+                return Ok(0);
+            }
+            let n = ((m.size - off) as usize).min(buf.len());
+            data.read(off, &mut buf[..n]);
+            Ok(n)
+        })
     }
 
     pub fn snap_readlink(&self, snap: u64, ino: u64) -> Result<Vec<u8>> {
-        match &self.frozen(snap, ino)?.body {
+        self.with_snap_node(snap, ino, |_, _, b| match b {
             Body::Symlink(t) => Ok(t.to_vec()),
             _ => Err(Errno::EINVAL),
-        }
+        })
     }
 
     pub fn snap_getxattr(&self, snap: u64, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
         crate::xattr::check_name(name)?;
-        self.frozen(snap, ino)?
-            .meta
-            .xattrs
-            .as_ref()
-            .and_then(|x| x.get(name))
-            .map(|v| v.to_vec())
-            .ok_or(Errno::ENODATA)
+        self.with_snap_node(snap, ino, |_, m, _| {
+            m.xattrs
+                .as_ref()
+                .and_then(|x| x.get(name))
+                .map(|v| v.to_vec())
+                .ok_or(Errno::ENODATA)
+        })
     }
 
     /// Names, each followed by NUL.
     pub fn snap_listxattr(&self, snap: u64, ino: u64) -> Result<Vec<u8>> {
-        Ok(self
-            .frozen(snap, ino)?
-            .meta
-            .xattrs
-            .as_ref()
-            .map(|x| x.list())
-            .unwrap_or_default())
+        self.with_snap_node(snap, ino, |_, m, _| {
+            Ok(m.xattrs.as_ref().map(|x| x.list()).unwrap_or_default())
+        })
     }
 
     /// `access(2)` on a snapshot's node: as on the live tree, but `W_OK` is
     /// `EROFS` (a snapshot is read-only).
     pub fn snap_access(&self, ctx: Ctx, snap: u64, ino: u64, mask: i32) -> Result<()> {
-        let node = self.frozen(snap, ino)?;
+        let (attr, acl) = self.with_snap_node(snap, ino, |kind, m, b| {
+            Ok((attr_of(m, b, ino, kind), Fs::access_acl(m)))
+        })?;
         if mask & libc::W_OK != 0 {
             return Err(Errno::EROFS);
         }
-        let acl = Fs::access_acl(&node.meta);
-        check_access(ctx, &|_| false, &node.attr(ino), acl, mask)
+        check_access(ctx, &|_| false, &attr, acl, mask)
     }
 
-    /// Makes the live tree equal to snapshot `name`'s. The snapshot stays,
-    /// and so do the snapshots taken after it. Nodes the snapshot does not
-    /// have lose their names; those the kernel or an open handle still
-    /// refers to live on unlinked, as after `unlink`.
+    /// Every node snapshot `name` preserved or marked absent, with those of
+    /// the newer snapshots (the first found wins): the nodes that changed
+    /// since it. Everything else is in the live table as it was.
+    fn changed_since(&self, name: &[u8]) -> Result<(u64, Preserved)> {
+        let list = self.snaps.list.read();
+        let i = list
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or(Errno::ENOENT)?;
+        let mut out = Preserved::new();
+        for s in &list[i..] {
+            for (&ino, v) in s.map.lock().iter() {
+                out.entry(ino).or_insert_with(|| v.clone());
+            }
+        }
+        Ok((list[i].id, out))
+    }
+
+    /// Makes the live tree equal to snapshot `name`'s, restoring only what
+    /// changed since it. The snapshot stays, and so do the snapshots taken
+    /// after it (each restore is a change, preserved for them first). Nodes
+    /// the snapshot does not have lose their names; those the kernel or an
+    /// open handle still refers to live on unlinked, as after `unlink`.
     pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<RollbackOutcome> {
         if self.recorder.is_some() {
             // A durable rollback must be journaled: not built yet.
             return Err(Errno::EOPNOTSUPP);
         }
-        let snap = self.snap_named(name)?;
         let _gate = self.snaps.gate.write();
+        let (_, target) = self.changed_since(name)?;
         let mut out = RollbackOutcome::default();
         let mut doomed = Vec::new();
-        for node in self.nodes_raw() {
-            if snap.nodes.contains_key(&node.ino) {
-                continue;
-            }
-            let mut st = node.state.write();
-            if st.meta.nlink == 0 {
-                continue;
-            }
-            for name in entries_of(&st.body).into_keys() {
-                out.entries.push((node.ino, name));
-            }
-            st.meta.nlink = 0;
-            if let Body::Dir(d) = &mut st.body {
-                **d = crate::dir::Dir::new(d.parent);
-            }
-            out.changed.push(node.ino);
-            drop(st);
-            doomed.push(node);
-        }
-        for (&ino, f) in &snap.nodes {
+        for (ino, want) in target {
             let live = self
                 .inodes
                 .get(&ino)
                 .map(|r| r.value().clone())
-                .filter(|n| !n.freed.load(Ordering::Acquire) && n.kind == f.kind);
-            match live {
-                Some(node) => {
-                    let mut st = node.state.write();
-                    let (old, new) = (entries_of(&st.body), entries_of(&f.body));
-                    for (name, i) in &old {
-                        if new.get(name) != Some(i) {
-                            out.entries.push((ino, name.clone()));
-                        }
+                .filter(|n| !n.freed.load(Ordering::Acquire));
+            match (want, live) {
+                (None, None) => {}
+                (None, Some(node)) => {
+                    let mut st = self.write_state(&node);
+                    if st.meta.nlink == 0 {
+                        continue;
                     }
-                    for name in new.keys() {
-                        if !old.contains_key(name) {
-                            out.entries.push((ino, name.clone()));
-                        }
+                    entry_changes(ino, &st.body, &Body::Special, &mut out.entries);
+                    st.meta.nlink = 0;
+                    if let Body::Dir(d) = &mut st.body {
+                        **d = crate::dir::Dir::new(d.parent);
                     }
-                    let old_pages = match &st.body {
-                        Body::File(d) => d.page_count(),
-                        _ => 0,
-                    };
-                    st.meta = f.meta.clone();
-                    st.body = f.body.clone();
-                    self.used_pages.fetch_add(f.pages(), Ordering::AcqRel);
-                    self.used_pages.fetch_sub(old_pages, Ordering::AcqRel);
+                    out.changed.push(ino);
+                    drop(st);
+                    doomed.push(node);
                 }
-                None => {
-                    for name in entries_of(&f.body).into_keys() {
-                        out.entries.push((ino, name));
-                    }
-                    let node = Arc::new(Inode::new(ino, f.kind, f.meta.clone(), f.body.clone()));
+                (Some(f), Some(node)) if node.kind == f.kind => {
+                    let mut st = self.write_state(&node);
+                    entry_changes(ino, &st.body, &f.body, &mut out.entries);
+                    let (body, added) = copy_body(&f.body);
+                    st.meta = f.meta.clone();
+                    let freed = release_body(std::mem::replace(&mut st.body, body));
+                    self.give_back(freed as i64 - added as i64);
+                    out.changed.push(ino);
+                }
+                (Some(f), _) => {
+                    // Freed since: born again under its old number.
+                    entry_changes(ino, &Body::Special, &f.body, &mut out.entries);
+                    let (body, added) = copy_body(&f.body);
+                    let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
                     if ino == ROOT_INO {
                         node.nlookup.store(1, Ordering::Relaxed);
                     }
                     self.inodes.insert(ino, node);
-                    self.used_pages.fetch_add(f.pages(), Ordering::AcqRel);
+                    self.used_pages.fetch_add(added, Ordering::AcqRel);
                     self.used_inodes.fetch_add(1, Ordering::AcqRel);
+                    out.changed.push(ino);
                 }
             }
-            out.changed.push(ino);
         }
         for node in &doomed {
             self.maybe_free(node);
         }
         out.changed.sort_unstable();
-        out.changed.dedup();
         out.entries.sort_unstable();
         out.entries.dedup();
         Ok(out)
@@ -460,30 +624,45 @@ impl Fs {
     /// A new, independent file system whose tree is snapshot `name`'s, with
     /// the same inode numbers.
     pub fn clone_snapshot(&self, name: &[u8], config: Config) -> Result<Fs> {
-        let snap = self.snap_named(name)?;
-        if snap.nodes.len() as u64 > config.max_inodes
-            || snap.pages > config.capacity / PAGE_SIZE as u64
-        {
-            return Err(Errno::ENOSPC);
-        }
+        let (id, changed) = self.changed_since(name)?;
+        let mut inos: Vec<u64> = self.inodes.iter().map(|e| *e.key()).collect();
+        inos.extend(changed.keys());
+        drop(changed);
+        inos.sort_unstable();
+        inos.dedup();
         let fs = Fs::new(config);
         fs.inodes.clear();
-        for (&ino, f) in &snap.nodes {
-            let node = Arc::new(Inode::new(ino, f.kind, f.meta.clone(), f.body.clone()));
+        let (mut nodes, mut pages) = (0u64, 0u64);
+        for ino in inos {
+            let got = self.snap_node(id, ino, true, |kind, m, b| {
+                let body = match b {
+                    Body::File(d) => Body::File(d.import()),
+                    other => other.clone(),
+                };
+                Ok((m.nlink > 0 || ino == ROOT_INO).then_some((kind, m.clone(), body)))
+            });
+            let (kind, meta, body) = match got {
+                Ok(Some(n)) => n,
+                Ok(None) | Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            if let Body::File(d) = &body {
+                pages += d.page_count();
+            }
+            nodes += 1;
+            if nodes > config.max_inodes || pages > config.capacity / PAGE_SIZE as u64 {
+                return Err(Errno::ENOSPC);
+            }
+            let node = Arc::new(Inode::new(ino, kind, meta, body));
             if ino == ROOT_INO {
                 node.nlookup.store(1, Ordering::Relaxed);
             }
             fs.inodes.insert(ino, node);
         }
-        fs.used_inodes
-            .store(snap.nodes.len() as u64, Ordering::Release);
-        fs.used_pages.store(snap.pages, Ordering::Release);
+        fs.used_inodes.store(nodes, Ordering::Release);
+        fs.used_pages.store(pages, Ordering::Release);
         fs.next_ino
             .store(self.next_ino.load(Ordering::Acquire), Ordering::Release);
         Ok(fs)
-    }
-
-    fn nodes_raw(&self) -> Vec<Arc<Inode>> {
-        self.inodes.iter().map(|e| e.value().clone()).collect()
     }
 }

@@ -113,6 +113,37 @@ fn dump_at(fs: &Fs, snap: Option<u64>, ino: u64, path: Vec<u8>, out: &mut Tree) 
     Ok(())
 }
 
+/// Compares two dumps, naming the first path that differs (whole dumps
+/// are too long to print).
+#[track_caller]
+fn same(got: &Tree, want: &Tree, what: &str) {
+    if got == want {
+        return;
+    }
+    let short = |n: Option<&N>| {
+        n.map(|n| {
+            let head = &n.body[..n.body.len().min(64)];
+            format!(
+                "{:?} body {} bytes {:?} xattrs {:?}",
+                n.attr,
+                n.body.len(),
+                String::from_utf8_lossy(head),
+                n.xattrs
+            )
+        })
+    };
+    for k in got.keys().chain(want.keys()) {
+        if got.get(k) != want.get(k) {
+            panic!(
+                "{what}: {:?} differs\n got:  {:?}\n want: {:?}",
+                String::from_utf8_lossy(k),
+                short(got.get(k)),
+                short(want.get(k))
+            );
+        }
+    }
+}
+
 fn used(fs: &Fs) -> (u64, u64) {
     let s = fs.statfs();
     (s.blocks - s.bfree, s.files - s.ffree)
@@ -226,7 +257,7 @@ fn views_are_read_only_and_frozen() {
     fs.setxattr(f, b"user.k", b"v1", XattrMode::Any).unwrap();
     let before = dump(&fs, None).unwrap();
     let s = fs.snapshot_create(b"s").unwrap();
-    assert_eq!(dump(&fs, Some(s.id)).unwrap(), before);
+    same(&dump(&fs, Some(s.id)).unwrap(), &before, "snapshot");
 
     fs.write(C, f, 0, b"HELLO, world", false).unwrap();
     fs.setxattr(f, b"user.k", b"v2", XattrMode::Any).unwrap();
@@ -235,7 +266,7 @@ fn views_are_read_only_and_frozen() {
     fs.rmdir_path(ROOT_INO, "/d/e").unwrap();
     fs.write_file(C, ROOT_INO, "/new", b"x").unwrap();
     assert_ne!(dump(&fs, None).unwrap(), before);
-    assert_eq!(dump(&fs, Some(s.id)).unwrap(), before);
+    same(&dump(&fs, Some(s.id)).unwrap(), &before, "snapshot");
 
     assert_eq!(
         fs.snap_access(C, s.id, f, libc::W_OK).unwrap_err(),
@@ -321,7 +352,7 @@ fn rollback_restores_and_reports_changes() {
     fs.write(C, keep, 0, b"KEEP!", false).unwrap();
     fs.unlink_path(ROOT_INO, "/d/gone").unwrap();
     let out = fs.rollback_to_snapshot(b"s").unwrap();
-    assert_eq!(dump(&fs, None).unwrap(), before);
+    same(&dump(&fs, None).unwrap(), &before, "live");
     assert!(out.changed.contains(&keep));
     assert!(out.changed.contains(&n.ino));
     assert!(out.entries.contains(&(d, b"new".to_vec())));
@@ -334,7 +365,7 @@ fn rollback_restores_and_reports_changes() {
     // The snapshot stays usable, and a second rollback changes nothing visible.
     fs.write_file(C, ROOT_INO, "/d/keep", b"again").unwrap();
     fs.rollback_to_snapshot(b"s").unwrap();
-    assert_eq!(dump(&fs, None).unwrap(), before);
+    same(&dump(&fs, None).unwrap(), &before, "live");
     fs.snapshot_delete(b"s").unwrap();
     assert_eq!(used(&fs), (pages0, nodes0));
 }
@@ -346,7 +377,7 @@ fn clones_are_independent() {
     let before = dump(&fs, None).unwrap();
     fs.snapshot_create(b"s").unwrap();
     let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
-    assert_eq!(dump(&clone, None).unwrap(), before);
+    same(&dump(&clone, None).unwrap(), &before, "clone");
     fs.write_file(C, ROOT_INO, "/a", b"origin").unwrap();
     clone.write_file(C, ROOT_INO, "/a", b"clone").unwrap();
     clone
@@ -587,12 +618,12 @@ fn run_model(ops: Vec<Op>) {
             Op::Rollback(k) if !snaps.is_empty() => {
                 let (name, _, tree) = &snaps[k % snaps.len()];
                 fs.rollback_to_snapshot(name).unwrap();
-                assert_eq!(&dump(&fs, None).unwrap(), tree, "live after rollback");
+                same(&dump(&fs, None).unwrap(), tree, "live after rollback");
             }
             Op::Clone(k) if !snaps.is_empty() => {
                 let (name, _, tree) = &snaps[k % snaps.len()];
                 let c = fs.clone_snapshot(name, fs.config()).unwrap();
-                assert_eq!(&dump(&c, None).unwrap(), tree, "fresh clone");
+                same(&dump(&c, None).unwrap(), tree, "fresh clone");
                 // The clone diverges; the origin must not notice.
                 let origin = dump(&fs, None).unwrap();
                 c.write_file(C, ROOT_INO, "/clone-only", b"c").unwrap();
@@ -622,7 +653,11 @@ fn run_model(ops: Vec<Op>) {
             );
         }
         for (c, tree) in &clones {
-            assert_eq!(&dump(c, None).unwrap(), tree, "clone changed by {op:?}");
+            same(
+                &dump(c, None).unwrap(),
+                tree,
+                &format!("clone changed by {op:?}"),
+            );
         }
     }
     for (name, _, _) in snaps.drain(..) {
@@ -639,9 +674,64 @@ fn run_model(ops: Vec<Op>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        // PROPTEST_CASES overrides, for a longer run by hand.
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+        ..ProptestConfig::default()
+    })]
     #[test]
     fn snapshots_match_the_model(ops in proptest::collection::vec(op(), 1..60)) {
         run_model(ops);
     }
+}
+
+#[test]
+fn a_snapshot_shares_pages_until_written() {
+    let fs = fs();
+    let data: Vec<u8> = (0..10 * PAGE_SIZE).map(|i| (i % 251) as u8).collect();
+    fs.write_file(C, ROOT_INO, "/f", &data).unwrap();
+    let f = fs.resolve(ROOT_INO, "/f", false).unwrap();
+    assert_eq!(used(&fs).0, 10);
+    let s = fs.snapshot_create(b"s").unwrap();
+    assert_eq!(used(&fs).0, 10, "a snapshot copies nothing");
+    // The first write to a page copies that page only.
+    fs.write(C, f, 5, b"x", false).unwrap();
+    assert_eq!(used(&fs).0, 11);
+    fs.write(C, f, 6, b"y", false).unwrap();
+    assert_eq!(used(&fs).0, 11, "the copy is the file's own now");
+    let info = fs.snapshot_by_name(b"s").unwrap();
+    assert_eq!(info.nodes, 1);
+    assert!(info.bytes >= PAGE_SIZE as u64, "{info:?}");
+    // Truncating the live file frees nothing the snapshot still holds.
+    fs.setattr(
+        C,
+        f,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(used(&fs).0, 10);
+    let mut back = vec![0u8; data.len()];
+    assert_eq!(fs.snap_read(s.id, f, 0, &mut back).unwrap(), data.len());
+    assert_eq!(back, data);
+    // A clone shares the pages' memory but counts them as its own.
+    let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    assert_eq!(used(&clone).0, 10);
+    clone.write(C, f, 0, b"c", false).unwrap();
+    assert_eq!(used(&clone).0, 10);
+    assert_eq!(clone.read_vec(f, 1, 2).unwrap(), &data[1..3]);
+    fs.snapshot_delete(b"s").unwrap();
+    assert_eq!(used(&fs).0, 0, "the last holder gave the pages back");
+    assert_eq!(clone.read_vec(f, 4096, 3).unwrap(), &data[4096..4099]);
+    // Rollback shares the snapshot's pages again.
+    fs.write_file(C, ROOT_INO, "/f", &data).unwrap();
+    fs.snapshot_create(b"t").unwrap();
+    fs.write_file(C, ROOT_INO, "/f", b"short").unwrap();
+    fs.rollback_to_snapshot(b"t").unwrap();
+    assert_eq!(fs.read_file(ROOT_INO, "/f").unwrap(), data);
+    assert_eq!(used(&fs).0, 10);
+    fs.snapshot_delete(b"t").unwrap();
+    assert_eq!(used(&fs), live_usage(&fs));
 }
