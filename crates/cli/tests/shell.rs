@@ -322,10 +322,7 @@ fn errors_are_one_clear_line() {
             "snapshot: bad snapshot name \"..\": 1-255 bytes, no '/', not . or ..",
         ),
         ("snapshot delete s", "snapshot: no snapshot named s"),
-        (
-            "ls .snapshots/s",
-            "ls: no such file: .snapshots/s",
-        ),
+        ("ls .snapshots/s", "ls: no such file: .snapshots/s"),
         (
             "snapshot create s; read .snapshots/s",
             "read: is a directory: .snapshots/s",

@@ -6,12 +6,13 @@
 //! The tree: `--files` empty files, 1,000 per directory, and one data file of
 //! `--data` bytes (fio's target). Steps, in this order on one mount:
 //! 1. fio 4 KiB random writes to the data file with no snapshot (the rate to
-//!    keep), and the server's resident memory;
-//! 2. `snapshot create s1` while a writer loops 4 KiB writes to another file:
-//!    the command's wall time and the longest single write that overlapped it,
-//!    against the longest in an equal window without a snapshot;
-//! 3. the resident memory the unchanged snapshot added, as a share of what
+//!    keep);
+//! 2. `snapshot create s0` of the quiet tree: the command's wall time, and
+//!    the resident memory the unchanged snapshot added, as a share of what
 //!    the tree took;
+//! 3. `snapshot create s1` while a writer loops 4 KiB writes to another
+//!    file: the longest single write that overlapped it, against the longest
+//!    in an equal window without a snapshot;
 //! 4. the same fio random writes again (now every first write to a page
 //!    copies it);
 //! 5. fio 1 MiB sequential reads of `.snapshots/s1/...` against the live file;
@@ -127,24 +128,29 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         false,
     )?
     .write_iops;
+
+    // 2. A snapshot of the quiet tree, and the memory it adds.
+    settle();
     let tree = ProcMemory::of(mount.pid())?;
-
-    // 2. The snapshot and the longest write beside it.
-    let stall_file = mount.path().join("data/stall");
-    File::create(&stall_file)?.set_len(64 << 20)?;
-    let (quiet_ms, _) = longest_write_during(&stall_file, || {
-        std::thread::sleep(Duration::from_millis(100));
-        Ok(())
-    })?;
-    let (stall_ms, create_ms) = longest_write_during(&stall_file, || {
-        memfs(&exe, &["snapshot", "create", "s1", "--mount"], mount.path())
-    })?;
-
-    // 3. What the unchanged snapshot holds.
-    std::thread::sleep(Duration::from_millis(200)); // freed memory returns lazily
+    let started = Instant::now();
+    memfs(&exe, &["snapshot", "create", "s0", "--mount"], mount.path())?;
+    let create_ms = ms(started.elapsed());
+    settle();
     let snap = ProcMemory::of(mount.pid())?;
     let tree_bytes = tree.rss.saturating_sub(idle.rss).max(1) as f64;
     let memory_pct = snap.rss.saturating_sub(tree.rss) as f64 / tree_bytes * 100.0;
+
+    // 3. A snapshot while a writer runs: its longest write against the
+    //    longest in an equal window without a snapshot.
+    let stall_file = mount.path().join("data/stall");
+    File::create(&stall_file)?.set_len(64 << 20)?;
+    let (stall_ms, window_ms) = longest_write_during(&stall_file, || {
+        memfs(&exe, &["snapshot", "create", "s1", "--mount"], mount.path())
+    })?;
+    let (quiet_ms, _) = longest_write_during(&stall_file, || {
+        std::thread::sleep(Duration::from_secs_f64(window_ms / 1000.0));
+        Ok(())
+    })?;
 
     // 4. Random writes after it.
     let after_rate = fio(
@@ -235,6 +241,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     let cp_ms = ms(started.elapsed());
 
     let figs = [
+        // Wall time of the whole command: process start, socket, reply.
         Figure::new("snapshot.create", "ms", create_ms)
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better()
@@ -271,6 +278,11 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         "targets_at": "1000000 files, 4 GiB (issue 12)",
     });
     Ok(report)
+}
+
+/// Lets the allocator return freed memory, so that VmRSS shows what stays.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(200));
 }
 
 fn ms(d: Duration) -> f64 {
