@@ -35,6 +35,7 @@ use crate::common::{
     ChildGuard, Figure, MIB, MemfsMount, ProcMemory, Report, TmpfsDir, check_interrupted,
     install_interrupt_handler, progress, split_args,
 };
+use crate::system::{is_mounted, lazy_unmount};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
@@ -179,28 +180,24 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     .read_bw;
 
     // 6. A clone to a usable mount.
-    let clone_dir = tempfile::Builder::new()
-        .prefix("memfs-bench-clone-")
-        .tempdir()?;
-    let clone_path = clone_dir.path().to_path_buf();
+    let clone = CloneMount::new()?;
     let started = Instant::now();
     memfs_cmd(
         &exe,
         &["clone", "s1"],
-        &[&clone_path, Path::new("--mount"), mount.path()],
+        &[&clone.0, Path::new("--mount"), mount.path()],
     )?;
     let clone_ms = ms(started.elapsed());
-    let clone_ok = clone_path
+    let clone_ok = clone
+        .0
         .join("data/fio-file")
         .metadata()
         .is_ok_and(|m| m.len() == data);
-    let _ = memfs_cmd(&exe, &["umount"], &[&clone_path]);
+    memfs_cmd(&exe, &["umount"], &[&clone.0])?;
     if !clone_ok {
-        bail!(
-            "the clone at {} does not show the snapshot's data file",
-            clone_path.display()
-        );
+        bail!("the clone did not show the snapshot's data file");
     }
+    drop(clone);
 
     // 7. Rewrite 1 % of the files, then roll back.
     let changed = (args.files / 100).max(1);
@@ -278,6 +275,29 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         "targets_at": "1000000 files, 4 GiB (issue 12)",
     });
     Ok(report)
+}
+
+/// The clone's mount point: unmounted (if `memfs umount` did not) and
+/// removed however the run ends, never recursed into.
+struct CloneMount(PathBuf);
+
+impl CloneMount {
+    fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("memfs-bench-clone-")
+            .tempdir()
+            .context("cannot create the clone's mount point")?;
+        Ok(CloneMount(dir.keep()))
+    }
+}
+
+impl Drop for CloneMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            lazy_unmount(&self.0);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
 
 /// Lets the allocator return freed memory, so that VmRSS shows what stays.
