@@ -11,8 +11,8 @@
 use clap::{CommandFactory, Parser, Subcommand};
 use memfs_bench::benchmarks::{
     block as bench_block, durability as bench_durability, fio as bench_fio, lock as bench_lock,
-    memory as bench_memory, metadata as bench_metadata, store_server as bench_store_server,
-    workload as bench_workload,
+    memory as bench_memory, metadata as bench_metadata, snapshot as bench_snapshot,
+    store_server as bench_store_server, workload as bench_workload,
 };
 use memfs_bench::{all as bench_all, report as bench_report};
 
@@ -79,6 +79,8 @@ enum BenchCommand {
     Metadata(bench_metadata::Args),
     /// Server memory after 1M empty files and after 1 GiB of data.
     Memory(bench_memory::Args),
+    /// Copy-on-write snapshots on a live mount: create, stall, memory, COW writes, reads, clone, rollback.
+    Snapshot(bench_snapshot::Args),
     /// Durability targets: journaled metadata and fio, checkpoint latency, recovery speed.
     Durability(bench_durability::Args),
     /// Shell workload: create, write, read, delete phases against thread counts.
@@ -152,6 +154,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand::Fio(args)) => bench_fio::run(args),
         Command::Bench(BenchCommand::Metadata(args)) => bench_metadata::run(args),
         Command::Bench(BenchCommand::Memory(args)) => bench_memory::run(args),
+        Command::Bench(BenchCommand::Snapshot(args)) => bench_snapshot::run(args),
         Command::Bench(BenchCommand::Durability(args)) => bench_durability::run(args),
         Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
         Command::Bench(BenchCommand::All(args)) => bench_all::run(args),

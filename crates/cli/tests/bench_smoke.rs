@@ -307,6 +307,53 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
 }
 
 #[test]
+fn snapshot_benchmark_reports_every_figure() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipping the snapshot bench smoke test: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    // The bench itself checks the clone's contents and the rollback's
+    // result, and fails the run if either is wrong.
+    let v = run_bench(
+        tmp.path(),
+        &[
+            "bench",
+            "snapshot",
+            "--files",
+            "300",
+            "--data",
+            "4M",
+            "--runtime",
+            "1",
+        ],
+        &out.path().join("snapshot.json"),
+        Duration::from_secs(120),
+    );
+    let figs = check_report(&v, "snapshot");
+    assert_eq!(
+        names(&figs),
+        [
+            "snapshot.create",
+            "snapshot.write_stall",
+            "snapshot.memory_unchanged",
+            "snapshot.randwrite_4k_after",
+            "snapshot.read_1m_snapshot",
+            "snapshot.clone",
+            "snapshot.rollback_1pct",
+        ]
+    );
+    for f in &figs {
+        assert!(f["target"].as_f64().is_some(), "{f}");
+        if f["figure"] != "snapshot.memory_unchanged" {
+            assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
+            assert!(f["baseline"].as_f64().unwrap() > 0.0, "{f}");
+        }
+    }
+}
+
+#[test]
 fn durability_benchmark_reports_every_figure() {
     if let Some(why) = skip_reason() {
         eprintln!("skipping the durability bench smoke test: {why}");

@@ -167,7 +167,7 @@ impl FioJob {
     }
 }
 
-fn parse_bytes(s: &str) -> anyhow::Result<u64> {
+pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
     parse_size::Config::new()
         .with_binary()
         .parse_size(s.trim())

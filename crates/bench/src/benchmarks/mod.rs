@@ -1,7 +1,7 @@
 //! One module per benchmark. Each has clap `Args`, a `run` for its own
 //! command and (but `durability`) a `report` that `bench all` calls. They use
 //! `crate::common`; the only uses between benchmarks point one way:
-//! `durability` and `memory` reuse `metadata` and `fio`.
+//! `durability` and `memory` reuse `metadata` and `fio`; `snapshot` reuses `fio`.
 
 pub mod block;
 pub mod durability;
@@ -10,5 +10,6 @@ pub mod lock;
 pub mod lock_engine;
 pub mod memory;
 pub mod metadata;
+pub mod snapshot;
 pub mod store_server;
 pub mod workload;

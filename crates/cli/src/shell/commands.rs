@@ -171,26 +171,23 @@ pub const COMMANDS: &[Spec] = &[
     Spec {
         name: "snapshot",
         usage: "snapshot create NAME | list | delete NAME",
-        summary: "named snapshots (in memory: copy-on-write, browse with snapls)",
-        details: "With --data-dir: pinned commits of the journal. In memory: the engine's snapshots.",
-    },
-    Spec {
-        name: "snapshots",
-        usage: "snapshots",
-        summary: "list snapshots (snapshot list)",
-        details: "",
-    },
-    Spec {
-        name: "snapls",
-        usage: "snapls NAME [PATH]",
-        summary: "list a directory of an in-memory snapshot (like ls .snapshots/NAME/PATH)",
-        details: "",
+        summary: "named copy-on-write snapshots, browsable in .snapshots/NAME",
+        details: "Instant: a snapshot shares every page and directory with the live tree\n\
+                  and grows only with later changes. With --data-dir it is also a pinned\n\
+                  commit that survives restarts (browsable until the session reopens).",
     },
     Spec {
         name: "rollback",
-        usage: "rollback --to SNAPSHOT | rollback SNAPSHOT",
-        summary: "return to a snapshot",
-        details: "",
+        usage: "rollback --to SNAPSHOT",
+        summary: "make the live tree the snapshot's again",
+        details: "Without --data-dir the switch is in place and keeps every snapshot;\n\
+                  with one, the data directory is rolled back (later snapshots go).",
+    },
+    Spec {
+        name: "diff",
+        usage: "diff SNAPSHOT [SNAPSHOT | -]",
+        summary: "paths created (+), deleted (-), modified (M), renamed (R) between two states",
+        details: "- (the default second side) is the live tree.",
     },
     Spec {
         name: "help",
@@ -319,9 +316,8 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
         "xattr" => xattr(sh, args),
         "log" => log(sh, args),
         "snapshot" => snapshot(sh, args),
-        "snapshots" => snapshot(sh, &["list".to_string()]),
-        "snapls" => snapls(sh, args),
         "rollback" => rollback(sh, args),
+        "diff" => diff(sh, args),
         "help" => help(sh, args),
         "clear" => clear(sh, args),
         "exit" => exit(sh, args),
@@ -331,7 +327,7 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
 
 // ---- shared helpers --------------------------------------------------------------
 
-fn name_str(name: &[u8]) -> String {
+pub(super) fn name_str(name: &[u8]) -> String {
     String::from_utf8_lossy(name).into_owned()
 }
 
@@ -602,7 +598,14 @@ fn read(sh: &mut Shell, args: &[String]) -> CmdResult {
     }
     let mut results = Vec::new();
     for path in &o.operands {
-        let r = match sh.fs.read_file(sh.cwd(), path) {
+        let found = match super::snap::split(sh.cwd(), path) {
+            Some(comps) => super::snap::read(&sh.fs, path, &comps),
+            None => sh.fs.read_file(sh.cwd(), path).map_err(|e| match e {
+                Errno::EINVAL => super::CmdError(format!("not a regular file: {path}")),
+                e => fs_err(e, path),
+            }),
+        };
+        let r = match found {
             Ok(data) => {
                 sh.out.write_all(&data)?;
                 if !data.is_empty() && !data.ends_with(b"\n") {
@@ -610,8 +613,7 @@ fn read(sh: &mut Shell, args: &[String]) -> CmdResult {
                 }
                 Ok(())
             }
-            Err(Errno::EINVAL) => err(format!("not a regular file: {path}")),
-            Err(e) => Err(fs_err(e, path)),
+            Err(e) => Err(e),
         };
         results.push(r);
     }
@@ -636,6 +638,16 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
 }
 
 fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
+    ls_line_with(name, a, long, |ino| fs.readlink(ino).ok())
+}
+
+/// One `ls` line; `target` gives a symbolic link's target (live tree or snapshot).
+pub(super) fn ls_line_with(
+    name: &[u8],
+    a: &Attr,
+    long: bool,
+    target: impl FnOnce(u64) -> Option<Vec<u8>>,
+) -> String {
     let shown = quote(&name_str(name));
     if !long {
         return shown;
@@ -651,7 +663,7 @@ fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
         shown
     );
     if a.kind == FileType::Symlink {
-        if let Ok(t) = fs.readlink(a.ino) {
+        if let Some(t) = target(a.ino) {
             line.push_str(" -> ");
             line.push_str(&name_str(&t));
         }
@@ -674,6 +686,16 @@ fn ls(sh: &mut Shell, args: &[String]) -> CmdResult {
     let cwd = sh.cwd();
     let mut results = Vec::new();
     for (i, path) in paths.iter().enumerate() {
+        if let Some(comps) = super::snap::split(cwd, path) {
+            if paths.len() > 1 {
+                if i > 0 {
+                    writeln!(sh.out)?;
+                }
+                writeln!(sh.out, "{path}:")?;
+            }
+            results.push(super::snap::ls(sh, path, &comps, long, all));
+            continue;
+        }
         let attr = match sh.fs.stat_path(cwd, path) {
             Ok(a) => a,
             Err(e) => {
@@ -1688,21 +1710,7 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("snapshot");
     }
     if sh.durable.is_none() {
-        let fs = sh.fs.clone();
-        let e = |e: memfs_fs::Errno, n: &str| fs_err(e, n);
-        return match ops.as_slice() {
-            ["create", n] => {
-                let i = fs.snapshot_create(n.as_bytes()).map_err(|x| e(x, n))?;
-                writeln!(sh.out, "snapshot {n} created ({} nodes)", i.nodes).map_err(Into::into)
-            }
-            ["delete", n] => fs.snapshot_delete(n.as_bytes()).map_err(|x| e(x, n)),
-            _ => {
-                for i in fs.snapshot_list() {
-                    writeln!(sh.out, "{}", String::from_utf8_lossy(&i.name))?;
-                }
-                Ok(())
-            }
-        };
+        return super::snap::manage(sh, &ops);
     }
     let d = needs_durable(sh)?;
     let mut buf = Vec::new();
@@ -1712,23 +1720,32 @@ fn snapshot(sh: &mut Shell, args: &[String]) -> CmdResult {
         _ => d.snapshot_list(&mut buf),
     };
     r.map_err(|e| super::CmdError(format!("{e:#}")))?;
+    // The durable snapshot (a pinned commit) is mirrored by an engine one of
+    // the same name, so that `ls .snapshots/NAME` is instant here too; a
+    // session reopened by a rollback starts with none.
+    match ops.as_slice() {
+        ["create", n] => {
+            let _ = sh.fs.snapshot_create(n.as_bytes());
+        }
+        ["delete", n] => {
+            let _ = sh.fs.snapshot_delete(n.as_bytes());
+        }
+        _ => {}
+    }
     sh.out.write_all(&buf)?;
     Ok(())
 }
 
 fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     let o = Opts::parse(args, &[("--to", true)])?;
-    let to = match (o.value("--to"), o.operands.as_slice()) {
-        (Some(t), []) => t.to_string(),
-        (None, [t]) => t.clone(),
-        _ => return usage("rollback"),
+    let Some(to) = o.value("--to") else {
+        return usage("rollback");
     };
-    let to = to.as_str();
+    if !o.operands.is_empty() {
+        return usage("rollback");
+    }
     if sh.durable.is_none() {
-        sh.fs
-            .rollback_to_snapshot(to.as_bytes())
-            .map_err(|e| fs_err(e, to))?;
-        return Ok(());
+        return super::snap::rollback(sh, to);
     }
     let d = needs_durable(sh)?;
     let fs = d
@@ -1740,40 +1757,13 @@ fn rollback(sh: &mut Shell, args: &[String]) -> CmdResult {
     Ok(())
 }
 
-/// `snapls NAME [PATH]`: a directory of snapshot NAME, as `ls` shows one.
-fn snapls(sh: &mut Shell, args: &[String]) -> CmdResult {
-    let (name, path) = match args {
-        [n] => (n, ""),
-        [n, p] => (n, p.as_str()),
-        _ => return usage("snapls"),
-    };
-    let fs = sh.fs.clone();
-    let Some(info) = fs.snapshot_by_name(name.as_bytes()) else {
-        return err(format!("no snapshot named {name}"));
-    };
-    let mut ino = memfs_fs::ROOT_INO;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        ino = fs
-            .snap_lookup(info.id, ino, part.as_bytes())
-            .map_err(|e| fs_err(e, path))?
-            .ino;
+fn diff(sh: &mut Shell, args: &[String]) -> CmdResult {
+    let o = Opts::parse(args, &[])?;
+    match o.operands.as_slice() {
+        [a] => super::snap::diff(sh, a, "-"),
+        [a, b] => super::snap::diff(sh, a, b),
+        _ => usage("diff"),
     }
-    let a = fs.snap_getattr(info.id, ino).map_err(|e| fs_err(e, path))?;
-    if a.kind != FileType::Directory {
-        writeln!(sh.out, "{path}")?;
-        return Ok(());
-    }
-    let mut names = Vec::new();
-    fs.snap_readdir(info.id, ino, 2, |e| {
-        names.push(e.name.to_vec());
-        true
-    })
-    .map_err(|e| fs_err(e, path))?;
-    names.sort();
-    for n in names {
-        writeln!(sh.out, "{}", String::from_utf8_lossy(&n))?;
-    }
-    Ok(())
 }
 
 // ---- session --------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 mod commands;
 mod interactive;
 mod parse;
+mod snap;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;

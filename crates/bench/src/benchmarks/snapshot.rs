@@ -1,0 +1,455 @@
+//! `memfs bench snapshot`: what a copy-on-write snapshot costs on a live
+//! in-memory mount (issue 12's targets), driven through the real commands
+//! (`memfs snapshot create --mount`, `memfs rollback --mount`, `memfs clone`)
+//! and real fio, with `cp -a` of the same tree on tmpfs as the baseline.
+//!
+//! The tree: `--files` empty files, 1,000 per directory, and one data file of
+//! `--data` bytes (fio's target). Steps, in this order on one mount:
+//! 1. fio 4 KiB random writes to the data file with no snapshot (the rate to
+//!    keep);
+//! 2. `snapshot create s0` of the quiet tree: the command's wall time, and
+//!    the resident memory the unchanged snapshot added, as a share of what
+//!    the tree took;
+//! 3. `snapshot create s1` while a writer loops 4 KiB writes to another
+//!    file: the longest single write that overlapped it, against the longest
+//!    in an equal window without a snapshot;
+//! 4. the same fio random writes again (now every first write to a page
+//!    copies it);
+//! 5. fio 1 MiB sequential reads of `.snapshots/s1/...` against the live file;
+//! 6. `memfs clone s1 M2` to a usable mount (then unmounted);
+//! 7. 1 % of the files rewritten, then `memfs rollback --to s1` (checked: a
+//!    rewritten file is empty again afterwards).
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::benchmarks::fio::{fio_available, parse_bytes, parse_fio_json};
+use crate::common::{
+    ChildGuard, Figure, MIB, MemfsMount, ProcMemory, Report, TmpfsDir, check_interrupted,
+    install_interrupt_handler, progress, split_args,
+};
+use crate::system::{is_mounted, lazy_unmount};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Empty files in the tree (the issue's size: 1000000).
+    #[arg(long, default_value_t = 100_000)]
+    pub files: u64,
+    /// Bytes of file data in the tree, one file (the issue's size: 4G).
+    #[arg(long, default_value = "1G")]
+    pub data: String,
+    /// Seconds each fio run takes.
+    #[arg(long, default_value_t = 5)]
+    pub runtime: u64,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "bench-snapshot.json")]
+    pub json: PathBuf,
+    /// Extra `memfs mount` options for the mount under test.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub memfs_args: String,
+    /// The fio binary.
+    #[arg(long, default_value = "fio")]
+    pub fio: PathBuf,
+}
+
+/// Issue 12's targets, stated for 1,000,000 files and 4 GiB.
+const CREATE_MS: f64 = 10.0;
+const STALL_MS: f64 = 1.0;
+const MEMORY_PCT: f64 = 1.0;
+const RANDWRITE_RATIO: f64 = 0.8;
+const ROLLBACK_MS: f64 = 100.0;
+const SNAPSHOT_READ_RATIO: f64 = 0.9;
+const CLONE_MS: f64 = 50.0;
+const FILES_PER_DIR: u64 = 1000;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let report = report(&args)?;
+    print!("{}", report.table());
+    report.write_json(&args.json)?;
+    eprintln!("snapshot: results written to {}", args.json.display());
+    Ok(())
+}
+
+pub fn report(args: &Args) -> anyhow::Result<Report> {
+    install_interrupt_handler();
+    let data =
+        parse_bytes(&args.data).with_context(|| format!("invalid --data {:?}", args.data))?;
+    if data < MIB as u64 {
+        bail!("--data must be at least 1M (fio reads it in 1 MiB blocks)");
+    }
+    if args.runtime == 0 {
+        bail!("--runtime must be at least 1 second");
+    }
+    if !fio_available(&args.fio) {
+        bail!(
+            "{} not found: install fio (apt-get install fio)",
+            args.fio.display()
+        );
+    }
+    let exe = std::env::current_exe().context("cannot find the memfs executable")?;
+    let mut report = Report::new("snapshot", serde_json::Value::Null);
+    let started_all = Instant::now();
+
+    // Twice the data (the snapshot's copies) plus room for the tree.
+    let size = 2 * data + args.files * 8192 + (256 << 20);
+    let mut margs = split_args(&args.memfs_args);
+    margs.extend([
+        "--size".into(),
+        size.to_string(),
+        "--inodes".into(),
+        (args.files * 2 + 10_000).to_string(),
+    ]);
+    let mount = MemfsMount::with_exe(&exe, &margs)?;
+    let idle = mount.memory()?;
+    let built = Instant::now();
+    build_tree(mount.path(), args.files, data)?;
+    eprintln!(
+        "snapshot: built {} files and {} MiB on memfs in {:.1} s",
+        args.files,
+        data >> 20,
+        built.elapsed().as_secs_f64()
+    );
+    let fio_file = mount.path().join("data/fio-file");
+
+    // 1. Random writes with no snapshot.
+    let before_rate = fio(
+        &args.fio,
+        &fio_file,
+        data,
+        "randwrite",
+        "4k",
+        args.runtime,
+        false,
+    )?
+    .write_iops;
+
+    // 2. A snapshot of the quiet tree, and the memory it adds.
+    settle();
+    let tree = ProcMemory::of(mount.pid())?;
+    let started = Instant::now();
+    memfs(&exe, &["snapshot", "create", "s0", "--mount"], mount.path())?;
+    let create_ms = ms(started.elapsed());
+    settle();
+    let snap = ProcMemory::of(mount.pid())?;
+    let tree_bytes = tree.rss.saturating_sub(idle.rss).max(1) as f64;
+    let memory_pct = snap.rss.saturating_sub(tree.rss) as f64 / tree_bytes * 100.0;
+
+    // 3. A snapshot while a writer runs: its longest write against the
+    //    longest in an equal window without a snapshot.
+    let stall_file = mount.path().join("data/stall");
+    File::create(&stall_file)?.set_len(64 << 20)?;
+    let (stall_ms, window_ms) = longest_write_during(&stall_file, || {
+        memfs(&exe, &["snapshot", "create", "s1", "--mount"], mount.path())
+    })?;
+    let (quiet_ms, _) = longest_write_during(&stall_file, || {
+        std::thread::sleep(Duration::from_secs_f64(window_ms / 1000.0));
+        Ok(())
+    })?;
+
+    // 4. Random writes after it.
+    let after_rate = fio(
+        &args.fio,
+        &fio_file,
+        data,
+        "randwrite",
+        "4k",
+        args.runtime,
+        false,
+    )?
+    .write_iops;
+
+    // 5. Reading the snapshot against reading the live tree.
+    let snap_file = mount.path().join(".snapshots/s1/data/fio-file");
+    let live_read = fio(&args.fio, &fio_file, data, "read", "1m", args.runtime, true)?.read_bw;
+    let snap_read = fio(
+        &args.fio,
+        &snap_file,
+        data,
+        "read",
+        "1m",
+        args.runtime,
+        true,
+    )?
+    .read_bw;
+
+    // 6. A clone to a usable mount.
+    let clone = CloneMount::new()?;
+    let started = Instant::now();
+    memfs_cmd(
+        &exe,
+        &["clone", "s1"],
+        &[&clone.0, Path::new("--mount"), mount.path()],
+    )?;
+    let clone_ms = ms(started.elapsed());
+    let clone_ok = clone
+        .0
+        .join("data/fio-file")
+        .metadata()
+        .is_ok_and(|m| m.len() == data);
+    memfs_cmd(&exe, &["umount"], &[&clone.0])?;
+    if !clone_ok {
+        bail!("the clone did not show the snapshot's data file");
+    }
+    drop(clone);
+
+    // 7. Rewrite 1 % of the files, then roll back.
+    let changed = (args.files / 100).max(1);
+    for i in 0..changed {
+        let f = file_path(mount.path(), i * 100 % args.files.max(1));
+        std::fs::write(&f, b"changed").with_context(|| format!("write {}", f.display()))?;
+    }
+    let started = Instant::now();
+    memfs(
+        &exe,
+        &["rollback", "--yes", "--to", "s1", "--mount"],
+        mount.path(),
+    )?;
+    let rollback_ms = ms(started.elapsed());
+    let probe = file_path(mount.path(), 0);
+    if std::fs::metadata(&probe)?.len() != 0 {
+        bail!(
+            "after the rollback {} still has the rewritten bytes",
+            probe.display()
+        );
+    }
+
+    // The baseline: `cp -a` of the same tree on a fresh tmpfs.
+    let tmp = TmpfsDir::new(3 * data + args.files * 8192 + (256 << 20))?;
+    let src = tmp.path().join("tree");
+    std::fs::create_dir(&src)?;
+    build_tree(&src, args.files, data)?;
+    let started = Instant::now();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(tmp.path().join("copy"))
+        .status()
+        .context("cannot run cp")?;
+    if !st.success() {
+        bail!("cp -a on tmpfs failed ({st})");
+    }
+    let cp_ms = ms(started.elapsed());
+
+    let figs = [
+        // Wall time of the whole command: process start, socket, reply.
+        Figure::new("snapshot.create", "ms", create_ms)
+            .baseline("cp -a on tmpfs", cp_ms, None)
+            .lower_is_better()
+            .target(Some(CREATE_MS)),
+        Figure::new("snapshot.write_stall", "ms", stall_ms)
+            .baseline("longest write, no snapshot", quiet_ms, None)
+            .lower_is_better()
+            .target(Some(STALL_MS)),
+        Figure::new("snapshot.memory_unchanged", "% of tree", memory_pct)
+            .lower_is_better()
+            .target(Some(MEMORY_PCT)),
+        Figure::new("snapshot.randwrite_4k_after", "IOPS", after_rate)
+            .baseline("no snapshot", before_rate, None)
+            .target(Some(RANDWRITE_RATIO * before_rate)),
+        Figure::new("snapshot.read_1m_snapshot", "MiB/s", snap_read / MIB)
+            .baseline("live tree", live_read / MIB, None)
+            .target(Some(SNAPSHOT_READ_RATIO * live_read / MIB)),
+        Figure::new("snapshot.clone", "ms", clone_ms)
+            .baseline("cp -a on tmpfs", cp_ms, None)
+            .lower_is_better()
+            .target(Some(CLONE_MS)),
+        Figure::new("snapshot.rollback_1pct", "ms", rollback_ms)
+            .baseline("cp -a on tmpfs", cp_ms, None)
+            .lower_is_better()
+            .target(Some(ROLLBACK_MS)),
+    ];
+    report.figures.extend(figs);
+    report.duration_secs = started_all.elapsed().as_secs_f64();
+    report.config = serde_json::json!({
+        "files": args.files,
+        "data_bytes": data,
+        "fio_runtime_secs": args.runtime,
+        "memfs_args": margs,
+        "targets_at": "1000000 files, 4 GiB (issue 12)",
+    });
+    Ok(report)
+}
+
+/// The clone's mount point: unmounted (if `memfs umount` did not) and
+/// removed however the run ends, never recursed into.
+struct CloneMount(PathBuf);
+
+impl CloneMount {
+    fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("memfs-bench-clone-")
+            .tempdir()
+            .context("cannot create the clone's mount point")?;
+        Ok(CloneMount(dir.keep()))
+    }
+}
+
+impl Drop for CloneMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            lazy_unmount(&self.0);
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Lets the allocator return freed memory, so that VmRSS shows what stays.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(200));
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn file_path(root: &Path, i: u64) -> PathBuf {
+    root.join(format!("d{}", i / FILES_PER_DIR))
+        .join(format!("f{}", i % FILES_PER_DIR))
+}
+
+/// `files` empty files, 1,000 a directory, and `data/fio-file` of `data` bytes.
+fn build_tree(root: &Path, files: u64, data: u64) -> anyhow::Result<()> {
+    let bar = progress(files + data / MIB as u64, "{msg:24} {wide_bar} {pos}/{len}");
+    bar.set_message("building the tree");
+    for i in 0..files {
+        if i % FILES_PER_DIR == 0 {
+            std::fs::create_dir(root.join(format!("d{}", i / FILES_PER_DIR)))?;
+            check_interrupted()?;
+        }
+        File::create(file_path(root, i))?;
+        bar.inc(1);
+    }
+    std::fs::create_dir(root.join("data"))?;
+    let mut f = File::create(root.join("data/fio-file"))?;
+    let mut chunk = vec![0u8; MIB as usize];
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..data / MIB as u64 {
+        // Not zeros: a page of zeros could be stored as a hole some day.
+        for w in chunk.chunks_exact_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            w.copy_from_slice(&x.to_le_bytes());
+        }
+        f.write_all(&chunk)?;
+        bar.inc(1);
+    }
+    f.set_len(data)?;
+    f.sync_all()?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+/// Runs `during` while a thread writes 4 KiB blocks to `file` in a loop;
+/// returns the longest single write that overlapped `during` and how long
+/// `during` took, both in ms.
+fn longest_write_during(
+    file: &Path,
+    during: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<(f64, f64)> {
+    let f = OpenOptions::new().write(true).open(file)?;
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| -> anyhow::Result<Vec<(Instant, Instant)>> {
+            let block = [7u8; 4096];
+            let mut spans = Vec::new();
+            let mut off = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                let t0 = Instant::now();
+                f.write_all_at(&block, off)?;
+                spans.push((t0, Instant::now()));
+                off = (off + 4096) % (64 << 20);
+            }
+            Ok(spans)
+        });
+        // Let the writer reach its steady state first.
+        std::thread::sleep(Duration::from_millis(50));
+        let t0 = Instant::now();
+        let r = during();
+        let t1 = Instant::now();
+        std::thread::sleep(Duration::from_millis(20));
+        stop.store(true, Ordering::Release);
+        let spans = writer.join().expect("writer thread")?;
+        r?;
+        let longest = spans
+            .iter()
+            .filter(|(a, b)| *b >= t0 && *a <= t1)
+            .map(|(a, b)| b.duration_since(*a))
+            .max()
+            .unwrap_or_default();
+        Ok((ms(longest), ms(t1 - t0)))
+    })
+}
+
+/// `memfs ARGS... MOUNT`, failing with its output.
+fn memfs(exe: &Path, args: &[&str], mount: &Path) -> anyhow::Result<()> {
+    memfs_cmd(exe, args, &[mount])
+}
+
+fn memfs_cmd(exe: &Path, args: &[&str], paths: &[&Path]) -> anyhow::Result<()> {
+    let out = Command::new(exe)
+        .args(args)
+        .args(paths)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    if !out.status.success() {
+        bail!(
+            "memfs {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// One fio job on an existing file (never laid out or removed by fio).
+fn fio(
+    fio: &Path,
+    file: &Path,
+    size: u64,
+    rw: &str,
+    bs: &str,
+    runtime: u64,
+    readonly: bool,
+) -> anyhow::Result<crate::benchmarks::fio::FioResult> {
+    check_interrupted()?;
+    let mut cmd = Command::new(fio);
+    cmd.args([
+        "--name=snapshot",
+        &format!("--filename={}", file.display()),
+        &format!("--rw={rw}"),
+        &format!("--bs={bs}"),
+        &format!("--size={size}"),
+        "--direct=1",
+        "--ioengine=libaio",
+        "--iodepth=32",
+        &format!("--runtime={runtime}"),
+        "--time_based",
+        "--output-format=json",
+    ]);
+    if readonly {
+        cmd.arg("--readonly");
+    }
+    let out = ChildGuard::group(&mut cmd)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", fio.display()))?;
+    if !out.status.success() {
+        bail!(
+            "fio {rw} {bs} on {} failed ({}): {}",
+            file.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    parse_fio_json(&String::from_utf8_lossy(&out.stdout))
+}
