@@ -147,10 +147,9 @@ impl Core {
 
     /// Copies every node of the tree not copied yet: a walk from the root
     /// (a node of the base that no directory names any more was copied
-    /// when it lost its last name). Needs the tree not to change meanwhile
-    /// for a complete result ([`Core::detach`] holds the gate); a full
-    /// listing ([`crate::Fs::nodes`]) takes what is there.
-    pub(crate) fn materialize_all(&self) -> Result<()> {
+    /// when it lost its last name). Complete only if the tree does not
+    /// change meanwhile ([`Core::detach`] holds the gate).
+    fn materialize_all(&self) -> Result<()> {
         if self.base.read_recursive().is_none() {
             return Ok(());
         }
@@ -179,9 +178,13 @@ impl Core {
     }
 
     /// Makes this clone whole and independent of its base (the base's
-    /// snapshot is being deleted): O(nodes not copied yet), with changes
-    /// to this tree held back meanwhile.
+    /// snapshot is being deleted, or every node is wanted): O(nodes not
+    /// copied yet), with changes to this tree held back meanwhile. Not from
+    /// inside an operation that holds the gate.
     pub(crate) fn detach(&self) -> Result<()> {
+        if self.base.read_recursive().is_none() {
+            return Ok(());
+        }
         let _gate = self.snaps.gate.write();
         self.materialize_all()?;
         *self.base.write() = None;

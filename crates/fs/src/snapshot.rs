@@ -718,9 +718,10 @@ impl Fs {
     }
 
     /// Copies every node a lazy clone has not copied yet (a walk of its
-    /// tree); nothing for other file systems.
+    /// tree, changes held back meanwhile), which makes it independent of
+    /// its origin; nothing for other file systems.
     pub(crate) fn materialize_all(&self) {
-        if let Err(e) = self.core.materialize_all() {
+        if let Err(e) = self.core.detach() {
             tracing::error!(%e, "lazy clone: copying its tree failed");
         }
     }
