@@ -236,14 +236,33 @@ fn main() {
     println!("dropping the clone: {:.0} ms", ms(t.elapsed()));
     // Deleting a snapshot a lazy clone still reads makes the clone whole.
     fs.snapshot_create(b"c").unwrap();
-    let clone = fs.clone_snapshot(b"c", fs.config()).unwrap();
+    // A writer in the clone meanwhile: its slowest write is the clone's
+    // stall while the deletion makes it whole.
+    let clone = Arc::new(fs.clone_snapshot(b"c", fs.config()).unwrap());
+    let (w, _) = clone.create(C, ROOT_INO, b"w", 0o644, true).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (clone, stop) = (clone.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut worst = Duration::ZERO;
+            while !stop.load(Ordering::Relaxed) {
+                let t = Instant::now();
+                clone.write(C, w.ino, 0, b"w", false).unwrap();
+                worst = worst.max(t.elapsed());
+            }
+            worst
+        })
+    };
     let t = Instant::now();
     fs.snapshot_delete(b"c").unwrap();
     let took = t.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let worst = writer.join().unwrap();
     println!(
-        "snapshot_delete with an unused lazy clone reading it (copies {} nodes): {:.0} ms",
+        "snapshot_delete with a lazy clone reading it (copies {} nodes): {:.0} ms, slowest write in the clone meanwhile {:.0} ms",
         clone.inode_count(),
-        ms(took)
+        ms(took),
+        ms(worst)
     );
     drop(clone);
     let t = Instant::now();

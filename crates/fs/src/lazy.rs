@@ -185,6 +185,9 @@ impl Core {
         if self.base.read_recursive().is_none() {
             return Ok(());
         }
+        // Most of the copying first, while the clone's writers go on; then
+        // again with them held back, to catch a name moved behind the walk.
+        self.materialize_all()?;
         let _gate = self.snaps.gate.write();
         self.materialize_all()?;
         *self.base.write() = None;
