@@ -184,7 +184,7 @@ impl Fs {
 
     /// Rebuild: sets node `ino`'s flags (from a checkpoint image).
     pub fn apply_flags(&self, ino: u64, flags: u32) {
-        if let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) {
+        if let Some(n) = self.core.inodes.get(&ino).map(|n| n.clone()) {
             set_raw(&n, flags);
         }
     }

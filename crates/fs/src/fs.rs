@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
-type InoHasher = hashbrown::DefaultHashBuilder;
+pub(crate) type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::acl::{self, Acl};
@@ -54,11 +54,10 @@ pub struct DirEntry<'a> {
 
 /// An in-memory POSIX file system.
 pub struct Fs {
-    /// Keyed by inode numbers this table hands out itself, never by a
-    /// caller's choice, so the default SipHash's resistance to chosen keys
-    /// buys nothing, while every lookup, create and unlink hashes one to
-    /// three inode numbers here.
-    pub(crate) inodes: DashMap<u64, Arc<Inode>, InoHasher>,
+    /// The node table and the snapshots, shared with the lazy clones taken
+    /// of this file system's snapshots (`lazy.rs`), which read them after
+    /// this object is gone.
+    pub(crate) core: Arc<crate::lazy::Core>,
     pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
@@ -74,9 +73,6 @@ pub struct Fs {
     /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
     /// than a field in every inode.
     linkable: DashMap<u64, (), InoHasher>,
-    /// Named snapshots and the gate that makes each one a single instant
-    /// (`snapshot.rs`).
-    pub(crate) snaps: crate::snapshot::Snapshots,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -213,18 +209,23 @@ impl Fs {
         root.nlookup.store(1, Ordering::Relaxed);
         let inodes = DashMap::with_hasher_and_shard_amount(InoHasher::default(), 64);
         inodes.insert(ROOT_INO, Arc::new(root));
+        let used_pages = Arc::new(AtomicU64::new(0));
+        let used_inodes = Arc::new(AtomicU64::new(1));
         Fs {
-            inodes,
+            core: Arc::new(crate::lazy::Core::new(
+                inodes,
+                used_pages.clone(),
+                used_inodes.clone(),
+            )),
             next_ino: AtomicU64::new(ROOT_INO + 1),
             max_pages: config.capacity / PAGE,
             config,
-            used_pages: Arc::new(AtomicU64::new(0)),
-            used_inodes: Arc::new(AtomicU64::new(1)),
+            used_pages,
+            used_inodes,
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
             linkable: DashMap::with_hasher(InoHasher::default()),
-            snaps: Default::default(),
         }
     }
 
@@ -233,8 +234,10 @@ impl Fs {
     }
 
     /// Number of inodes in the table (the root included).
+    /// A lazy clone copies its whole tree first.
     pub fn inode_count(&self) -> usize {
-        self.inodes.len()
+        self.materialize_all();
+        self.core.inodes.len()
     }
 
     /// Id of the last commit.
@@ -286,10 +289,7 @@ impl Fs {
     }
 
     pub(crate) fn get(&self, ino: u64) -> Result<Arc<Inode>> {
-        self.inodes
-            .get(&ino)
-            .map(|r| r.value().clone())
-            .ok_or(Errno::ENOENT)
+        self.core.get(ino)
     }
 
     fn reserve_pages(&self, n: u64) -> Result<()> {
@@ -365,7 +365,9 @@ impl Fs {
         };
         // Only this object: a rollback may have put another node of the
         // same number into the table meanwhile.
-        self.inodes
+        self.core.forget(inode.ino);
+        self.core
+            .inodes
             .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
         self.linkable.remove(&inode.ino);
         self.release_pages(pages);
@@ -724,7 +726,7 @@ impl Fs {
             .xattrs
             .is_some()
             .then(|| inode.clone());
-        self.inodes.insert(ino, inode);
+        self.core.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
         if kind == FileType::Directory {
             st.meta.nlink += 1;
@@ -1026,7 +1028,7 @@ impl Fs {
         // counted, or replays the record over it.
         let st = self.write_state(&inode);
         let attr = st.attr(ino, kind);
-        self.inodes.insert(ino, inode.clone());
+        self.core.inodes.insert(ino, inode.clone());
         let logged = self.log(|| Mutation::Tmpfile { attr }).and_then(|()| {
             // The inherited ACLs, after the node's record: no one else can
             // reach the node before this returns.
@@ -1044,7 +1046,7 @@ impl Fs {
         if let Err(e) = logged {
             // Nobody else knows the number yet: take the node back whole.
             drop(st);
-            self.inodes.remove(&ino);
+            self.core.inodes.remove(&ino);
             self.linkable.remove(&ino);
             self.used_inodes.fetch_sub(1, Ordering::AcqRel);
             return Err(e);
@@ -1336,7 +1338,7 @@ impl Fs {
         let kind = FileType::CharDevice;
         let inode = self.new_inode(wino, kind, meta, Body::Special);
         let attr = inode.state.read().attr(wino, kind);
-        self.inodes.insert(wino, inode);
+        self.core.inodes.insert(wino, inode);
         src.dir_mut().expect("dir").insert(name, wino, kind);
         src.touch_mc(now);
         self.log(|| Mutation::Create {

@@ -19,6 +19,7 @@ mod error;
 mod flags;
 mod fs;
 mod inode;
+mod lazy;
 mod locks;
 mod mutation;
 mod nodes;

@@ -142,8 +142,11 @@ impl NodeView<'_> {
 impl Fs {
     /// Handles on every node, collected first so that no table shard stays
     /// locked while the caller works through them.
+    /// A lazy clone copies its whole tree first.
     pub fn nodes(&self) -> Vec<Node> {
-        self.inodes
+        self.materialize_all();
+        self.core
+            .inodes
             .iter()
             .map(|e| Node(e.value().clone()))
             .collect()
@@ -151,7 +154,7 @@ impl Fs {
 
     /// The node numbered `ino`, if it exists.
     pub fn find_node(&self, ino: u64) -> Option<Node> {
-        self.inodes.get(&ino).map(|n| Node(n.clone()))
+        self.get(ino).ok().map(Node)
     }
 
     /// The number the next new node would get at least.

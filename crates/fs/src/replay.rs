@@ -61,7 +61,7 @@ impl Fs {
         if a.ino == ROOT_INO {
             inode.nlookup.store(1, Ordering::Relaxed);
         }
-        match self.inodes.insert(a.ino, inode.clone()) {
+        match self.core.inodes.insert(a.ino, inode.clone()) {
             Some(old) => self.drop_pages_of(&old),
             None => {
                 self.used_inodes.fetch_add(1, Ordering::AcqRel);
@@ -80,7 +80,7 @@ impl Fs {
     /// The node `a` names, created empty if the image did not hold it (it
     /// was freed before the copy reached it, or is being rebuilt).
     fn node(&self, a: &Attr) -> Arc<Inode> {
-        match self.inodes.get(&a.ino) {
+        match self.core.inodes.get(&a.ino) {
             Some(n) if n.kind == a.kind => n.clone(),
             _ => self.install(a, empty_body(a.kind, ROOT_INO, None)),
         }
@@ -150,7 +150,7 @@ impl Fs {
     /// Rebuild: writes whole pages read from an image into file `ino`
     /// (ignored if `ino` is not a regular file).
     pub fn apply_pages(&self, ino: u64, first: u64, data: &[u8]) {
-        let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
+        let Some(n) = self.core.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };
         let mut st = self.write_state(&n);
@@ -166,7 +166,7 @@ impl Fs {
         dir: u64,
         entries: impl Iterator<Item = (&'a [u8], u64, FileType)>,
     ) {
-        let Some(n) = self.inodes.get(&dir).map(|n| n.clone()) else {
+        let Some(n) = self.core.inodes.get(&dir).map(|n| n.clone()) else {
             return;
         };
         let mut st = self.write_state(&n);
@@ -179,7 +179,7 @@ impl Fs {
 
     /// Rebuild: sets extended attributes of node `ino`.
     pub fn apply_xattrs<'a>(&self, ino: u64, xs: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
-        let Some(n) = self.inodes.get(&ino).map(|n| n.clone()) else {
+        let Some(n) = self.core.inodes.get(&ino).map(|n| n.clone()) else {
             return;
         };
         let mut st = self.write_state(&n);
@@ -214,7 +214,7 @@ impl Fs {
             Mutation::Remove { parent, name, attr } => {
                 self.set_entry(&parent, name, None);
                 self.set_attr(&parent);
-                if self.inodes.contains_key(&attr.ino) {
+                if self.core.inodes.contains_key(&attr.ino) {
                     self.set_attr(&attr);
                 }
             }
@@ -238,7 +238,7 @@ impl Fs {
                 self.set_dir_parent(&moved, new_parent.ino);
                 self.set_attr(&moved);
                 if let Some(o) = &other
-                    && self.inodes.contains_key(&o.ino)
+                    && self.core.inodes.contains_key(&o.ino)
                 {
                     self.set_attr(o);
                 }
@@ -308,7 +308,7 @@ impl Fs {
             }
             Mutation::Free { ino } => {
                 if ino != ROOT_INO
-                    && let Some((_, old)) = self.inodes.remove(&ino)
+                    && let Some((_, old)) = self.core.inodes.remove(&ino)
                 {
                     self.drop_pages_of(&old);
                     self.used_inodes.fetch_sub(1, Ordering::AcqRel);
@@ -325,6 +325,7 @@ impl Fs {
     /// them now) and sets the commit counter.
     pub fn finish_rebuild(&self, last_commit: u64) {
         let orphans: Vec<u64> = self
+            .core
             .inodes
             .iter()
             .filter(|e| *e.key() != ROOT_INO && e.value().state.read().meta.nlink == 0)

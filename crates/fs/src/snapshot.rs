@@ -11,6 +11,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::fs::{DirEntry, Fs, check_access};
 use crate::inode::{Body, Inode, Meta, State, attr_of};
+use crate::lazy::{Base, Core};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
 use crate::{Errno, Result};
 
@@ -96,7 +97,7 @@ fn release_body(body: Body) -> u64 {
 /// at the snapshot (`None`: the node did not exist then).
 type Preserved = HashMap<u64, Option<Arc<Frozen>>>;
 
-struct Snap {
+pub(crate) struct Snap {
     id: u64,
     name: Vec<u8>,
     created: Timespec,
@@ -107,6 +108,9 @@ struct Snap {
     /// were. A node changed after several snapshots is kept once, in the
     /// newest of them; older snapshots find it there (see [`Fs::snap_node`]).
     map: Mutex<Preserved>,
+    /// Lazy clones still reading this snapshot (`lazy.rs`): deleting it
+    /// first makes them whole.
+    pub(crate) clones: Mutex<Vec<std::sync::Weak<Core>>>,
 }
 
 impl Snap {
@@ -138,7 +142,7 @@ pub(crate) struct Snapshots {
     /// a node (under the node's lock) take it with `read_recursive`: a
     /// reader waits for a node lock while holding this shared, and a fair
     /// `read` would queue behind a waiting create or delete (deadlock).
-    list: RwLock<Vec<Arc<Snap>>>,
+    pub(crate) list: RwLock<Vec<Arc<Snap>>>,
     /// `list.len()`, readable without its lock.
     count: AtomicUsize,
     next_id: AtomicU64,
@@ -147,7 +151,7 @@ pub(crate) struct Snapshots {
     /// Held shared by every operation that changes the tree, for its whole
     /// body, and exclusively while a snapshot is taken or a rollback runs:
     /// so a snapshot never sees half of a rename. Readers never take it.
-    gate: RwLock<()>,
+    pub(crate) gate: RwLock<()>,
 }
 
 thread_local! {
@@ -205,6 +209,58 @@ fn entry_changes(ino: u64, old: &Body, new: &Body, out: &mut Vec<(u64, Vec<u8>)>
     }
 }
 
+impl Core {
+    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
+    /// first made shared (under its write lock: no change a snapshot can
+    /// see), so that a clone can share them too.
+    pub(crate) fn snap_node<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        share_live: bool,
+        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
+    ) -> Result<R> {
+        // Recursive: `f` may call back into snapshot views (a readdirplus
+        // built on `snap_readdir` + `snap_getattr`), and a fair read would
+        // queue behind a waiting create or delete while this one is held.
+        let list = self.snaps.list.read_recursive();
+        let i = list
+            .binary_search_by_key(&snap, |s| s.id)
+            .map_err(|_| Errno::ESTALE)?;
+        let epoch = list[i].epoch;
+        // A writer that changes the node between the two looks preserves
+        // it first, so the second round finds it; more rounds than writers
+        // could ever race would be a bug in the preservation: an error,
+        // never a hang.
+        for _ in 0..1_000_000 {
+            for s in &list[i..] {
+                let found = s.map.lock().get(&ino).cloned();
+                if let Some(v) = found {
+                    let fr = v.ok_or(Errno::ENOENT)?;
+                    return f(fr.kind, &fr.meta, &fr.body);
+                }
+            }
+            let node = self.get(ino)?;
+            if share_live && node.kind == FileType::RegularFile {
+                let mut st = node.state.write();
+                if st.epoch <= epoch {
+                    if let Body::File(d) = &mut st.body {
+                        d.make_shared();
+                    }
+                    return f(node.kind, &st.meta, &st.body);
+                }
+                continue;
+            }
+            let st = node.state.read();
+            if st.epoch <= epoch {
+                return f(node.kind, &st.meta, &st.body);
+            }
+        }
+        tracing::error!(snap, ino, "snapshot node neither preserved nor unchanged");
+        Err(Errno::EIO)
+    }
+}
+
 impl Fs {
     /// Enters an operation that changes the tree (see [`Snapshots::gate`]).
     pub(crate) fn enter(&self) -> GateGuard<'_> {
@@ -214,7 +270,7 @@ impl Fs {
             v
         });
         GateGuard {
-            _guard: (depth == 0).then(|| self.snaps.gate.read()),
+            _guard: (depth == 0).then(|| self.core.snaps.gate.read()),
         }
     }
 
@@ -223,11 +279,11 @@ impl Fs {
     /// it (inode numbers are never reused).
     pub(crate) fn new_inode(&self, ino: u64, kind: FileType, meta: Meta, body: Body) -> Arc<Inode> {
         let mut inode = Inode::new(ino, kind, meta, body);
-        inode.state.get_mut().epoch = self.snaps.epoch.load(Ordering::Acquire);
+        inode.state.get_mut().epoch = self.core.snaps.epoch.load(Ordering::Acquire);
         // Callers hold the gate (or are a rebuild nobody sees), so no
         // snapshot comes or goes meanwhile: no lock when there are none.
-        if self.snaps.count.load(Ordering::Acquire) > 0
-            && let Some(newest) = self.snaps.list.read_recursive().last()
+        if self.core.snaps.count.load(Ordering::Acquire) > 0
+            && let Some(newest) = self.core.snaps.list.read_recursive().last()
         {
             newest.map.lock().entry(ino).or_insert(None);
         }
@@ -239,7 +295,7 @@ impl Fs {
     /// see it (every change to a node goes through here).
     pub(crate) fn write_state<'a>(&self, inode: &'a Inode) -> RwLockWriteGuard<'a, State> {
         let mut st = inode.state.write();
-        if st.epoch < self.snaps.epoch.load(Ordering::Acquire) {
+        if st.epoch < self.core.snaps.epoch.load(Ordering::Acquire) {
             self.preserve(inode, &mut st);
         }
         st
@@ -247,10 +303,10 @@ impl Fs {
 
     #[cold]
     fn preserve(&self, inode: &Inode, st: &mut State) {
-        let list = self.snaps.list.read_recursive();
+        let list = self.core.snaps.list.read_recursive();
         // A snapshot is added and its epoch closed under the list's write
         // lock, so the two agree here.
-        let epoch = self.snaps.epoch.load(Ordering::Acquire);
+        let epoch = self.core.snaps.epoch.load(Ordering::Acquire);
         if let Some(newest) = list.last()
             && st.epoch <= newest.epoch
             && !newest.map.lock().contains_key(&inode.ino)
@@ -299,79 +355,40 @@ impl Fs {
         self.snap_node(snap, ino, false, f)
     }
 
-    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
-    /// first made shared (under its write lock: no change a snapshot can
-    /// see), so that a clone can share them too.
-    fn snap_node<R>(
+    pub(crate) fn snap_node<R>(
         &self,
         snap: u64,
         ino: u64,
         share_live: bool,
         f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
     ) -> Result<R> {
-        // Recursive: `f` may call back into snapshot views (a readdirplus
-        // built on `snap_readdir` + `snap_getattr`), and a fair read would
-        // queue behind a waiting create or delete while this one is held.
-        let list = self.snaps.list.read_recursive();
-        let i = list
-            .binary_search_by_key(&snap, |s| s.id)
-            .map_err(|_| Errno::ESTALE)?;
-        let epoch = list[i].epoch;
-        // A writer that changes the node between the two looks preserves
-        // it first, so the second round finds it; more rounds than writers
-        // could ever race would be a bug in the preservation: an error,
-        // never a hang.
-        for _ in 0..1_000_000 {
-            for s in &list[i..] {
-                let found = s.map.lock().get(&ino).cloned();
-                if let Some(v) = found {
-                    let fr = v.ok_or(Errno::ENOENT)?;
-                    return f(fr.kind, &fr.meta, &fr.body);
-                }
-            }
-            let node = self.get(ino)?;
-            if share_live && node.kind == FileType::RegularFile {
-                let mut st = node.state.write();
-                if st.epoch <= epoch {
-                    if let Body::File(d) = &mut st.body {
-                        d.make_shared();
-                    }
-                    return f(node.kind, &st.meta, &st.body);
-                }
-                continue;
-            }
-            let st = node.state.read();
-            if st.epoch <= epoch {
-                return f(node.kind, &st.meta, &st.body);
-            }
-        }
-        tracing::error!(snap, ino, "snapshot node neither preserved nor unchanged");
-        Err(Errno::EIO)
+        self.core.snap_node(snap, ino, share_live, f)
     }
 
     /// Freezes the tree as it is now under `name`: O(1), no copy. Every
     /// change waits for it (the gate), for an instant.
     pub fn snapshot_create(&self, name: &[u8]) -> Result<SnapshotInfo> {
         check_snapshot_name(name)?;
-        let _gate = self.snaps.gate.write();
-        let mut list = self.snaps.list.write();
+        let _gate = self.core.snaps.gate.write();
+        let mut list = self.core.snaps.list.write();
         if list.iter().any(|s| s.name == name) {
             return Err(Errno::EEXIST);
         }
         if list.len() >= MAX_SNAPSHOTS {
             return Err(Errno::ENOSPC);
         }
-        let epoch = self.snaps.epoch.load(Ordering::Acquire);
+        let epoch = self.core.snaps.epoch.load(Ordering::Acquire);
         let snap = Arc::new(Snap {
-            id: self.snaps.next_id.fetch_add(1, Ordering::AcqRel) + 1,
+            id: self.core.snaps.next_id.fetch_add(1, Ordering::AcqRel) + 1,
             name: name.to_vec(),
             created: Timespec::now(),
             epoch,
             map: Default::default(),
+            clones: Default::default(),
         });
         list.push(snap.clone());
-        self.snaps.count.store(list.len(), Ordering::Release);
-        self.snaps.epoch.store(epoch + 1, Ordering::Release);
+        self.core.snaps.count.store(list.len(), Ordering::Release);
+        self.core.snaps.epoch.store(epoch + 1, Ordering::Release);
         drop(list);
         Ok(snap.info())
     }
@@ -381,14 +398,38 @@ impl Fs {
     /// that snapshot's state too); the rest is freed.
     pub fn snapshot_delete(&self, name: &[u8]) -> Result<()> {
         let mut leftovers = Vec::new();
-        {
-            let mut list = self.snaps.list.write();
+        loop {
+            // Lazy clones reading it become whole first, without this
+            // file system's locks (they read through its views).
+            let readers: Vec<Arc<Core>> = {
+                let list = self.core.snaps.list.read();
+                let snap = list.iter().find(|s| s.name == name).ok_or(Errno::ENOENT)?;
+                let clones = snap.clones.lock();
+                clones
+                    .iter()
+                    .filter_map(|c| c.upgrade())
+                    .filter(|c| c.reads(snap))
+                    .collect()
+            };
+            for c in &readers {
+                c.detach()?;
+            }
+            let mut list = self.core.snaps.list.write();
             let i = list
                 .iter()
                 .position(|s| s.name == name)
                 .ok_or(Errno::ENOENT)?;
+            let cloned_meanwhile = list[i]
+                .clones
+                .lock()
+                .iter()
+                .filter_map(|c| c.upgrade())
+                .any(|c| c.reads(&list[i]));
+            if cloned_meanwhile {
+                continue;
+            }
             let snap = list.remove(i);
-            self.snaps.count.store(list.len(), Ordering::Release);
+            self.core.snaps.count.store(list.len(), Ordering::Release);
             let map = std::mem::take(&mut *snap.map.lock());
             match i.checked_sub(1) {
                 Some(older) => {
@@ -404,6 +445,7 @@ impl Fs {
                 }
                 None => leftovers.extend(map.into_values()),
             }
+            break;
         }
         // Freed outside the list lock: a big snapshot takes a while.
         drop(leftovers);
@@ -412,11 +454,17 @@ impl Fs {
 
     /// Every snapshot, oldest first.
     pub fn snapshot_list(&self) -> Vec<SnapshotInfo> {
-        self.snaps.list.read().iter().map(|s| s.info()).collect()
+        self.core
+            .snaps
+            .list
+            .read()
+            .iter()
+            .map(|s| s.info())
+            .collect()
     }
 
     pub fn snapshot_by_name(&self, name: &[u8]) -> Option<SnapshotInfo> {
-        let list = self.snaps.list.read();
+        let list = self.core.snaps.list.read();
         list.iter().find(|s| s.name == name).map(|s| s.info())
     }
 
@@ -549,7 +597,7 @@ impl Fs {
     /// the newer snapshots (the first found wins): the nodes that changed
     /// since it. Everything else is in the live table as it was.
     fn changed_since(&self, name: &[u8]) -> Result<(u64, Preserved)> {
-        let list = self.snaps.list.read();
+        let list = self.core.snaps.list.read();
         let i = list
             .iter()
             .position(|s| s.name == name)
@@ -573,12 +621,13 @@ impl Fs {
             // A durable rollback must be journaled: not built yet.
             return Err(Errno::EOPNOTSUPP);
         }
-        let _gate = self.snaps.gate.write();
+        let _gate = self.core.snaps.gate.write();
         let (_, target) = self.changed_since(name)?;
         let mut out = RollbackOutcome::default();
         let mut doomed = Vec::new();
         for (ino, want) in target {
             let live = self
+                .core
                 .inodes
                 .get(&ino)
                 .map(|r| r.value().clone())
@@ -616,7 +665,7 @@ impl Fs {
                     if ino == ROOT_INO {
                         node.nlookup.store(1, Ordering::Relaxed);
                     }
-                    self.inodes.insert(ino, node);
+                    self.core.inodes.insert(ino, node);
                     self.used_pages.fetch_add(added, Ordering::AcqRel);
                     self.used_inodes.fetch_add(1, Ordering::AcqRel);
                     out.changed.push(ino);
@@ -632,48 +681,48 @@ impl Fs {
         Ok(out)
     }
 
-    /// A new, independent file system whose tree is snapshot `name`'s, with
-    /// the same inode numbers.
+    /// A new, independent file system whose tree is snapshot `name`'s,
+    /// with the same inode numbers: O(1). It copies each node from this
+    /// one the first time it needs it (`lazy.rs`); deleting the snapshot
+    /// makes it whole first. Its usage counts the nodes copied so far, and
+    /// `config` limits what it allocates, not what it copies.
     pub fn clone_snapshot(&self, name: &[u8], config: Config) -> Result<Fs> {
-        let (id, changed) = self.changed_since(name)?;
-        let mut inos: Vec<u64> = self.inodes.iter().map(|e| *e.key()).collect();
-        inos.extend(changed.keys());
-        drop(changed);
-        inos.sort_unstable();
-        inos.dedup();
         let fs = Fs::new(config);
-        fs.inodes.clear();
-        let (mut nodes, mut pages) = (0u64, 0u64);
-        for ino in inos {
-            let got = self.snap_node(id, ino, true, |kind, m, b| {
-                let body = match b {
-                    Body::File(d) => Body::File(d.import()),
-                    other => other.clone(),
-                };
-                Ok((m.nlink > 0 || ino == ROOT_INO).then_some((kind, m.clone(), body)))
-            });
-            let (kind, meta, body) = match got {
-                Ok(Some(n)) => n,
-                Ok(None) | Err(Errno::ENOENT) => continue,
-                Err(e) => return Err(e),
-            };
-            if let Body::File(d) = &body {
-                pages += d.page_count();
-            }
-            nodes += 1;
-            if nodes > config.max_inodes || pages > config.capacity / PAGE_SIZE as u64 {
-                return Err(Errno::ENOSPC);
-            }
-            let node = Arc::new(Inode::new(ino, kind, meta, body));
-            if ino == ROOT_INO {
-                node.nlookup.store(1, Ordering::Relaxed);
-            }
-            fs.inodes.insert(ino, node);
+        fs.core.inodes.clear();
+        fs.used_inodes.store(0, Ordering::Release);
+        let list = self.core.snaps.list.read();
+        let snap = list
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or(Errno::ENOENT)?
+            .clone();
+        // Every number the snapshot has is below this.
+        let limit = self.next_ino.load(Ordering::Acquire);
+        fs.next_ino.store(limit, Ordering::Release);
+        let id = snap.id;
+        {
+            let mut clones = snap.clones.lock();
+            clones.retain(|c| c.strong_count() > 0);
+            clones.push(Arc::downgrade(&fs.core));
         }
-        fs.used_inodes.store(nodes, Ordering::Release);
-        fs.used_pages.store(pages, Ordering::Release);
-        fs.next_ino
-            .store(self.next_ino.load(Ordering::Acquire), Ordering::Release);
+        fs.core.attach(
+            Base {
+                core: self.core.clone(),
+                snap,
+                id,
+            },
+            limit,
+        );
+        drop(list);
         Ok(fs)
+    }
+
+    /// Copies every node a lazy clone has not copied yet (a walk of its
+    /// tree, changes held back meanwhile), which makes it independent of
+    /// its origin; nothing for other file systems.
+    pub(crate) fn materialize_all(&self) {
+        if let Err(e) = self.core.detach() {
+            tracing::error!(%e, "lazy clone: copying its tree failed");
+        }
     }
 }

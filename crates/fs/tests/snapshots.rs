@@ -400,7 +400,19 @@ fn clones_are_independent() {
     fs.write_file(C, ROOT_INO, "/big", &vec![1u8; 20_000])
         .unwrap();
     fs.snapshot_create(b"t").unwrap();
-    assert_eq!(fs.clone_snapshot(b"t", tiny).err(), Some(Errno::ENOSPC));
+    // A lazy clone's config limits what it allocates, not what it copies
+    // from the snapshot: reads never fail for the capacity.
+    let small = fs.clone_snapshot(b"t", tiny).unwrap();
+    assert_eq!(
+        small.read_file(ROOT_INO, "/big").unwrap(),
+        vec![1u8; 20_000]
+    );
+    assert_eq!(
+        small
+            .write_file(C, ROOT_INO, "/more", &[2u8; 5000])
+            .unwrap_err(),
+        Errno::ENOSPC
+    );
 }
 
 /// Two files always written together by one rename: each snapshot must show
@@ -601,8 +613,13 @@ fn run_model(ops: Vec<Op>) {
     // (name, id, tree at creation)
     let mut snaps: Vec<(Vec<u8>, u64, Tree)> = Vec::new();
     let mut clones: Vec<(Fs, Tree)> = Vec::new();
+    // Lazy clones nobody walks until the end (each with the snapshot's
+    // tree): they copy only what single lookups reach, then are made whole
+    // by the deletion of their snapshot. Clones of their own snapshot
+    // (clones of a lazy clone) among them.
+    let mut lazy: Vec<(Fs, Tree)> = Vec::new();
     let mut next = 0;
-    for op in &ops {
+    for (step, op) in ops.iter().enumerate() {
         match *op {
             Op::Snap => {
                 let name = format!("s{next}").into_bytes();
@@ -619,6 +636,16 @@ fn run_model(ops: Vec<Op>) {
                 let (name, _, tree) = &snaps[k % snaps.len()];
                 fs.rollback_to_snapshot(name).unwrap();
                 same(&dump(&fs, None).unwrap(), tree, "live after rollback");
+            }
+            Op::Clone(k) if !snaps.is_empty() && k % 2 == 1 => {
+                let (name, _, tree) = &snaps[k % snaps.len()];
+                let c = fs.clone_snapshot(name, fs.config()).unwrap();
+                if k == 3 {
+                    c.snapshot_create(b"l").unwrap();
+                    let cc = c.clone_snapshot(b"l", c.config()).unwrap();
+                    lazy.push((cc, tree.clone()));
+                }
+                lazy.push((c, tree.clone()));
             }
             Op::Clone(k) if !snaps.is_empty() => {
                 let (name, _, tree) = &snaps[k % snaps.len()];
@@ -659,6 +686,20 @@ fn run_model(ops: Vec<Op>) {
                 &format!("clone changed by {op:?}"),
             );
         }
+        for (c, tree) in &lazy {
+            // One path, copying only what its lookup needs.
+            let (d, n) = (step % DIRS.len(), (step / DIRS.len()) % NAMES.len());
+            let p = path(d, n);
+            let got = c.resolve(ROOT_INO, &p, false).and_then(|i| c.getattr(i));
+            match tree.get(p.as_bytes()) {
+                Some(want) => {
+                    let mut a = got.unwrap();
+                    a.atime = Timespec::default();
+                    assert_eq!(a, want.attr, "lazy clone {p} after {op:?}");
+                }
+                None => assert_eq!(got.unwrap_err(), Errno::ENOENT, "lazy clone {p}"),
+            }
+        }
     }
     for (name, _, _) in snaps.drain(..) {
         fs.snapshot_delete(&name).unwrap();
@@ -670,6 +711,10 @@ fn run_model(ops: Vec<Op>) {
     );
     for (c, _) in &clones {
         assert_eq!(used(c), live_usage(c), "clone accounting");
+    }
+    for (c, tree) in &lazy {
+        same(&dump(c, None).unwrap(), tree, "lazy clone at the end");
+        assert_eq!(used(c), live_usage(c), "lazy clone accounting");
     }
 }
 
@@ -718,6 +763,9 @@ fn a_snapshot_shares_pages_until_written() {
     assert_eq!(back, data);
     // A clone shares the pages' memory but counts them as its own.
     let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    // Lazy: nothing copied, nothing counted until the clone needs the node.
+    assert_eq!(used(&clone), (0, 0));
+    assert_eq!(clone.read_vec(f, 0, 1).unwrap(), &data[..1]);
     assert_eq!(used(&clone).0, 10);
     clone.write(C, f, 0, b"c", false).unwrap();
     assert_eq!(used(&clone).0, 10);
@@ -778,4 +826,113 @@ fn views_may_call_back_while_snapshots_come_and_go() {
     }
     stop.store(true, Ordering::Release);
     churn.join().unwrap();
+}
+
+/// A lazy clone never copies back from its snapshot a node it freed, and
+/// numbers its new nodes past the snapshot's.
+#[test]
+fn lazy_clone_forgets_what_it_freed() {
+    let fs = fs();
+    fs.write_file(C, ROOT_INO, "/a", b"a").unwrap();
+    let a = fs.resolve(ROOT_INO, "/a", false).unwrap();
+    fs.snapshot_create(b"s").unwrap();
+    let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    clone.unlink_path(ROOT_INO, "/a").unwrap();
+    assert_eq!(clone.getattr(a).unwrap_err(), Errno::ENOENT);
+    assert_eq!(fs.getattr(a).unwrap().ino, a);
+    let b = clone.write_file(C, ROOT_INO, "/b", b"b").unwrap();
+    assert!(b.ino > a);
+    assert_eq!(
+        fs.resolve(ROOT_INO, "/b", false).unwrap_err(),
+        Errno::ENOENT
+    );
+    // Made whole by the deletion: still gone, the rest still there.
+    fs.snapshot_delete(b"s").unwrap();
+    assert_eq!(clone.getattr(a).unwrap_err(), Errno::ENOENT);
+    assert_eq!(clone.read_file(ROOT_INO, "/b").unwrap(), b"b");
+    assert_eq!(used(&clone), live_usage(&clone));
+}
+
+/// A lazy clone reads its snapshot after the origin changed everything
+/// and after the origin itself is gone; so does a clone of that clone.
+#[test]
+fn lazy_clone_outlives_its_origin() {
+    let fs = fs();
+    fs.mkdir_path(C, ROOT_INO, "/d", 0o755).unwrap();
+    for i in 0..20 {
+        fs.write_file(C, ROOT_INO, &format!("/d/f{i}"), &vec![i as u8; 5000])
+            .unwrap();
+    }
+    let tree = dump(&fs, None).unwrap();
+    fs.snapshot_create(b"s").unwrap();
+    let clone = fs.clone_snapshot(b"s", fs.config()).unwrap();
+    clone.snapshot_create(b"c").unwrap();
+    let clone2 = clone.clone_snapshot(b"c", clone.config()).unwrap();
+    for i in 0..20 {
+        if i % 2 == 0 {
+            fs.unlink_path(ROOT_INO, &format!("/d/f{i}")).unwrap();
+        } else {
+            fs.write_file(C, ROOT_INO, &format!("/d/f{i}"), b"new")
+                .unwrap();
+        }
+    }
+    assert_eq!(clone.read_file(ROOT_INO, "/d/f3").unwrap(), vec![3u8; 5000]);
+    drop(fs);
+    same(&dump(&clone2, None).unwrap(), &tree, "clone of the clone");
+    same(&dump(&clone, None).unwrap(), &tree, "clone");
+    assert_eq!(used(&clone2), live_usage(&clone2));
+    // The clone's snapshot goes: its clone is made whole first.
+    clone.snapshot_delete(b"c").unwrap();
+    assert_eq!(used(&clone), live_usage(&clone));
+    drop(clone);
+    same(
+        &dump(&clone2, None).unwrap(),
+        &tree,
+        "clone of the clone, alone",
+    );
+}
+
+/// Readers walk lazy clones while the origin changes and deletes the
+/// snapshot they read (making them whole) and takes new ones.
+#[test]
+fn lazy_clones_read_while_their_snapshot_goes() {
+    let fs = Arc::new(fs());
+    for d in 0..4 {
+        fs.mkdir_path(C, ROOT_INO, &format!("/d{d}"), 0o755)
+            .unwrap();
+        for i in 0..25 {
+            fs.write_file(C, ROOT_INO, &format!("/d{d}/f{i}"), &[d as u8; 3000])
+                .unwrap();
+        }
+    }
+    for round in 0..20 {
+        let tree = dump(&fs, None).unwrap();
+        let name = format!("s{round}").into_bytes();
+        fs.snapshot_create(&name).unwrap();
+        let clone = Arc::new(fs.clone_snapshot(&name, fs.config()).unwrap());
+        let readers: Vec<_> = (0..2)
+            .map(|t| {
+                let (clone, tree) = (clone.clone(), tree.clone());
+                std::thread::spawn(move || {
+                    // Different orders, so the two copy different nodes first.
+                    for d in (0..4).map(|d| if t == 0 { d } else { 3 - d }) {
+                        let p = format!("/d{d}/f{}", round % 25);
+                        let i = clone.resolve(ROOT_INO, &p, false).unwrap();
+                        let mut a = clone.getattr(i).unwrap();
+                        a.atime = Timespec::default();
+                        assert_eq!(a, tree[p.as_bytes()].attr);
+                    }
+                    same(&dump(&clone, None).unwrap(), &tree, "lazy clone");
+                })
+            })
+            .collect();
+        fs.write_file(C, ROOT_INO, &format!("/d{}/f{round}", round % 4), b"x")
+            .unwrap();
+        fs.snapshot_delete(&name).unwrap();
+        for r in readers {
+            r.join().unwrap();
+        }
+        same(&dump(&clone, None).unwrap(), &tree, "lazy clone after");
+        assert_eq!(used(&clone), live_usage(&clone));
+    }
 }

@@ -1,0 +1,196 @@
+//! The node table, and lazy clones: a clone of a snapshot starts with an
+//! empty table and a *base* (the origin's table and snapshots, and the
+//! snapshot), and copies a node from the base the first time it needs it
+//! (issue 12; docs/snapshots.md, "Clone").
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use parking_lot::{Mutex, RwLock};
+
+use crate::dir::FIRST_SLOT_OFFSET;
+use crate::fs::InoHasher;
+use crate::inode::{Body, Inode};
+use crate::snapshot::{Snap, Snapshots};
+use crate::types::{FileType, ROOT_INO};
+use crate::{Errno, Result};
+
+/// Where a lazy clone finds the nodes it has not copied yet.
+pub(crate) struct Base {
+    /// The origin's table and snapshots: kept alive by the clone, so the
+    /// origin `Fs` may go first.
+    pub(crate) core: Arc<Core>,
+    /// The snapshot read; the origin deletes it only after making every
+    /// clone still reading it whole ([`Core::detach`]).
+    pub(crate) snap: Arc<Snap>,
+    pub(crate) id: u64,
+}
+
+/// The part of a file system that its lazy clones read.
+pub(crate) struct Core {
+    /// Keyed by inode numbers this table hands out itself, never by a
+    /// caller's choice, so the default SipHash's resistance to chosen keys
+    /// buys nothing, while every lookup, create and unlink hashes one to
+    /// three inode numbers here.
+    pub(crate) inodes: DashMap<u64, Arc<Inode>, InoHasher>,
+    pub(crate) snaps: Snapshots,
+    base: RwLock<Option<Base>>,
+    /// Numbers below this come from the base (0: not a clone). Fixed at
+    /// the clone: new nodes are numbered from it on.
+    limit: AtomicU64,
+    /// Numbers copied from the base and freed since: never copied again.
+    gone: Mutex<HashSet<u64>>,
+    used_pages: Arc<AtomicU64>,
+    used_inodes: Arc<AtomicU64>,
+}
+
+impl Core {
+    pub(crate) fn new(
+        inodes: DashMap<u64, Arc<Inode>, InoHasher>,
+        used_pages: Arc<AtomicU64>,
+        used_inodes: Arc<AtomicU64>,
+    ) -> Core {
+        Core {
+            inodes,
+            snaps: Default::default(),
+            base: RwLock::new(None),
+            limit: AtomicU64::new(0),
+            gone: Mutex::new(HashSet::new()),
+            used_pages,
+            used_inodes,
+        }
+    }
+
+    /// Makes this (new, empty) table a lazy clone of `base`, whose numbers
+    /// are all below `limit`.
+    pub(crate) fn attach(&self, base: Base, limit: u64) {
+        self.limit.store(limit, Ordering::Release);
+        *self.base.write() = Some(base);
+    }
+
+    /// Whether this table still reads snapshot `snap`.
+    pub(crate) fn reads(&self, snap: &Arc<Snap>) -> bool {
+        self.base
+            .read_recursive()
+            .as_ref()
+            .is_some_and(|b| Arc::ptr_eq(&b.snap, snap))
+    }
+
+    /// The one place the engine finds a node by number.
+    #[inline]
+    pub(crate) fn get(&self, ino: u64) -> Result<Arc<Inode>> {
+        if let Some(n) = self.inodes.get(&ino) {
+            return Ok(n.value().clone());
+        }
+        if ino < self.limit.load(Ordering::Acquire) {
+            return self.materialize(ino);
+        }
+        Err(Errno::ENOENT)
+    }
+
+    /// Copies node `ino` from the base as its snapshot has it (file pages
+    /// shared, the rest copied), under the table shard's lock: two threads
+    /// never both copy it, and a free ([`Core::forget`]) never races it.
+    /// Counted in the usage from now on. Its epoch is 0: it is as old as
+    /// every snapshot of this table, so the first change preserves it.
+    #[cold]
+    fn materialize(&self, ino: u64) -> Result<Arc<Inode>> {
+        let base = self.base.read_recursive();
+        let Some(b) = base.as_ref() else {
+            return Err(Errno::ENOENT);
+        };
+        let slot = match self.inodes.entry(ino) {
+            Entry::Occupied(e) => return Ok(e.get().clone()),
+            Entry::Vacant(v) => v,
+        };
+        if self.gone.lock().contains(&ino) {
+            return Err(Errno::ENOENT);
+        }
+        let got = b.core.snap_node(b.id, ino, true, |kind, m, body| {
+            let body = match body {
+                Body::File(d) => Body::File(d.import()),
+                other => other.clone(),
+            };
+            Ok((m.nlink > 0 || ino == ROOT_INO).then(|| (kind, m.clone(), body)))
+        })?;
+        let Some((kind, meta, body)) = got else {
+            return Err(Errno::ENOENT);
+        };
+        let pages = match &body {
+            Body::File(d) => d.page_count(),
+            _ => 0,
+        };
+        let node = Arc::new(Inode::new(ino, kind, meta, body));
+        if ino == ROOT_INO {
+            // The kernel never forgets the root.
+            node.nlookup.store(1, Ordering::Relaxed);
+        }
+        // Never refused for the capacity: a read must not fail for it; new
+        // allocations meet the limit as usual.
+        self.used_pages.fetch_add(pages, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        slot.insert(node.clone());
+        Ok(node)
+    }
+
+    /// A node is leaving the table for good: if it came from the base, it
+    /// must not come back from there. Called before it leaves (see
+    /// [`Core::materialize`]).
+    pub(crate) fn forget(&self, ino: u64) {
+        if ino < self.limit.load(Ordering::Acquire) && self.base.read_recursive().is_some() {
+            self.gone.lock().insert(ino);
+        }
+    }
+
+    /// Copies every node of the tree not copied yet: a walk from the root
+    /// (a node of the base that no directory names any more was copied
+    /// when it lost its last name). Complete only if the tree does not
+    /// change meanwhile ([`Core::detach`] holds the gate).
+    fn materialize_all(&self) -> Result<()> {
+        if self.base.read_recursive().is_none() {
+            return Ok(());
+        }
+        let mut seen = HashSet::new();
+        let mut stack = vec![ROOT_INO];
+        while let Some(ino) = stack.pop() {
+            let node = match self.get(ino) {
+                Ok(n) => n,
+                Err(Errno::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            if node.kind != FileType::Directory {
+                continue;
+            }
+            let st = node.state.read();
+            if let Body::Dir(d) = &st.body {
+                d.list_from(FIRST_SLOT_OFFSET, |e, _| {
+                    if seen.insert(e.ino) {
+                        stack.push(e.ino);
+                    }
+                    true
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes this clone whole and independent of its base (the base's
+    /// snapshot is being deleted, or every node is wanted): O(nodes not
+    /// copied yet), with changes to this tree held back meanwhile. Not from
+    /// inside an operation that holds the gate.
+    pub(crate) fn detach(&self) -> Result<()> {
+        if self.base.read_recursive().is_none() {
+            return Ok(());
+        }
+        // Most of the copying first, while the clone's writers go on; then
+        // again with them held back, to catch a name moved behind the walk.
+        self.materialize_all()?;
+        let _gate = self.snaps.gate.write();
+        self.materialize_all()?;
+        *self.base.write() = None;
+        Ok(())
+    }
+}
