@@ -13,7 +13,7 @@
 //! mount: `snapshot-create NAME`, `snapshot-delete NAME`, `snapshot-list`,
 //! `diff A B`, `rollback COMMIT`, `sync`, `checkpoint`, `status`. Requests
 //! of every mount (the engine's copy-on-write snapshots, browsable in
-//! `.snapshots`): `snap-create NAME`, `snap-delete NAME`, `snap-list`,
+//! `.snapshots`): `snap-create NAME`, `snap-delete NAME`, `snap-list`, `snap-diff A B`,
 //! `snap-rollback NAME`, `clone NAME MOUNTPOINT`, `kind`. Only the owner can
 //! connect (sockets 0600 in a 0700 directory).
 
@@ -257,6 +257,31 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `memfs diff A B` between two engine snapshots of a mount, or a snapshot
+/// and the live tree (`-`): each snapshot side is a clone (O(1): its nodes
+/// are copied from the snapshot as the walk reaches them) compared by the
+/// same code as the durable diff, so the output is the same.
+fn snap_diff(swapper: &Swapper, a: &str, b: &str) -> anyhow::Result<Vec<String>> {
+    let live = swapper.fs();
+    let side = |s: &str| -> anyhow::Result<Option<memfs_fs::Fs>> {
+        if s == "-" || s == "live" {
+            return Ok(None);
+        }
+        swapper
+            .clone_snapshot(s.as_bytes(), live.config())
+            .map(Some)
+            .map_err(|e| errno(e, &format!("no snapshot {s:?} of this mount")))
+    };
+    let (ta, tb) = (side(a)?, side(b)?);
+    Ok(memfs_durable::history::diff_trees(
+        ta.as_ref().unwrap_or(&live),
+        tb.as_ref().unwrap_or(&live),
+    )
+    .iter()
+    .map(ToString::to_string)
+    .collect())
+}
+
 fn errno(e: memfs_fs::Errno, what: &str) -> anyhow::Error {
     anyhow::anyhow!("{what}: {e}")
 }
@@ -312,6 +337,12 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
             Vec::new()
         }
         "snap-list" => m.swapper.snapshot_list().iter().map(snap_line).collect(),
+        "snap-diff" => {
+            let (a, b) = arg
+                .split_once(' ')
+                .context("snap-diff needs two sides: A B")?;
+            snap_diff(&m.swapper, a, b)?
+        }
         "snap-rollback" => {
             need()?;
             if m.durable.is_some() {

@@ -296,6 +296,14 @@ pub fn run_diff(a: DiffArgs) -> anyhow::Result<()> {
             bail!("bad side {side:?}: a snapshot name, a commit id or -");
         }
     }
+    if let Some(mp) = memory_mount(&a.at) {
+        let lines = control::mount_request(mp, &format!("snap-diff {} {}", a.a, a.b))?;
+        let mut out = std::io::stdout().lock();
+        for l in lines {
+            writeln!(out, "{l}")?;
+        }
+        return Ok(());
+    }
     let dir = a.at.dir()?;
     let lines: Vec<String> = match durable::history::diff_offline(&dir, &a.a, &a.b) {
         Err(e) if is_locked(&e) => control::request(&dir, &format!("diff {} {}", a.a, a.b))?,

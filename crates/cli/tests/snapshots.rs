@@ -552,3 +552,37 @@ fn a_durable_mount_shows_its_new_snapshots_in_snapshots() {
     assert_eq!(errno(fs::metadata(m.p(".snapshots/d1"))), libc::ENOENT);
     m.unmount();
 }
+
+#[test]
+fn diff_of_an_in_memory_mount_lists_what_changed() {
+    let m = Mount::new();
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/kept"), b"1").unwrap();
+    fs::write(m.p("d/changed"), b"1").unwrap();
+    fs::write(m.p("d/gone"), b"1").unwrap();
+    fs::write(m.p("d/moved"), b"1").unwrap();
+    snap(&m, &["create", "s1"]);
+    fs::write(m.p("d/changed"), b"22").unwrap();
+    fs::remove_file(m.p("d/gone")).unwrap();
+    fs::write(m.p("d/new"), b"3").unwrap();
+    fs::rename(m.p("d/moved"), m.p("moved-out")).unwrap();
+    snap(&m, &["create", "s2"]);
+    let mp = m.path();
+    let mp = mp.to_str().unwrap();
+    let live = ok(memfs(&["diff", "s1", "--mount", mp]));
+    let between = ok(memfs(&["diff", "s1", "s2", "--mount", mp]));
+    assert_eq!(live, between, "nothing changed after s2");
+    let lines: Vec<&str> = live.lines().collect();
+    for want in [
+        "M /d/changed",
+        "- /d/gone",
+        "+ /d/new",
+        "R /d/moved -> /moved-out",
+    ] {
+        assert!(lines.contains(&want), "{want:?} missing from:\n{live}");
+    }
+    assert!(!live.contains("kept"), "{live}");
+    assert_eq!(ok(memfs(&["diff", "s2", "-", "--mount", mp])), "");
+    let e = failed(memfs(&["diff", "nope", "--mount", mp]));
+    assert!(e.contains("nope"), "{e}");
+}
