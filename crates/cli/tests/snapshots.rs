@@ -569,8 +569,8 @@ fn diff_of_an_in_memory_mount_lists_what_changed() {
     snap(&m, &["create", "s2"]);
     let mp = m.path();
     let mp = mp.to_str().unwrap();
-    let live = ok(memfs(&["diff", "s1", "--mount", mp]));
-    let between = ok(memfs(&["diff", "s1", "s2", "--mount", mp]));
+    let live = ok(memfs(["diff", "s1", "--mount", mp]));
+    let between = ok(memfs(["diff", "s1", "s2", "--mount", mp]));
     assert_eq!(live, between, "nothing changed after s2");
     let lines: Vec<&str> = live.lines().collect();
     for want in [
@@ -582,7 +582,7 @@ fn diff_of_an_in_memory_mount_lists_what_changed() {
         assert!(lines.contains(&want), "{want:?} missing from:\n{live}");
     }
     assert!(!live.contains("kept"), "{live}");
-    assert_eq!(ok(memfs(&["diff", "s2", "-", "--mount", mp])), "");
-    let e = failed(memfs(&["diff", "nope", "--mount", mp]));
+    assert_eq!(ok(memfs(["diff", "s2", "-", "--mount", mp])), "");
+    let e = failed(memfs(["diff", "nope", "--mount", mp]));
     assert!(e.contains("nope"), "{e}");
 }
