@@ -101,6 +101,40 @@ fn is_dot(name: &[u8]) -> bool {
     name == b"." || name == b".."
 }
 
+/// Lists directory `ino` (its entries `d`) from `offset` (0 to start): `.`,
+/// `..`, then the entries, until `f` returns false. The live tree and the
+/// snapshot views list through this one function, so their offsets agree.
+pub(crate) fn list_dir(ino: u64, d: &Dir, offset: u64, f: &mut impl FnMut(DirEntry<'_>) -> bool) {
+    if offset == 0
+        && !f(DirEntry {
+            ino,
+            kind: FileType::Directory,
+            name: b".",
+            offset: 1,
+        })
+    {
+        return;
+    }
+    if offset <= 1
+        && !f(DirEntry {
+            ino: d.parent,
+            kind: FileType::Directory,
+            name: b"..",
+            offset: FIRST_SLOT_OFFSET,
+        })
+    {
+        return;
+    }
+    d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
+        f(DirEntry {
+            ino: s.ino,
+            kind: s.kind,
+            name: s.name,
+            offset: next,
+        })
+    });
+}
+
 /// The file capability xattr, dropped with setuid when an unprivileged caller writes.
 const SECURITY_CAPABILITY: &[u8] = b"security.capability";
 
@@ -1858,34 +1892,7 @@ impl Fs {
         let inode = self.get(ino)?;
         let st = inode.state.read();
         let d = st.dir().ok_or(Errno::ENOTDIR)?;
-        if offset == 0
-            && !f(DirEntry {
-                ino,
-                kind: FileType::Directory,
-                name: b".",
-                offset: 1,
-            })
-        {
-            return Ok(());
-        }
-        if offset <= 1
-            && !f(DirEntry {
-                ino: d.parent,
-                kind: FileType::Directory,
-                name: b"..",
-                offset: FIRST_SLOT_OFFSET,
-            })
-        {
-            return Ok(());
-        }
-        d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
-            f(DirEntry {
-                ino: s.ino,
-                kind: s.kind,
-                name: s.name,
-                offset: next,
-            })
-        });
+        list_dir(ino, d, offset, &mut f);
         Ok(())
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::dir::FIRST_SLOT_OFFSET;
-use crate::fs::{DirEntry, Fs, check_access};
+use crate::fs::{DirEntry, Fs, check_access, list_dir};
 use crate::inode::{Body, Inode, Meta, State, attr_of};
 use crate::lazy::{Base, Core};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
@@ -507,34 +507,7 @@ impl Fs {
             let Body::Dir(d) = b else {
                 return Err(Errno::ENOTDIR);
             };
-            if offset == 0
-                && !f(DirEntry {
-                    ino,
-                    kind: FileType::Directory,
-                    name: b".",
-                    offset: 1,
-                })
-            {
-                return Ok(());
-            }
-            if offset <= 1
-                && !f(DirEntry {
-                    ino: d.parent,
-                    kind: FileType::Directory,
-                    name: b"..",
-                    offset: FIRST_SLOT_OFFSET,
-                })
-            {
-                return Ok(());
-            }
-            d.list_from(offset.max(FIRST_SLOT_OFFSET), |s, next| {
-                f(DirEntry {
-                    ino: s.ino,
-                    kind: s.kind,
-                    name: s.name,
-                    offset: next,
-                })
-            });
+            list_dir(ino, d, offset, &mut f);
             Ok(())
         })
     }
