@@ -118,17 +118,22 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     );
     let fio_file = mount.path().join("data/fio-file");
 
+    // fio 4 KiB random writes to the data file: the rate, before and after.
+    let randwrite = || -> anyhow::Result<f64> {
+        let r = fio(
+            &args.fio,
+            &fio_file,
+            data,
+            "randwrite",
+            "4k",
+            args.runtime,
+            false,
+        )?;
+        Ok(r.write_iops)
+    };
+
     // 1. Random writes with no snapshot.
-    let before_rate = fio(
-        &args.fio,
-        &fio_file,
-        data,
-        "randwrite",
-        "4k",
-        args.runtime,
-        false,
-    )?
-    .write_iops;
+    let before_rate = randwrite()?;
 
     // 2. A snapshot of the quiet tree, and the memory it adds.
     settle();
@@ -154,16 +159,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     })?;
 
     // 4. Random writes after it.
-    let after_rate = fio(
-        &args.fio,
-        &fio_file,
-        data,
-        "randwrite",
-        "4k",
-        args.runtime,
-        false,
-    )?
-    .write_iops;
+    let after_rate = randwrite()?;
 
     // 5. Reading the snapshot against reading the live tree.
     let snap_file = mount.path().join(".snapshots/s1/data/fio-file");
