@@ -323,6 +323,17 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
         ],
         "snap-create" => {
             need()?;
+            if m.fuse.data_path != memfs_fuse::DataPath::Fuse {
+                // The kernel writes a passthrough file's bytes straight to its
+                // backing file: the engine never sees them, so it could not
+                // preserve a page before its first change (docs/snapshots.md).
+                bail!(
+                    "{} serves file data through kernel passthrough (--data-path passthrough|auto), \
+                     whose writes bypass the engine: snapshots need the fuse data path \
+                     (memfs mount --data-path fuse, the default)",
+                    m.mountpoint.display()
+                );
+            }
             let s = m
                 .swapper
                 .snapshot_create(name)

@@ -586,3 +586,21 @@ fn diff_of_an_in_memory_mount_lists_what_changed() {
     let e = failed(memfs(["diff", "nope", "--mount", mp]));
     assert!(e.contains("nope"), "{e}");
 }
+
+#[test]
+fn a_passthrough_mount_refuses_snapshots() {
+    // Even where the kernel lacks passthrough and the mount fell back to the
+    // fuse path: the option says writes may bypass the engine.
+    let m = Mount::with_args(&["--data-path", "passthrough"]);
+    fs::write(m.p("f"), b"x").unwrap();
+    let mp = m.path();
+    let e = failed(memfs([
+        "snapshot",
+        "create",
+        "s",
+        "--mount",
+        mp.to_str().unwrap(),
+    ]));
+    assert!(e.contains("passthrough"), "{e}");
+    assert!(!m.p(".snapshots/s").exists());
+}
