@@ -85,15 +85,17 @@ fn snapshots_and_diff_of_a_running_mount_survive_sigkill() {
 }
 
 #[test]
-fn an_in_memory_mount_says_diff_needs_a_data_dir() {
+fn an_in_memory_mount_has_snapshots_but_no_commit_history() {
     let mnt = Mount::new();
     let mp = m(&mnt);
-    // Its snapshots are the engine's (crates/cli/tests/snapshots.rs); a
-    // commit history it has not.
+    // Its snapshots are the engine's (crates/cli/tests/snapshots.rs, where
+    // its diff is tested too); a commit history it has not.
     let list = ok(memfs(["snapshot", "list", "--mount", &mp]));
     assert!(list.contains("no snapshots"), "{list}");
     let err = failed(memfs(["diff", "x", "-", "--mount", &mp]));
-    assert!(err.contains("need a data directory"), "{err}");
+    assert!(err.contains("no snapshot \"x\""), "{err}");
+    let err = failed(memfs(["rollback", "--to", "7", "--yes", "--mount", &mp]));
+    assert!(err.contains("cannot roll back to snapshot \"7\""), "{err}");
     let err = failed(memfs(["snapshot", "list", "--mount", "/nonexistent-memfs"]));
     assert!(err.contains("does not exist"), "{err}");
     let err = failed(memfs(["snapshot", "list"]));
