@@ -32,7 +32,7 @@ use parking_lot::{Condvar, Mutex};
 pub use memfs_journal as journal;
 pub use memfs_journal::Durability;
 
-use crate::image::{self, AtimeDigest, ImageInfo};
+use crate::image::{self, ImageInfo};
 use memfs_fs::{Config, Errno, Fs, Mutation, Recorder};
 
 const HISTORY_FILE: &str = "HISTORY";
@@ -467,11 +467,6 @@ struct Shared {
     /// Called once when the file system turns read-only (the mount uses it
     /// to remount itself read-only).
     on_read_only: Mutex<Option<ReadOnlyHook>>,
-    /// The atimes the data directory holds: the commit of the newest state
-    /// known to be durable as a whole (the newest checkpoint, or the state
-    /// recovered at open) and the digest of its atimes. Reads change atimes
-    /// without a commit; close compares (see [`DurableFs::keep_atimes`]).
-    atimes: Mutex<(u64, AtimeDigest)>,
 }
 
 type ReadOnlyHook = Box<dyn Fn(&str) + Send + Sync>;
@@ -869,7 +864,6 @@ impl DurableFs {
             }
         }
         fs.finish_rebuild(jrep.last_commit);
-        let atimes = (jrep.last_commit, AtimeDigest::of(&fs));
         report.previous_read_only = read_only_marker(path)?;
         if let Some(m) = &report.previous_read_only {
             tracing::warn!(
@@ -897,7 +891,6 @@ impl DurableFs {
             failed_why: Mutex::new(None),
             marked: AtomicBool::new(false),
             on_read_only: Mutex::new(None),
-            atimes: Mutex::new(atimes),
         });
         let mut fs = fs;
         fs.set_recorder(Some(Arc::new(JournalRecorder {
@@ -1069,7 +1062,6 @@ impl DurableFs {
             self.shared.write_marker();
             return Ok(());
         }
-        self.keep_atimes();
         // Everything is in the synced journal already: a final checkpoint
         // that fails (a full disk) only means the next open replays more.
         if let Err(e) = checkpoint(&self.fs, &self.shared) {
@@ -1080,41 +1072,6 @@ impl DurableFs {
         }
         self.release();
         Ok(())
-    }
-
-    /// Before the final checkpoint: atimes that reads changed since the
-    /// newest durable state (no commit records them: that would make every
-    /// read a write) are kept by one commit that changes nothing (the root's
-    /// attributes as they are), so that the final checkpoint, which is
-    /// skipped when no commit came since the last one, is written and holds
-    /// them. Costs one pass over the nodes at close, and a checkpoint only
-    /// when an atime changed. Best effort: a failure loses only atimes.
-    fn keep_atimes(&self) {
-        let (commit, digest) = *self.shared.atimes.lock();
-        if self.shared.journal.last_commit() != commit || AtimeDigest::of(&self.fs) == digest {
-            // Another commit came: the final checkpoint is written anyway.
-            return;
-        }
-        let r = self
-            .fs
-            .getattr(memfs_fs::ROOT_INO)
-            .map_err(|e| e.to_string())
-            .and_then(|attr| {
-                let mut buf = Vec::new();
-                let data = crate::codec::encode(&Mutation::SetAttr { attr }, &mut buf);
-                debug_assert!(data.is_none(), "a setattr record has no data part");
-                self.shared
-                    .journal
-                    .append_vectored(&[&buf])
-                    .and_then(|id| self.shared.journal.wait_durable(id))
-                    .map_err(|e| e.to_string())
-            });
-        if let Err(e) = r {
-            tracing::warn!(
-                "cannot keep the atimes changed by reads in {} (they are lost at this close): {e}",
-                self.path().display()
-            );
-        }
     }
 
     /// Ends journaling for good and lets go of the directory's lock.
@@ -1241,8 +1198,7 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
         return Ok(None);
     }
     let mut w = SnapshotWriter::create(dir, commit)?;
-    let mut atimes = AtimeDigest::default();
-    let written = image::write_nodes_digest(fs, commit, &mut w, &mut atimes);
+    let written = image::write_nodes(fs, commit, &mut w);
     let (nodes, pages) = match written {
         Ok(n) => n,
         Err(e) => {
@@ -1283,7 +1239,6 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
         required_end: info.required_end,
     });
     m.publish(dir)?;
-    *shared.atimes.lock() = (commit, atimes);
     let (segments_pruned, checkpoints_deleted) = prune(shared, &mut history)?;
     Ok(Some(CheckpointReport {
         info,

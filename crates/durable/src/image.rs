@@ -12,7 +12,7 @@
 use std::io::{self, Read, Write};
 
 use crate::codec::{ATTR_LEN, Cursor, kind_code, kind_from, put_attr, put_bytes16, put_bytes32};
-use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, Node, PAGE_SIZE, Timespec};
+use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, Node, PAGE_SIZE};
 
 pub const IMAGE_MAGIC: &[u8; 8] = b"MFSIMG01";
 
@@ -45,53 +45,6 @@ pub struct ImageInfo {
 /// The caller appends the trailer with [`write_trailer`] once it knows how
 /// far the journal got while this ran.
 pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result<(u64, u64)> {
-    let mut atimes = AtimeDigest::default();
-    write_nodes_digest(fs, commit, w, &mut atimes)
-}
-
-/// A digest of every kept node's access time, independent of the order the
-/// nodes are visited in. A read changes an atime without a journal record
-/// (that would make every read a write): comparing the digest of what an
-/// image holds with the live tree's tells whether atime-only changes would
-/// be lost, without keeping a copy of every atime.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct AtimeDigest(u64);
-
-impl AtimeDigest {
-    fn add(&mut self, ino: u64, t: Timespec) {
-        // splitmix64's finaliser over the three fields; a sum of mixed
-        // values does not depend on the visiting order.
-        let mut x = ino
-            ^ (t.sec as u64)
-                .rotate_left(21)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ u64::from(t.nsec).rotate_left(42);
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        self.0 = self.0.wrapping_add(x ^ (x >> 31));
-    }
-
-    /// The digest of the live tree's atimes (the nodes an image would hold).
-    pub(crate) fn of(fs: &Fs) -> AtimeDigest {
-        let mut d = AtimeDigest::default();
-        for inode in fs.nodes() {
-            inode.read(|st| {
-                if kept(fs, inode.ino(), st.nlink()) {
-                    d.add(inode.ino(), st.attr().atime);
-                }
-            });
-        }
-        d
-    }
-}
-
-/// [`write_nodes`], adding each written node's atime (as written) to `atimes`.
-pub(crate) fn write_nodes_digest(
-    fs: &Fs,
-    commit: u64,
-    w: &mut dyn Write,
-    atimes: &mut AtimeDigest,
-) -> io::Result<(u64, u64)> {
     w.write_all(IMAGE_MAGIC)?;
     w.write_all(&commit.to_le_bytes())?;
     w.write_all(&fs.next_ino().to_le_bytes())?;
@@ -100,7 +53,7 @@ pub(crate) fn write_nodes_digest(
     let mut buf = Vec::with_capacity(PAGES_PER_SLICE * (PAGE_SIZE + 32));
     let (mut count, mut pages) = (0u64, 0u64);
     for inode in nodes {
-        if write_node(fs, &inode, &mut buf, atimes)? {
+        if write_node(fs, &inode, &mut buf)? {
             count += 1;
         }
         w.write_all(&buf)?;
@@ -182,20 +135,13 @@ fn kept(fs: &Fs, ino: u64, nlink: u32) -> bool {
 }
 
 /// One node's attributes, symlink target, `..` and xattrs, if [`kept`].
-fn write_node(
-    fs: &Fs,
-    inode: &Node,
-    buf: &mut Vec<u8>,
-    atimes: &mut AtimeDigest,
-) -> io::Result<bool> {
+fn write_node(fs: &Fs, inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
     inode.read(|st| {
         if !kept(fs, inode.ino(), st.nlink()) {
             return Ok(false);
         }
         buf.push(R_NODE);
-        let attr = st.attr();
-        atimes.add(inode.ino(), attr.atime);
-        put_attr(buf, &attr);
+        put_attr(buf, &st.attr());
         let parent = st.dir_parent().unwrap_or(0);
         buf.extend_from_slice(&parent.to_le_bytes());
         put_bytes16(buf, st.symlink_target().unwrap_or(b""));

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memfs_durable::{self as durable, DurableFs, FsCheck};
-use memfs_fs::{
-    AtimeMode, Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, Timespec, XattrMode,
-};
+use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod common;
@@ -386,74 +384,4 @@ fn inline_files_at_the_limit_survive_checkpoint_journal_and_restart() {
     let big = d2.fs().resolve(ROOT_INO, "/a/s4096", true).unwrap();
     assert!(!d2.fs().stores_inline(big));
     assert_eq!(d2.fs().check_consistency(), Vec::<String>::new());
-}
-
-/// A read changes an atime with no commit (a commit per read would make
-/// every read a write); close keeps it, whether the newest durable state is
-/// the one recovered at open or a checkpoint written during the run
-/// (generic/003 on a durable mount: the strictatime reads before its last
-/// remount). A close after no access commits nothing.
-#[test]
-fn atimes_changed_by_reads_survive_close() {
-    let t = tempfile::tempdir().unwrap();
-    let old = Timespec {
-        sec: 1_000_000,
-        nsec: 5,
-    };
-    let set_old = |fs: &Fs, ino| {
-        let set = SetAttr {
-            atime: Some(SetTime::At(old)),
-            ..Default::default()
-        };
-        fs.setattr(Ctx::ROOT, ino, &set).unwrap();
-    };
-    let read = |fs: &Fs, ino| {
-        let mut buf = [0u8; 4];
-        fs.read_atime(ino, 0, &mut buf, AtimeMode::Strict).unwrap();
-        let atime = fs.getattr(ino).unwrap().atime;
-        assert_ne!(atime, old, "a strictatime read sets the atime");
-        atime
-    };
-    let d = open(t.path(), "async");
-    let ino = d
-        .fs()
-        .write_file(Ctx::ROOT, ROOT_INO, "f", b"data")
-        .unwrap()
-        .ino;
-    set_old(d.fs(), ino);
-    d.close().unwrap();
-
-    let d = open(t.path(), "async");
-    let commits = d.last_commit();
-    assert_eq!(d.fs().getattr(ino).unwrap().atime, old);
-    d.close().unwrap();
-
-    // Read in a run that opened a state with nothing to replay.
-    let d = open(t.path(), "async");
-    assert_eq!(
-        d.last_commit(),
-        commits,
-        "a close after no access committed"
-    );
-    let atime = read(d.fs(), ino);
-    d.close().unwrap();
-    let d = open(t.path(), "async");
-    assert_eq!(
-        d.fs().getattr(ino).unwrap().atime,
-        atime,
-        "read's atime lost at close"
-    );
-
-    // Read after a checkpoint written during the run.
-    set_old(d.fs(), ino);
-    assert!(d.checkpoint().unwrap().is_some());
-    let atime = read(d.fs(), ino);
-    d.close().unwrap();
-    let d = open(t.path(), "async");
-    assert_eq!(
-        d.fs().getattr(ino).unwrap().atime,
-        atime,
-        "read's atime lost at close"
-    );
-    d.close().unwrap();
 }
