@@ -1107,53 +1107,56 @@ fn subscribe(
 /// Bytes of file data per SNAP_DATA frame.
 const SNAP_CHUNK: usize = 1 << 20;
 
+/// A file of the copy: its name, its bytes from the start, and its length.
+type CopyFile = (String, Box<dyn Read + Send>, u64);
+
 /// The files that make up the store: `STORE`, `MANIFEST`, the snapshots and
 /// the journal segments (not the lock, spare or temporary files), each
 /// opened with its length at that moment. An open file stays readable if the
-/// store prunes it meanwhile. The manifest is opened first; if another one
-/// replaced it before every file was opened, files it needs may have been
-/// pruned, so the listing starts over.
-fn open_store_files(dir: &std::path::Path) -> io::Result<Vec<(String, std::fs::File, u64)>> {
-    use std::os::unix::fs::MetadataExt;
+/// store prunes it meanwhile. The manifest is rewritten in place (two slots,
+/// one inode), so its bytes are read before the listing and again after it:
+/// if they changed, files the listed manifest needs may have been pruned, or
+/// the new one may name files the listing missed, so the listing starts
+/// over; the copy carries the bytes read, never the live file.
+fn open_store_files(dir: &std::path::Path) -> io::Result<Vec<CopyFile>> {
     let wanted = |n: &str| {
         n == crate::meta::META_FILE
             || (n.starts_with("snapshot-") && n.ends_with(".snap"))
             || (n.starts_with("journal-") && n.ends_with(".log"))
     };
     let manifest_path = dir.join(memfs_journal::manifest::MANIFEST_FILE);
+    let read_manifest = || match std::fs::read(&manifest_path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    };
     for _ in 0..20 {
-        let manifest = match std::fs::File::open(&manifest_path) {
-            Ok(f) => Some(f),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(e),
-        };
+        let manifest = read_manifest()?;
         let mut names: Vec<String> = std::fs::read_dir(dir)?
             .filter_map(|e| e.ok()?.file_name().into_string().ok())
             .filter(|n| wanted(n))
             .collect();
         names.sort();
-        let mut files = Vec::with_capacity(names.len() + 1);
+        let mut files: Vec<CopyFile> = Vec::with_capacity(names.len() + 1);
         for n in names {
             match std::fs::File::open(dir.join(&n)) {
                 Ok(f) => {
                     let len = f.metadata()?.len();
-                    files.push((n, f, len));
+                    files.push((n, Box::new(f), len));
                 }
                 // Pruned after the listing: the manifest held does not need it.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
         }
-        let now = std::fs::metadata(&manifest_path);
-        let unchanged = match (&manifest, &now) {
-            (Some(m), Ok(now)) => m.metadata()?.ino() == now.ino(),
-            (None, Err(e)) => e.kind() == io::ErrorKind::NotFound,
-            _ => false,
-        };
-        if unchanged {
+        if read_manifest()? == manifest {
             if let Some(m) = manifest {
-                let len = m.metadata()?.len();
-                files.push((memfs_journal::manifest::MANIFEST_FILE.to_string(), m, len));
+                let len = m.len() as u64;
+                files.push((
+                    memfs_journal::manifest::MANIFEST_FILE.to_string(),
+                    Box::new(io::Cursor::new(m)),
+                    len,
+                ));
             }
             return Ok(files);
         }
