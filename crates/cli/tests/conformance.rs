@@ -157,6 +157,31 @@ fn memfs_passes_every_case_tmpfs_passes() {
     m.unmount();
     assert_conforms("memfs", &in_memory, &reference);
 
+    // Issue 12: the same answers while snapshots are taken and deleted during
+    // the run (every change then first preserves the node for them), and
+    // the snapshots kept stay browsable. Passthrough mounts refuse snapshots.
+    if !common::passthrough_mounts() {
+        let m = Mount::with_args(&["--allow-other"]);
+        let snaps = common::Snapshotter::start(&m.path());
+        let with_snapshots = run_suite(&m.path(), None);
+        let (taken, kept) = snaps.finish();
+        assert!(taken >= 1 && !kept.is_empty());
+        for name in &kept {
+            let find = Command::new("find")
+                .arg(m.p(&format!(".snapshots/{name}")))
+                .output()
+                .unwrap();
+            assert!(
+                find.status.success() && !find.stdout.is_empty(),
+                "find .snapshots/{name}: {}",
+                String::from_utf8_lossy(&find.stderr)
+            );
+        }
+        m.unmount();
+        eprintln!("pjdfstest with {taken} snapshots taken during the run");
+        assert_conforms("memfs with snapshots", &with_snapshots, &reference);
+    }
+
     // The durable path records and acknowledges every operation: the same
     // answers, and a secondary file system lets the EXDEV cases run too.
     let data = tempfile::tempdir().unwrap();

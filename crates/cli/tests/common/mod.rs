@@ -236,3 +236,79 @@ pub fn failed(o: std::process::Output) -> String {
     assert!(!o.status.success(), "memfs should have failed");
     String::from_utf8(o.stderr).unwrap()
 }
+
+/// Whether this run's mounts use kernel passthrough, which refuses
+/// snapshots (its writes bypass the engine: docs/snapshots.md).
+pub fn passthrough_mounts() -> bool {
+    extra_mount_args().iter().any(|a| a.contains("passthrough"))
+}
+
+/// Takes snapshots of a mount through `memfs snapshot create`, one after
+/// the other, until dropped, deleting all but the newest two as it goes, so
+/// that creation, preservation on first write and deletion all happen while
+/// a workload runs. Stopped and joined on drop, also when a test panics.
+pub struct Snapshotter {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<(u64, Vec<String>), String>>>,
+}
+
+impl Snapshotter {
+    pub fn start(mount: &Path) -> Snapshotter {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mount = mount.to_str().expect("UTF-8 mount path").to_string();
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut kept: Vec<String> = Vec::new();
+            let mut made = 0u64;
+            // At least one snapshot, whatever the workload's speed.
+            loop {
+                let name = format!("during-{made}");
+                let out = memfs(["snapshot", "create", &name, "--mount", &mount]);
+                if !out.status.success() {
+                    return Err(format!(
+                        "snapshot create {name}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    ));
+                }
+                made += 1;
+                kept.push(name);
+                if kept.len() > 2 {
+                    let old = kept.remove(0);
+                    let out = memfs(["snapshot", "delete", &old, "--mount", &mount]);
+                    if !out.status.success() {
+                        return Err(format!(
+                            "snapshot delete {old}: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        ));
+                    }
+                }
+                if flag.load(Ordering::Acquire) {
+                    return Ok((made, kept));
+                }
+            }
+        });
+        Snapshotter {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops taking snapshots; returns how many were taken and the names
+    /// of those still kept (the newest last). Panics with the first command
+    /// that failed.
+    pub fn finish(mut self) -> (u64, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let r = self.thread.take().unwrap().join().expect("snapshot thread");
+        r.unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+impl Drop for Snapshotter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
