@@ -148,12 +148,19 @@ impl Mount {
     /// Unmounts and checks that the server exits by itself, cleanly.
     pub fn unmount(mut self) {
         let path = self.path();
-        let st = Command::new(memfs_bin())
+        let out = Command::new(memfs_bin())
             .arg("umount")
             .arg(&path)
-            .status()
+            .stdin(Stdio::null())
+            .output()
             .unwrap();
-        assert!(st.success(), "memfs umount failed");
+        assert!(
+            out.status.success(),
+            "memfs umount {} failed ({}): {}",
+            path.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         let mut child = self.child.take().unwrap();
         let status = child.wait().unwrap();
         assert!(status.success(), "memfs server exited with {status}");
