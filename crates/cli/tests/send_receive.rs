@@ -278,7 +278,9 @@ fn sigkill_of_a_receive_leaves_the_old_state() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert!(
-        names.iter().all(|n| ["src", "full", "inc", "cut"].contains(&n.as_str())),
+        names
+            .iter()
+            .all(|n| ["src", "full", "inc", "cut"].contains(&n.as_str())),
         "{names:?}"
     );
 
