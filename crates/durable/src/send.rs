@@ -20,13 +20,16 @@
 //! committed. Every frame carries a CRC32C and the trailer a CRC32C of the
 //! whole stream, so a truncated or damaged stream is refused.
 //!
-//! Receive builds the whole new tree in memory and validates everything
-//! first; only then does it change the receiving directory, in one
-//! crash-safe step:
-//! - full: the new data directory is written beside the target (a
-//!   checkpoint, `HISTORY`, `MANIFEST`) and renamed over it (a new or empty
-//!   directory) in one `rename(2)`;
-//! - incremental: a rollback intent to BASE is published in the manifest
+//! Receive validates everything first; only then does it change the
+//! receiving directory, in one crash-safe step:
+//! - full: the stream's image is written as it arrives, as the new
+//!   checkpoint, into an unnamed `O_TMPFILE` beside the target, and parsed
+//!   meanwhile (the tree is built, from that file, only when the trailer
+//!   carries a TreeSum to compare); then a new data directory is made beside
+//!   the target (the checkpoint linked into it, `HISTORY`, `MANIFEST`) and
+//!   renamed over it (a new or empty directory) in one `rename(2)`;
+//! - incremental: the records are applied to BASE rebuilt in memory; then
+//!   a rollback intent to BASE is published in the manifest
 //!   (the same intent `memfs rollback` uses), the records are appended to
 //!   the journal, the snapshot is named, then the intent is cleared. A crash
 //!   before the clear leaves the intent, which the next open (or receive)
