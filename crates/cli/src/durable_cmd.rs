@@ -746,7 +746,10 @@ pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
         .as_fd()
         .try_clone_to_owned()
         .context("duplicating stdin")?;
-    let mut inp = std::io::BufReader::with_capacity(1 << 20, std::fs::File::from(fd));
+    // Unbuffered: the receiver reads whole frames (a 9-byte header, then
+    // up to 1 MiB straight into its frame buffer); a BufReader would copy
+    // every byte once more.
+    let mut inp = std::fs::File::from(fd);
     let opts = durable::send::ReceiveOptions {
         before_commit_point: std::env::var_os("MEMFS_TEST_RECEIVE_STALL")
             .map(|_| stall_before_commit_point as fn()),
@@ -761,13 +764,16 @@ pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
         ),
         None => format!("snapshot {}", r.header.name),
     };
+    let tree = match r.tree {
+        Some(t) => t.to_string(),
+        None => "not computed (the stream carries none to compare)".into(),
+    };
     eprintln!(
-        "received {what} into {}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {}",
+        "received {what} into {}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {tree}",
         a.data_dir.display(),
         r.bytes >> 20,
         t.as_secs_f64(),
         mib_per_s(r.bytes, t),
-        r.tree
     );
     Ok(())
 }

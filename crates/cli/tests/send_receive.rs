@@ -255,6 +255,35 @@ fn sigkill_of_a_receive_leaves_the_old_state() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
+    // Killed after the whole checkpoint was written, checked and synced,
+    // before it got a name (it is an unnamed O_TMPFILE until then): still
+    // no directory and nothing beside it.
+    let mut r = Receiver::spawn(&fresh, true);
+    r.0.stdin.as_mut().unwrap().write_all(&full_bytes).unwrap();
+    drop(r.0.stdin.take());
+    let mut err = BufReader::new(r.0.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("stalled before the commit point"), "{line}");
+    r.sigkill();
+    assert!(!fresh.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("receive"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let names: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .all(|n| ["src", "full", "inc", "cut"].contains(&n.as_str())),
+        "{names:?}"
+    );
+
     let dst = t.path().join("dst");
     ok(receive(&dst, &full));
     let s1 = dump(&dst);

@@ -20,13 +20,16 @@
 //! committed. Every frame carries a CRC32C and the trailer a CRC32C of the
 //! whole stream, so a truncated or damaged stream is refused.
 //!
-//! Receive builds the whole new tree in memory and validates everything
-//! first; only then does it change the receiving directory, in one
-//! crash-safe step:
-//! - full: the new data directory is written beside the target (a
-//!   checkpoint, `HISTORY`, `MANIFEST`) and renamed over it (a new or empty
-//!   directory) in one `rename(2)`;
-//! - incremental: a rollback intent to BASE is published in the manifest
+//! Receive validates everything first; only then does it change the
+//! receiving directory, in one crash-safe step:
+//! - full: the stream's image is written as it arrives, as the new
+//!   checkpoint, into an unnamed `O_TMPFILE` beside the target, and parsed
+//!   meanwhile (the tree is built, from that file, only when the trailer
+//!   carries a TreeSum to compare); then a new data directory is made beside
+//!   the target (the checkpoint linked into it, `HISTORY`, `MANIFEST`) and
+//!   renamed over it (a new or empty directory) in one `rename(2)`;
+//! - incremental: the records are applied to BASE rebuilt in memory; then
+//!   a rollback intent to BASE is published in the manifest
 //!   (the same intent `memfs rollback` uses), the records are appended to
 //!   the journal, the snapshot is named, then the intent is cleared. A crash
 //!   before the clear leaves the intent, which the next open (or receive)
@@ -41,7 +44,6 @@ use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
 use memfs_journal::snapshot::snapshot_file_name;
 use memfs_journal::{
     DataDir, Durability, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef,
-    SnapshotWriter,
 };
 
 use crate::codec::kind_code;
@@ -467,6 +469,9 @@ struct FrameReader<'a> {
     data_frames: u64,
     data_bytes: u64,
     trailer: Option<Trailer>,
+    /// A full receive's checkpoint, written from the data frames as they
+    /// are read (each frame becomes one chunk of it).
+    sink: Option<CheckpointSink>,
 }
 
 impl<'a> FrameReader<'a> {
@@ -481,6 +486,7 @@ impl<'a> FrameReader<'a> {
             data_frames: 0,
             data_bytes: 0,
             trailer: None,
+            sink: None,
         };
         let mut pre = [0u8; 12];
         r.exact(&mut pre)
@@ -496,7 +502,7 @@ impl<'a> FrameReader<'a> {
                 "stream format version {version}, but this memfs reads version {STREAM_VERSION} only"
             )));
         }
-        let (kind, payload) = r
+        let (kind, payload, _) = r
             .next_frame()
             .map_err(|e| io_error("reading the stream header", e))?;
         if kind != F_HEADER {
@@ -509,6 +515,14 @@ impl<'a> FrameReader<'a> {
     }
 
     fn exact(&mut self, b: &mut [u8]) -> io::Result<()> {
+        self.exact_unsummed(b)?;
+        self.stream_crc = crc32c::crc32c_append(self.stream_crc, b);
+        Ok(())
+    }
+
+    /// [`FrameReader::exact`] without the stream checksum: the caller adds
+    /// the bytes' CRC32C itself (computed once for every use).
+    fn exact_unsummed(&mut self, b: &mut [u8]) -> io::Result<()> {
         self.inp.read_exact(b).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
                 bad_data(format!(
@@ -520,12 +534,15 @@ impl<'a> FrameReader<'a> {
                 e
             }
         })?;
-        self.stream_crc = crc32c::crc32c_append(self.stream_crc, b);
         self.offset += b.len() as u64;
         Ok(())
     }
 
-    fn next_frame(&mut self) -> io::Result<(u8, Vec<u8>)> {
+    /// The next frame, its checksum checked, and the CRC32C of its payload.
+    /// The payload is summed once: the frame's checksum and the stream's
+    /// are derived from that sum (`crc32c_combine`), and a full receive
+    /// reuses it for the checkpoint chunk.
+    fn next_frame(&mut self) -> io::Result<(u8, Vec<u8>, u32)> {
         let at = self.offset;
         let crc_before = self.stream_crc;
         let mut h = [0u8; FRAME_HEADER];
@@ -540,17 +557,20 @@ impl<'a> FrameReader<'a> {
         }
         let mut payload = std::mem::take(&mut self.buf);
         payload.resize(len, 0);
-        self.exact(&mut payload)?;
-        if frame_crc(kind, &payload) != crc {
+        self.exact_unsummed(&mut payload)?;
+        let sum = crc32c::crc32c(&payload);
+        if crc32c::crc32c_combine(crc32c::crc32c(&h[..5]), sum, len) != crc {
             return Err(bad_data(format!(
                 "stream damaged: checksum mismatch in the frame at offset {at}"
             )));
         }
-        if kind == F_TRAILER {
+        self.stream_crc = if kind == F_TRAILER {
             // The trailer's own bytes are not part of the stream checksum.
-            self.stream_crc = crc_before;
-        }
-        Ok((kind, payload))
+            crc_before
+        } else {
+            crc32c::crc32c_combine(self.stream_crc, sum, len)
+        };
+        Ok((kind, payload, sum))
     }
 
     fn read_trailer(&mut self, payload: &[u8]) -> io::Result<()> {
@@ -603,9 +623,12 @@ impl Read for FrameReader<'_> {
             if self.trailer.is_some() {
                 return Ok(0);
             }
-            let (kind, payload) = self.next_frame()?;
+            let (kind, payload, sum) = self.next_frame()?;
             match kind {
                 F_DATA => {
+                    if let Some(sink) = &mut self.sink {
+                        sink.chunk(&payload, sum)?;
+                    }
                     self.data_frames += 1;
                     self.data_bytes += payload.len() as u64;
                     self.buf = payload;
@@ -815,15 +838,20 @@ pub struct ReceiveReport {
     pub header: StreamHeader,
     pub bytes: u64,
     pub records: u64,
-    pub tree: TreeSum,
+    /// The rebuilt tree's identity; `None` when the stream's trailer had
+    /// none to compare with (a full stream copied from a checkpoint), so
+    /// it was not computed.
+    pub tree: Option<TreeSum>,
 }
 
 /// Test hooks of [`receive`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReceiveOptions {
-    /// Called in the middle of the commit step of an incremental receive
-    /// (intent published, records appended, snapshot named, intent not
-    /// cleared yet): crash tests stop the process there.
+    /// Called just before the commit step: for an incremental receive in
+    /// its middle (intent published, records appended, snapshot named,
+    /// intent not cleared yet); for a full receive once the checkpoint is
+    /// written, checked and synced but still unnamed, before the staging
+    /// directory exists. Crash tests stop the process there.
     pub before_commit_point: Option<fn()>,
 }
 
@@ -834,7 +862,7 @@ pub struct ReceiveOptions {
 pub fn receive(dir: &Path, input: &mut dyn Read, opts: ReceiveOptions) -> Result<ReceiveReport> {
     let (mut r, header) = FrameReader::open(input)?;
     match header.base.clone() {
-        None => receive_full(dir, &mut r, header),
+        None => receive_full(dir, &mut r, header, opts),
         Some(base) => receive_incremental(dir, &mut r, header, base, opts),
     }
 }
@@ -876,6 +904,7 @@ fn receive_full(
     dir: &Path,
     r: &mut FrameReader<'_>,
     header: StreamHeader,
+    opts: ReceiveOptions,
 ) -> Result<ReceiveReport> {
     // Refuse early, before reading the stream, what cannot work.
     if dir.exists() {
@@ -901,21 +930,48 @@ fn receive_full(
         .into_owned();
     std::fs::create_dir_all(&parent).map_err(|e| io_error(&parent.display().to_string(), e))?;
 
-    let fs = Fs::new(materialize_config());
-    let info = image::read_image(&fs, r).map_err(stream_err)?;
+    // The image is the new checkpoint: its bytes go to an unnamed file on
+    // D2's file system as they arrive, parsed meanwhile by the checks the
+    // image loader makes (every record, without building the tree: zeroing
+    // and filling 1 GiB of fresh pages was 63 % of a receive's time).
+    let commit = header.commit;
+    r.sink = Some(CheckpointSink::create(&parent, &file_name, commit)?);
+    let checked = image::validate_image(r);
+    let sink_failed = r.sink.as_mut().and_then(|k| k.failed.take());
+    if let Some(e) = sink_failed {
+        return Err(io_error("writing the received checkpoint", e));
+    }
+    let info = checked.map_err(stream_err)?;
     let trailer = r.finish()?;
-    if info.commit != header.commit || info.required_end != header.commit {
+    let mut sink = r.sink.take().expect("set above");
+    if info.commit != commit || info.required_end != commit {
         return Err(invalid(format!(
-            "refused the stream: its image is at commit {} but its header says {}",
-            info.commit, header.commit
+            "refused the stream: its image is at commit {} but its header says {commit}",
+            info.commit
         )));
     }
-    fs.finish_rebuild(header.commit);
-    let tree = tree_sum(&fs);
-    check_tree(tree, &trailer)?;
+    sink.finish()
+        .map_err(|e| io_error("writing the received checkpoint", e))?;
+    // A stream copied from a checkpoint carries no TreeSum: nothing to
+    // compare, so the tree is never built. A stream the sender rebuilt
+    // carries one: the tree is loaded from the checkpoint just written (a
+    // second pass, from the page cache) and compared.
+    let tree = if trailer.tree.nodes != 0 {
+        let fs = sink
+            .load(commit)
+            .map_err(|e| invalid(format!("refused the stream: {e}")))?;
+        let tree = tree_sum(&fs);
+        check_tree(tree, &trailer)?;
+        Some(tree)
+    } else {
+        None
+    };
+    if let Some(hook) = opts.before_commit_point {
+        hook();
+    }
 
-    // Everything checked: write the new directory aside, then rename it
-    // into place in one step.
+    // Everything checked: make the new directory aside (the checkpoint
+    // linked into it), then rename it into place in one step.
     let staging_path = parent.join(format!(".{file_name}.receive-{}", std::process::id()));
     if staging_path.exists() {
         std::fs::remove_dir_all(&staging_path)
@@ -923,25 +979,9 @@ fn receive_full(
     }
     let mut staging = Staging(Some(staging_path.clone()));
     let lock = DataDir::open(&staging_path, true)?;
-    let commit = header.commit;
-    let mut w = SnapshotWriter::create(&staging_path, commit)?;
-    let write = |w: &mut SnapshotWriter| -> io::Result<()> {
-        let (nodes, pages) = image::write_nodes(&fs, commit, w)?;
-        image::write_trailer(
-            w,
-            &ImageInfo {
-                commit,
-                required_end: commit,
-                nodes,
-                pages,
-            },
-        )
-    };
-    if let Err(e) = write(&mut w) {
-        w.abandon();
-        return Err(io_error("writing the received checkpoint", e));
-    }
-    w.finish()?;
+    let checkpoint = staging_path.join(snapshot_file_name(commit));
+    sink.link(&checkpoint)
+        .map_err(|e| io_error(&checkpoint.display().to_string(), e))?;
     let t = now_ns();
     History {
         checkpoints: vec![CheckpointEntry {
@@ -988,6 +1028,170 @@ fn receive_full(
         records: 0,
         tree,
     })
+}
+
+/// How much a full receive writes before it asks the kernel to start
+/// writing it back (`sync_file_range`), so that the final fsync finds most
+/// of the checkpoint on disk already instead of starting from 1 GiB dirty.
+const WRITE_BEHIND: u64 = 16 << 20;
+
+/// The checkpoint of a full receive, written chunk by chunk from the
+/// stream's data frames into a file nobody can see: an `O_TMPFILE` in the
+/// directory that will hold D2 (so on its file system), linked under its
+/// name only after every check passed. A refused stream, an error or a
+/// SIGKILL leaves nothing behind. On a file system without `O_TMPFILE` it
+/// is a named file beside D2, removed on every error path.
+struct CheckpointSink {
+    file: File,
+    /// The fallback's name (`None`: an unnamed `O_TMPFILE`).
+    named: Option<PathBuf>,
+    /// Payload bytes in chunks so far.
+    total: u64,
+    /// File bytes written, and how far write-back was started.
+    written: u64,
+    started: u64,
+    /// A write error, kept so that it is reported as one (the image loader
+    /// reading through the frames would call it a damaged stream).
+    failed: Option<io::Error>,
+}
+
+impl CheckpointSink {
+    fn create(parent: &Path, file_name: &str, commit: u64) -> Result<CheckpointSink> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let tmp = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_TMPFILE)
+            .mode(0o644)
+            .open(parent);
+        let (mut file, named) = match tmp {
+            Ok(f) => (f, None),
+            Err(_) => {
+                let p = parent.join(format!(
+                    ".{file_name}.receive-{}.checkpoint",
+                    std::process::id()
+                ));
+                let f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o644)
+                    .open(&p)
+                    .map_err(|e| io_error(&p.display().to_string(), e))?;
+                (f, Some(p))
+            }
+        };
+        let head = memfs_journal::snapshot::snapshot_header(commit);
+        file.write_all(&head)
+            .map_err(|e| io_error("writing the received checkpoint", e))?;
+        Ok(CheckpointSink {
+            file,
+            named,
+            total: 0,
+            written: head.len() as u64,
+            started: 0,
+            failed: None,
+        })
+    }
+
+    /// Appends one data frame as one chunk (`sum` is its CRC32C).
+    fn chunk(&mut self, payload: &[u8], sum: u32) -> io::Result<()> {
+        if payload.is_empty() {
+            // A zero-length chunk is the end marker: nothing to write.
+            return Ok(());
+        }
+        let r = self.write_chunk(payload, sum);
+        r.map_err(|e| {
+            let msg = format!("writing the received checkpoint: {e}");
+            self.failed = Some(e);
+            io::Error::other(msg)
+        })
+    }
+
+    fn write_chunk(&mut self, payload: &[u8], sum: u32) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let head = memfs_journal::snapshot::snapshot_chunk_header(payload.len(), sum);
+        self.file.write_all(&head)?;
+        self.file.write_all(payload)?;
+        self.total += payload.len() as u64;
+        self.written += (head.len() + payload.len()) as u64;
+        if self.written - self.started >= WRITE_BEHIND {
+            // SAFETY: sync_file_range only reads its integer arguments; the
+            // descriptor is ours and open. A failure is not an error here:
+            // the final fsync writes (and checks) everything anyway.
+            unsafe {
+                libc::sync_file_range(
+                    self.file.as_raw_fd(),
+                    self.started as libc::off64_t,
+                    (self.written - self.started) as libc::off64_t,
+                    libc::SYNC_FILE_RANGE_WRITE,
+                );
+            }
+            self.started = self.written;
+        }
+        Ok(())
+    }
+
+    /// Writes the end marker and makes the file durable.
+    fn finish(&mut self) -> io::Result<()> {
+        let end = memfs_journal::snapshot::snapshot_end_marker(self.total);
+        self.file.write_all(&end)?;
+        self.file.sync_all()
+    }
+
+    /// Loads the written (finished) checkpoint into a new tree.
+    fn load(&self, commit: u64) -> std::result::Result<Fs, String> {
+        use std::os::fd::AsRawFd;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let mut rd = SnapshotReader::open(&path).map_err(|e| e.to_string())?;
+        let fs = Fs::new(materialize_config());
+        let info = image::read_image(&fs, &mut rd)?;
+        rd.finish().map_err(|e| e.to_string())?;
+        if info.commit != commit {
+            return Err(format!("its image loads at commit {}", info.commit));
+        }
+        fs.finish_rebuild(commit);
+        Ok(fs)
+    }
+
+    /// Gives the file its name `to` (in a directory on the same file
+    /// system). The caller syncs `to`'s directory.
+    fn link(&mut self, to: &Path) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        if let Some(p) = self.named.take() {
+            return std::fs::rename(&p, to).inspect_err(|_| self.named = Some(p));
+        }
+        // linkat(2) of /proc/self/fd/N with AT_SYMLINK_FOLLOW links an
+        // O_TMPFILE without privileges (AT_EMPTY_PATH needs
+        // CAP_DAC_READ_SEARCH).
+        let from = std::ffi::CString::new(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+            .expect("no NUL in a number");
+        let to_c = std::ffi::CString::new(to.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a path"))?;
+        // SAFETY: both pointers are NUL-terminated C strings that live
+        // across the call; linkat does not keep them.
+        let rc = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                from.as_ptr(),
+                libc::AT_FDCWD,
+                to_c.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CheckpointSink {
+    fn drop(&mut self) {
+        if let Some(p) = self.named.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// Reads `b.len()` bytes, or returns false at a clean end of the data.
@@ -1192,7 +1396,7 @@ fn receive_incremental(
         header,
         bytes: r.data_bytes,
         records,
-        tree,
+        tree: Some(tree),
     })
 }
 

@@ -353,3 +353,64 @@ fn a_crash_inside_the_incremental_commit_leaves_the_base() {
     receive(&dst, &inc).unwrap();
     same_as_sender(&src, &dst, "s2");
 }
+
+/// The payload of a snapshot (checkpoint) file, its chunks checked.
+fn checkpoint_payload(path: &Path) -> Vec<u8> {
+    use std::io::Read;
+    let mut r = memfs_journal::SnapshotReader::open(path).unwrap();
+    let mut v = Vec::new();
+    r.read_to_end(&mut v).unwrap();
+    r.finish().unwrap();
+    v
+}
+
+#[test]
+fn a_full_receive_keeps_the_streams_image_as_its_checkpoint() {
+    let t = tempfile::tempdir().unwrap();
+    let src = t.path().join("src");
+    source(&src);
+    let h = History::load(&src).unwrap();
+    let s3 = h.snapshots.iter().find(|s| s.name == "s3").unwrap().commit;
+    let name = memfs_journal::snapshot::snapshot_file_name(s3);
+
+    // s3 has a checkpoint at its commit: the stream is that image, with no
+    // TreeSum, so none is computed, and the received checkpoint holds the
+    // very same image bytes (written as they arrived, not re-serialized).
+    let dst = t.path().join("dst");
+    let rep = receive(&dst, &send_to_vec(&src, "s3", None)).unwrap();
+    assert_eq!(rep.tree, None);
+    assert!(checkpoint_payload(&dst.join(&name)) == checkpoint_payload(&src.join(&name)));
+    same_as_sender(&src, &dst, "s3");
+
+    // s1 is rebuilt by the sender: its trailer has a TreeSum, checked.
+    let dst1 = t.path().join("dst1");
+    let rep = receive(&dst1, &send_to_vec(&src, "s1", None)).unwrap();
+    assert_eq!(rep.tree, Some(tree_sum(&snapshot_tree(&src, "s1"))));
+    same_as_sender(&src, &dst1, "s1");
+
+    // Stopped after the checkpoint was written and synced but before it
+    // got a name: no directory, and nothing beside it.
+    let mut before: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    before.sort();
+    let dst2 = t.path().join("dst2");
+    let full = send_to_vec(&src, "s3", None);
+    let r = std::panic::catch_unwind(|| {
+        let mut inp: &[u8] = &full;
+        let o = ReceiveOptions {
+            before_commit_point: Some(|| panic!("simulated crash")),
+        };
+        let _ = send::receive(&dst2, &mut inp, o);
+    });
+    assert!(r.is_err());
+    let mut after: Vec<_> = std::fs::read_dir(t.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    after.sort();
+    assert_eq!(before, after);
+    receive(&dst2, &full).unwrap();
+    same_as_sender(&src, &dst2, "s3");
+}

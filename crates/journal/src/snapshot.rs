@@ -17,6 +17,37 @@ pub const SNAPSHOT_MAGIC: [u8; 8] = *b"MEMFSSNP";
 pub const SNAPSHOT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 32;
 const CHUNK: usize = 1 << 20;
+/// The largest chunk a snapshot file may hold.
+pub const SNAPSHOT_MAX_CHUNK: usize = CHUNK;
+
+/// The 32-byte header of a snapshot file at `commit`.
+pub fn snapshot_header(commit: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
+    h[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    h[16..24].copy_from_slice(&commit.to_le_bytes());
+    let crc = crc32c::crc32c(&h[0..28]);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The 8 bytes before a chunk of `len` (1 ..= [`SNAPSHOT_MAX_CHUNK`]) bytes
+/// whose CRC32C is `crc`: writers that already know the checksum of their
+/// bytes (a received stream) write chunks without another pass over them.
+pub fn snapshot_chunk_header(len: usize, crc: u32) -> [u8; 8] {
+    debug_assert!(len > 0 && len <= CHUNK);
+    let mut h = [0u8; 8];
+    h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[4..8].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// The end marker after chunks holding `total` bytes in all.
+pub fn snapshot_end_marker(total: u64) -> [u8; 8] {
+    let mut end = [0u8; 8];
+    end[4..8].copy_from_slice(&crc32c::crc32c(&total.to_le_bytes()).to_le_bytes());
+    end
+}
 
 pub fn snapshot_file_name(commit: u64) -> String {
     format!("snapshot-{commit:020}.snap")
@@ -51,13 +82,8 @@ impl SnapshotWriter {
         let mut file = storage
             .open(&tmp, OpenMode::CreateTruncate)
             .map_err(io_err(&tmp))?;
-        let mut h = [0u8; HEADER_LEN];
-        h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
-        h[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        h[16..24].copy_from_slice(&commit.to_le_bytes());
-        let crc = crc32c::crc32c(&h[0..28]);
-        h[28..32].copy_from_slice(&crc.to_le_bytes());
-        file.write_all(&h).map_err(io_err(&tmp))?;
+        file.write_all(&snapshot_header(commit))
+            .map_err(io_err(&tmp))?;
         Ok(SnapshotWriter {
             storage,
             file,
@@ -73,9 +99,7 @@ impl SnapshotWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let mut h = [0u8; 8];
-        h[0..4].copy_from_slice(&(self.buf.len() as u32).to_le_bytes());
-        h[4..8].copy_from_slice(&crc32c::crc32c(&self.buf).to_le_bytes());
+        let h = snapshot_chunk_header(self.buf.len(), crc32c::crc32c(&self.buf));
         self.file.write_all(&h)?;
         self.file.write_all(&self.buf)?;
         self.total += self.buf.len() as u64;
@@ -87,8 +111,7 @@ impl SnapshotWriter {
     /// directory. Returns the final path.
     pub fn finish(mut self) -> Result<PathBuf> {
         self.flush_chunk().map_err(io_err(&self.tmp))?;
-        let mut end = [0u8; 8];
-        end[4..8].copy_from_slice(&crc32c::crc32c(&self.total.to_le_bytes()).to_le_bytes());
+        let end = snapshot_end_marker(self.total);
         self.file.write_all(&end).map_err(io_err(&self.tmp))?;
         self.file.sync_all().map_err(io_err(&self.tmp))?;
         self.storage
