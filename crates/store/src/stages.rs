@@ -21,7 +21,9 @@ pub enum Stage {
     WriterLocked,
     /// Writer's store: the tables are updated (undo recorded).
     WriterTables,
-    /// Writer's store: the journal commit returned (per its durability).
+    /// Writer's store: the journal commit returned (per its durability). In
+    /// `sync` and `relaxed` modes a large block's journal write runs while
+    /// the tables are updated, so this is when both are done.
     WriterJournal,
     /// Server: the event is in the history and subscribers are woken.
     Published,
