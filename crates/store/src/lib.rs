@@ -718,6 +718,9 @@ impl Store {
                     Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
                     None => apply_ops(&self.shared, w, ops),
                 };
+                if stages::enabled() {
+                    tables_done = Some(Instant::now());
+                }
                 let res = h.join().unwrap_or_else(|_| {
                     Err(memfs_journal::Error::Failed(
                         "journal thread panicked".into(),
