@@ -19,6 +19,7 @@ mod codec;
 mod meta;
 mod metrics;
 pub mod net;
+pub mod stages;
 mod table;
 
 pub use memfs_journal::{self as journal, Durability};
@@ -699,6 +700,17 @@ impl Store {
                 Durability::Sync | Durability::Relaxed { .. }
             );
         let journal = w.journal.clone();
+        // Stage marks (off unless a measurement turned them on): a prepared
+        // block is a follower's, an encoded one the server's.
+        let (tables_stage, journal_stage) = if bucketed.is_some() {
+            (
+                stages::Stage::FollowerTables,
+                stages::Stage::FollowerJournal,
+            )
+        } else {
+            (stages::Stage::WriterTables, stages::Stage::WriterJournal)
+        };
+        let mut tables_done = None;
         let (res, undo) = if overlap {
             std::thread::scope(|sc| {
                 let h = sc.spawn(|| journal.commit_reserved(&[&header, entries], reserved));
@@ -706,6 +718,9 @@ impl Store {
                     Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
                     None => apply_ops(&self.shared, w, ops),
                 };
+                if stages::enabled() {
+                    tables_done = Some(Instant::now());
+                }
                 let res = h.join().unwrap_or_else(|_| {
                     Err(memfs_journal::Error::Failed(
                         "journal thread panicked".into(),
@@ -718,8 +733,19 @@ impl Store {
                 Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
                 None => apply_ops(&self.shared, w, ops),
             };
+            if stages::enabled() {
+                tables_done = Some(Instant::now());
+            }
             (journal.commit_reserved(&[&header, entries], reserved), undo)
         };
+        if let Ok(id) = &res
+            && stages::enabled()
+        {
+            if let Some(t) = tables_done {
+                stages::mark_at(*id, tables_stage, t);
+            }
+            stages::mark(*id, journal_stage);
+        }
         recycle(w, vec![redo]);
         if let Err(e) = res {
             drop(gate);

@@ -48,6 +48,11 @@ pub struct Args {
     /// threads waits for the slower of them (docs/store.md).
     #[arg(long, default_value_t = 1)]
     follower_threads: usize,
+    /// Record when each event passes each stage (server, subscription,
+    /// follower; `memfs_store::stages`) in the run with a follower, and
+    /// print where the time went.
+    #[arg(long)]
+    stages: bool,
 }
 
 /// Whether `prog` can be run (`prog --version`).
@@ -319,7 +324,14 @@ impl Lag {
 /// 9,000 deletes of the oldest live keys) through the server as fast as it
 /// can, with a follower subscribed (`follow`) or alone (the writer's own
 /// rate, the baseline for what a follower costs it).
-fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: bool) -> Result<Lag> {
+fn follower_lag(
+    tmp: &Path,
+    name: &str,
+    blocks: u64,
+    threads: usize,
+    follow: bool,
+    stages: bool,
+) -> Result<Lag> {
     let wdir = tmp.join(format!("{name}-writer"));
     let fdir = tmp.join(format!("{name}-replica"));
     let async_ = || {
@@ -359,6 +371,10 @@ fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: boo
     let mut samples = Vec::with_capacity(blocks as usize);
     let mut set_time = Duration::ZERO;
     let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
+    let stages = stages && follow;
+    if stages {
+        memfs_store::stages::enable();
+    }
     let t0 = Instant::now();
     for b in 1..=blocks {
         ops.clear();
@@ -374,6 +390,11 @@ fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: boo
         let t_set = Instant::now();
         let seq = w.set(b, &ops)?;
         set_time += t_set.elapsed();
+        if stages {
+            use memfs_store::stages::{Stage, mark, mark_at};
+            mark_at(seq, Stage::ClientSend, t_set);
+            mark(seq, Stage::ClientDone);
+        }
         if follow {
             samples.push(seq.saturating_sub(progress.seq.load(Relaxed)));
         }
@@ -395,6 +416,12 @@ fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: boo
             );
         }
     }
+    if stages {
+        print!(
+            "{}",
+            memfs_store::stages::report(&memfs_store::stages::take())
+        );
+    }
     Ok(Lag {
         blocks,
         blocks_per_sec: blocks as f64 / elapsed,
@@ -407,8 +434,8 @@ fn follower_lag(tmp: &Path, name: &str, blocks: u64, threads: usize, follow: boo
 
 fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
     // The writer alone first, then with a follower, in fresh directories.
-    let alone = follower_lag(tmp, "alone", a.blocks, a.follower_threads, false)?;
-    let l = follower_lag(tmp, "lag", a.blocks, a.follower_threads, true)?;
+    let alone = follower_lag(tmp, "alone", a.blocks, a.follower_threads, false, false)?;
+    let l = follower_lag(tmp, "lag", a.blocks, a.follower_threads, true, a.stages)?;
     println!(
         "writer alone, 10k inserts + 9k deletes per block: {:.1} blocks/s ({:.2} ms per set)",
         alone.blocks_per_sec, alone.writer_ms

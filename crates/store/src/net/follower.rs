@@ -10,6 +10,7 @@
 
 use super::client::{Client, ClientConfig, ClientError, Event, Subscription, decode_event};
 use super::protocol::{ErrorCode, Role};
+use crate::stages::{self, Stage};
 use crate::{Durability, PreparedBlock, Store, StoreError, StoreOptions};
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
 use std::path::{Path, PathBuf};
@@ -368,6 +369,7 @@ type Received = Result<(Ev, PreparedBlock), ClientError>;
 /// hashes and buckets its entries (all of it off the applier's thread).
 fn receive(sub: &mut Subscription, mut pb: PreparedBlock, kw: usize, shards: usize) -> Received {
     sub.next_frame(pb.bytes_mut())?;
+    let received = stages::enabled().then(std::time::Instant::now);
     let f = pb.bytes();
     let (ev, entries) = match decode_event(f[0], &f[1..], kw)? {
         Event::Block {
@@ -400,6 +402,10 @@ fn receive(sub: &mut Subscription, mut pb: PreparedBlock, kw: usize, shards: usi
     if let Some(r) = entries {
         pb.prepare(r, kw, shards)
             .map_err(|e| ClientError::Protocol(format!("event block: {e}")))?;
+    }
+    if let (Some(t), Ev::Block { seq, .. } | Ev::Rollback { seq, .. }) = (received, ev) {
+        stages::mark_at(seq, Stage::FollowerReceived, t);
+        stages::mark(seq, Stage::FollowerPrepared);
     }
     Ok((ev, pb))
 }
@@ -512,7 +518,9 @@ fn apply_frames(
         };
         // Readers wait while this one event is applied.
         let t_apply = std::time::Instant::now();
+        stages::mark_at(seq, Stage::FollowerDequeued, t_apply);
         let guard = replica.store.write();
+        stages::mark(seq, Stage::FollowerLocked);
         let st = guard.as_ref().expect("opened");
         let last = st.last_commit();
         if seq != last + 1 {
@@ -551,6 +559,7 @@ fn apply_frames(
         progress.seq.store(seq, Relaxed);
         progress.block.store(st.current_block(), Relaxed);
         progress.writer_seq.fetch_max(seq, Relaxed);
+        stages::mark(seq, Stage::FollowerApplied);
         drop(guard);
         progress
             .apply_nanos

@@ -13,6 +13,7 @@ use super::auth::Auth;
 use super::follower::Replica;
 use super::protocol::{self as p, ErrorCode, Frame, Limits, ProtoError, Role, Welcome, op};
 use super::{Stream, is_timeout};
+use crate::stages::{self, Stage};
 use crate::{Store, StoreError};
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex};
 use std::collections::{HashMap, VecDeque};
@@ -865,14 +866,21 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             // The SET body (block, count, entries) is the event's body as is,
             // and its entries are the journal's form: applied in place.
             let set_body = body;
+            let received = stages::enabled().then(Instant::now);
             let _w = sh.write.lock();
+            let locked = stages::enabled().then(Instant::now);
             let prev = store.current_block();
             match store.set_encoded(block, entries) {
                 Ok(()) => {
                     let seq = store.last_commit();
+                    if let (Some(r), Some(l)) = (received, locked) {
+                        stages::mark_at(seq, Stage::SetReceived, r);
+                        stages::mark_at(seq, Stage::WriterLocked, l);
+                    }
                     let mut f = Vec::with_capacity(set_body.len() + 21);
                     p::put_ev_block(&mut f, seq, prev, set_body);
                     publish(sh, seq, block, f);
+                    stages::mark(seq, Stage::Published);
                     sh.counters.blocks.fetch_add(1, Relaxed);
                     p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
                 }
@@ -1044,7 +1052,7 @@ fn subscribe(
     let _dec = Dec(&sh.counters.subscribers_active);
     tracing::info!(from_seq, from_block, "subscription started");
     let mut sent = from_seq;
-    let mut batch: Vec<Arc<Vec<u8>>> = Vec::new();
+    let mut batch: Vec<(u64, Arc<Vec<u8>>)> = Vec::new();
     loop {
         {
             let mut l = sh.log.lock();
@@ -1081,7 +1089,7 @@ fn subscribe(
                         .iter()
                         .skip(first)
                         .take(64)
-                        .map(|e| e.frame.clone()),
+                        .map(|e| (e.seq, e.frame.clone())),
                 );
                 sent = l
                     .events
@@ -1095,10 +1103,12 @@ fn subscribe(
             s.write_all(out)?;
             out.clear();
         }
-        for f in batch.drain(..) {
+        for (seq, f) in batch.drain(..) {
+            stages::mark(seq, Stage::SubscriberTook);
             sh.counters.bytes_out.fetch_add(f.len() as u64, Relaxed);
             sh.counters.events_sent.fetch_add(1, Relaxed);
             s.write_all(&f)?;
+            stages::mark(seq, Stage::SubscriberWritten);
         }
         s.flush()?;
     }
