@@ -253,7 +253,13 @@ impl<'a> Cursor<'a> {
         if perm > 0o7777 {
             return Err(format!("permission bits out of range: {perm:o}"));
         }
-        let (nlink, uid, gid, rdev, size) = (self.u32()?, self.u32()?, self.u32()?, self.u32()?, self.u64()?);
+        let (nlink, uid, gid, rdev, size) = (
+            self.u32()?,
+            self.u32()?,
+            self.u32()?,
+            self.u32()?,
+            self.u64()?,
+        );
         let (atime, mtime, ctime) = (self.time()?, self.time()?, self.time()?);
         Ok(Attr {
             ino,

@@ -328,7 +328,9 @@ fn read_image_into(fs: Option<&Fs>, r: &mut dyn Read) -> Result<ImageInfo, Strin
                 let sec = i64::from_le_bytes(buf[8..16].try_into().expect("8"));
                 let nsec = u32::from_le_bytes(buf[16..20].try_into().expect("4"));
                 if nsec >= 1_000_000_000 {
-                    return Err(format!("node {ino}: btime nanoseconds out of range: {nsec}"));
+                    return Err(format!(
+                        "node {ino}: btime nanoseconds out of range: {nsec}"
+                    ));
                 }
                 if let Some(fs) = fs {
                     fs.apply_btime(ino, memfs_fs::Timespec { sec, nsec });

@@ -30,7 +30,9 @@ fn every_kind_of_node_is_born_with_btime_equal_to_its_times() {
     let c = fs
         .mknod(ROOT, ROOT_INO, b"c", libc::S_IFCHR | 0o600, 0x0102)
         .unwrap();
-    let p = fs.mknod(ROOT, ROOT_INO, b"p", libc::S_IFIFO | 0o600, 0).unwrap();
+    let p = fs
+        .mknod(ROOT, ROOT_INO, b"p", libc::S_IFIFO | 0o600, 0)
+        .unwrap();
     let t = fs.tmpfile(ROOT, ROOT_INO, 0o600, false).unwrap();
     for a in [f, d, s, c, p, t] {
         assert_eq!(a.btime, a.ctime, "{:?}", a.kind);
