@@ -22,6 +22,10 @@ const R_PAGES: u8 = 3;
 /// A node's inode flags (`chattr`), after its R_NODE; only for nodes that
 /// have any, so images without flags are as before and older images load.
 const R_FLAGS: u8 = 4;
+/// A node's creation time (btime), after its R_NODE; only where it differs
+/// from the node's ctime, so older images (which have none) load with
+/// btime = ctime.
+const R_BTIME: u8 = 5;
 const R_END: u8 = 0xFF;
 
 /// Pages copied per lock hold (256 KiB: tens of microseconds of memcpy).
@@ -141,7 +145,8 @@ fn write_node(fs: &Fs, inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
             return Ok(false);
         }
         buf.push(R_NODE);
-        put_attr(buf, &st.attr());
+        let attr = st.attr();
+        put_attr(buf, &attr);
         let parent = st.dir_parent().unwrap_or(0);
         buf.extend_from_slice(&parent.to_le_bytes());
         put_bytes16(buf, st.symlink_target().unwrap_or(b""));
@@ -156,6 +161,12 @@ fn write_node(fs: &Fs, inode: &Node, buf: &mut Vec<u8>) -> io::Result<bool> {
             buf.push(R_FLAGS);
             buf.extend_from_slice(&inode.ino().to_le_bytes());
             buf.extend_from_slice(&flags.to_le_bytes());
+        }
+        if attr.btime != attr.ctime {
+            buf.push(R_BTIME);
+            buf.extend_from_slice(&inode.ino().to_le_bytes());
+            buf.extend_from_slice(&attr.btime.sec.to_le_bytes());
+            buf.extend_from_slice(&attr.btime.nsec.to_le_bytes());
         }
         Ok(true)
     })
@@ -309,6 +320,20 @@ fn read_image_into(fs: Option<&Fs>, r: &mut dyn Read) -> Result<ImageInfo, Strin
                 }
                 if let Some(fs) = fs {
                     fs.apply_flags(ino, flags);
+                }
+            }
+            R_BTIME => {
+                read_n(r, &mut buf, 20)?;
+                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+                let sec = i64::from_le_bytes(buf[8..16].try_into().expect("8"));
+                let nsec = u32::from_le_bytes(buf[16..20].try_into().expect("4"));
+                if nsec >= 1_000_000_000 {
+                    return Err(format!(
+                        "node {ino}: btime nanoseconds out of range: {nsec}"
+                    ));
+                }
+                if let Some(fs) = fs {
+                    fs.apply_btime(ino, memfs_fs::Timespec { sec, nsec });
                 }
             }
             R_END => {

@@ -229,11 +229,11 @@ impl Fs {
                 nlink: 2,
                 uid: ctx.uid,
                 gid: ctx.gid,
-                rdev: 0,
                 size: 0,
                 atime: now,
                 mtime: now,
                 ctime: now,
+                btime: now,
                 xattrs: None,
                 flags: 0,
             },
@@ -727,21 +727,18 @@ impl Fs {
             FileType::RegularFile => Body::File(FileData::default()),
             FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
             FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
-            _ => Body::Special,
+            _ => Body::special(kind, rdev),
         };
         let meta = Meta {
             perm,
             nlink: if kind == FileType::Directory { 2 } else { 1 },
             uid: ctx.uid,
             gid,
-            rdev: match kind {
-                FileType::CharDevice | FileType::BlockDevice => rdev,
-                _ => 0,
-            },
             size: 0,
             atime: now,
             mtime: now,
             ctime: now,
+            btime: now,
             xattrs,
             flags: inherited_flags,
         };
@@ -1042,11 +1039,11 @@ impl Fs {
             nlink: 0,
             uid: ctx.uid,
             gid,
-            rdev: 0,
             size: 0,
             atime: now,
             mtime: now,
             ctime: now,
+            btime: now,
             xattrs,
             flags: inherited_flags,
         };
@@ -1361,16 +1358,16 @@ impl Fs {
             nlink: 1,
             uid: ctx.uid,
             gid,
-            rdev: 0,
             size: 0,
             atime: now,
             mtime: now,
             ctime: now,
+            btime: now,
             xattrs: None,
             flags: 0,
         };
         let kind = FileType::CharDevice;
-        let inode = self.new_inode(wino, kind, meta, Body::Special);
+        let inode = self.new_inode(wino, kind, meta, Body::Special(0));
         let attr = inode.state.read().attr(wino, kind);
         self.core.inodes.insert(wino, inode);
         src.dir_mut().expect("dir").insert(name, wino, kind);

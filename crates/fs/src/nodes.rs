@@ -176,7 +176,7 @@ impl Fs {
             FileType::RegularFile => Body::File(FileData::default()),
             FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
             FileType::Symlink => Body::Symlink(Box::new(symlink_target.into())),
-            _ => Body::Special,
+            _ => Body::special(a.kind, a.rdev),
         };
         self.install(a, body);
     }

@@ -20,17 +20,17 @@ use crate::dir::Dir;
 use crate::fs::Fs;
 use crate::inode::{Body, Inode, Meta, State};
 use crate::mutation::Mutation;
-use crate::types::{Attr, FileType, PAGE_SIZE, ROOT_INO, XattrMode};
+use crate::types::{Attr, FileType, PAGE_SIZE, ROOT_INO, Timespec, XattrMode};
 use crate::xattr::Xattrs;
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
-fn empty_body(kind: FileType, parent: u64, target: Option<&[u8]>) -> Body {
-    match kind {
+fn empty_body(a: &Attr, parent: u64, target: Option<&[u8]>) -> Body {
+    match a.kind {
         FileType::RegularFile => Body::File(FileData::default()),
         FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
         FileType::Symlink => Body::Symlink(Box::new(target.unwrap_or_default().into())),
-        _ => Body::Special,
+        _ => Body::special(a.kind, a.rdev),
     }
 }
 
@@ -40,7 +40,6 @@ fn meta_of(a: &Attr) -> Meta {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: a.rdev,
         size: match a.kind {
             FileType::RegularFile => a.size,
             _ => 0,
@@ -48,6 +47,9 @@ fn meta_of(a: &Attr) -> Meta {
         atime: a.atime,
         mtime: a.mtime,
         ctime: a.ctime,
+        // A create's record carries its time as ctime, and an image node
+        // without a btime record was made when its ctime was.
+        btime: a.btime,
         xattrs: None,
         flags: 0,
     }
@@ -82,7 +84,7 @@ impl Fs {
     fn node(&self, a: &Attr) -> Arc<Inode> {
         match self.core.inodes.get(&a.ino) {
             Some(n) if n.kind == a.kind => n.clone(),
-            _ => self.install(a, empty_body(a.kind, ROOT_INO, None)),
+            _ => self.install(a, empty_body(a, ROOT_INO, None)),
         }
     }
 
@@ -101,7 +103,9 @@ impl Fs {
         meta.nlink = a.nlink;
         meta.uid = a.uid;
         meta.gid = a.gid;
-        meta.rdev = a.rdev;
+        if let Body::Special(rdev) = body {
+            *rdev = a.rdev;
+        }
         meta.atime = a.atime;
         meta.mtime = a.mtime;
         meta.ctime = a.ctime;
@@ -177,6 +181,14 @@ impl Fs {
         }
     }
 
+    /// Rebuild: sets the creation time of node `ino` (an image's R_BTIME).
+    pub fn apply_btime(&self, ino: u64, btime: Timespec) {
+        let Some(n) = self.core.inodes.get(&ino).map(|n| n.clone()) else {
+            return;
+        };
+        self.write_state(&n).meta.btime = btime;
+    }
+
     /// Rebuild: sets extended attributes of node `ino`.
     pub fn apply_xattrs<'a>(&self, ino: u64, xs: impl Iterator<Item = (&'a [u8], &'a [u8])>) {
         let Some(n) = self.core.inodes.get(&ino).map(|n| n.clone()) else {
@@ -202,7 +214,7 @@ impl Fs {
                 attr,
                 symlink_target,
             } => {
-                self.install(&attr, empty_body(attr.kind, parent.ino, symlink_target));
+                self.install(&attr, empty_body(&attr, parent.ino, symlink_target));
                 self.set_entry(&parent, name, Some(&attr));
                 self.set_attr(&parent);
             }
@@ -315,7 +327,7 @@ impl Fs {
                 }
             }
             Mutation::Tmpfile { attr } => {
-                self.install(&attr, empty_body(attr.kind, ROOT_INO, None));
+                self.install(&attr, empty_body(&attr, ROOT_INO, None));
             }
         }
     }

@@ -612,7 +612,7 @@ impl Fs {
                     if st.meta.nlink == 0 {
                         continue;
                     }
-                    entry_changes(ino, &st.body, &Body::Special, &mut out.entries);
+                    entry_changes(ino, &st.body, &Body::Special(0), &mut out.entries);
                     st.meta.nlink = 0;
                     if let Body::Dir(d) = &mut st.body {
                         **d = crate::dir::Dir::new(d.parent);
@@ -632,7 +632,7 @@ impl Fs {
                 }
                 (Some(f), _) => {
                     // Freed since: born again under its old number.
-                    entry_changes(ino, &Body::Special, &f.body, &mut out.entries);
+                    entry_changes(ino, &Body::Special(0), &f.body, &mut out.entries);
                     let (body, added) = copy_body(&f.body);
                     let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
                     if ino == ROOT_INO {

@@ -171,6 +171,8 @@ pub struct Attr {
     pub atime: Timespec,
     pub mtime: Timespec,
     pub ctime: Timespec,
+    /// Creation time (statx's btime), never changed after the node is made.
+    pub btime: Timespec,
     pub blksize: u32,
 }
 

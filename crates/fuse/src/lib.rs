@@ -37,7 +37,7 @@ use fuser::{
     Config, FileHandle, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
     LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, StatxExtra, TimeOrNow, WriteFlags,
 };
 use memfs_fs::{
     AtimeMode, Attr, Ctx, Errno, FallocateMode, FileType, Fs, RenameFlags, SetAttr, SetTime,
@@ -370,7 +370,8 @@ fn fuse_attr(a: &Attr) -> fuser::FileAttr {
         atime: a.atime.to_system_time(),
         mtime: a.mtime.to_system_time(),
         ctime: a.ctime.to_system_time(),
-        crtime: a.ctime.to_system_time(),
+        // statx's btime (the vendored fuser carries it in `crtime`).
+        crtime: a.btime.to_system_time(),
         kind: kind(a.kind),
         perm: a.perm,
         nlink: a.nlink,
@@ -380,6 +381,30 @@ fn fuse_attr(a: &Attr) -> fuser::FileAttr {
         blksize: a.blksize,
         flags: 0,
     }
+}
+
+/// The fields a statx reply fills: the basic stats and btime (the kernel
+/// passes nothing else of a FUSE reply on).
+const STATX_FIELDS: u32 = 0x7ff | 0x800; // STATX_BASIC_STATS | STATX_BTIME
+const STATX_ATTR_IMMUTABLE: u64 = 0x10;
+const STATX_ATTR_APPEND: u64 = 0x20;
+const STATX_ATTR_NODUMP: u64 = 0x40;
+/// The statx attributes memfs knows, as tmpfs reports them (shmem_getattr).
+const STATX_ATTRS_SUPPORTED: u64 = STATX_ATTR_APPEND | STATX_ATTR_IMMUTABLE | STATX_ATTR_NODUMP;
+
+/// statx's attribute bits for a node's inode flags (`FS_*_FL`).
+fn statx_attributes(flags: u32) -> u64 {
+    let mut out = 0;
+    for (fl, attr) in [
+        (memfs_fs::FS_APPEND_FL, STATX_ATTR_APPEND),
+        (memfs_fs::FS_IMMUTABLE_FL, STATX_ATTR_IMMUTABLE),
+        (memfs_fs::FS_NODUMP_FL, STATX_ATTR_NODUMP),
+    ] {
+        if flags & fl != 0 {
+            out |= attr;
+        }
+    }
+    out
 }
 
 fn ctx(req: &Request) -> Ctx {
@@ -681,6 +706,39 @@ impl Filesystem for MemFuse {
             Ok(a) => reply.attr(&self.attr_ttl, &self.attr(a)),
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    /// statx(2) asking for btime: the attributes of `getattr` with the
+    /// creation time and the inode flags statx shows.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: Option<FileHandle>,
+        _flags: u32,
+        _mask: u32,
+        reply: ReplyStatx,
+    ) {
+        let node = snapdir::classify(ino.0);
+        let (attr, flags) = if node != Node::Live(ino.0) {
+            // Snapshot views show no inode flags (as their getattr).
+            match self.snap_getattr(node) {
+                Ok(a) => (fuse_attr(&a), 0),
+                Err(e) => return reply.error(err(e)),
+            }
+        } else {
+            let fs = self.fs.get();
+            match fs.getattr(ino.0).map_err(stale) {
+                Ok(a) => (self.attr(a), fs.get_flags(ino.0).unwrap_or(0)),
+                Err(e) => return reply.error(err(e)),
+            }
+        };
+        let extra = StatxExtra {
+            mask: STATX_FIELDS,
+            attributes: statx_attributes(flags),
+            attributes_mask: STATX_ATTRS_SUPPORTED,
+        };
+        reply.statx(&self.attr_ttl, &attr, &extra);
     }
 
     fn setattr(

@@ -57,6 +57,8 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
+pub use crate::reply::ReplyStatx;
+pub use crate::reply::StatxExtra;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;
@@ -883,6 +885,26 @@ pub trait Filesystem: Send + Sync + 'static {
         warn!(
             "[Not Implemented] tmpfile(parent: {parent:#x?}, mode: {mode}, \
             umask: {umask:#x?}, flags: {flags:#x?})"
+        );
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// memfs patch: `statx(2)` asking for more than the basic stats (the
+    /// kernel sends it only for those, e.g. btime). `fh` is set when the
+    /// call came through an open file; `flags` and `mask` are statx's. The
+    /// default `ENOSYS` makes the kernel stop asking and use `getattr`.
+    fn statx(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: Option<FileHandle>,
+        flags: u32,
+        mask: u32,
+        reply: ReplyStatx,
+    ) {
+        warn!(
+            "[Not Implemented] statx(ino: {ino:#x?}, fh: {fh:#x?}, flags: {flags:#x?}, \
+            mask: {mask:#x?})"
         );
         reply.error(Errno::ENOSYS);
     }

@@ -317,6 +317,46 @@ impl ReplyAttr {
     }
 }
 
+/// memfs patch: what a statx reply adds to [`FileAttr`] (whose `crtime`
+/// is the btime it carries).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatxExtra {
+    /// The `STATX_*` fields the reply fills (the kernel uses the basic
+    /// stats only when all are present, and btime when `STATX_BTIME` is).
+    pub mask: u32,
+    /// `STATX_ATTR_*` flags of the file.
+    pub attributes: u64,
+    /// The `STATX_ATTR_*` flags the file system supports.
+    pub attributes_mask: u64,
+}
+
+/// memfs patch: the reply to `statx` (`FUSE_STATX`).
+#[derive(Debug)]
+pub struct ReplyStatx {
+    reply: ReplyRaw,
+}
+
+impl Reply for ReplyStatx {
+    fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyStatx {
+        ReplyStatx {
+            reply: Reply::new(unique, sender),
+        }
+    }
+}
+
+impl ReplyStatx {
+    /// Reply with the attributes, `attr.crtime` as the creation time.
+    pub fn statx(self, ttl: &Duration, attr: &FileAttr, extra: &StatxExtra) {
+        self.reply
+            .send_ll(&ll::ResponseStruct::new_statx(ttl, attr, extra));
+    }
+
+    /// Reply to a request with the given error code
+    pub fn error(self, err: Errno) {
+        self.reply.error(err);
+    }
+}
+
 ///
 /// XTimes Reply
 ///

@@ -244,6 +244,54 @@ impl ResponseStruct<abi::fuse_getxattr_out> {
     }
 }
 
+// memfs patch: the reply to FUSE_STATX.
+impl ResponseStruct<abi::fuse_statx_out> {
+    pub(crate) fn new_statx(ttl: &Duration, attr: &crate::FileAttr, extra: &crate::StatxExtra) -> Self {
+        let time = |t: &std::time::SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        // `rdev` is in the kernel's `new_encode_dev` form (as in
+        // `fuse_attr`); statx carries it split as the kernel's
+        // `new_decode_dev` would.
+        let rdev = attr.rdev;
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                mask: extra.mask,
+                blksize: attr.blksize,
+                attributes: extra.attributes,
+                nlink: attr.nlink,
+                uid: attr.uid,
+                gid: attr.gid,
+                mode: mode_from_kind_and_perm(attr.kind, attr.perm) as u16,
+                spare0: [0],
+                ino: attr.ino.0,
+                size: attr.size,
+                blocks: attr.blocks,
+                attributes_mask: extra.attributes_mask,
+                atime: time(&attr.atime),
+                btime: time(&attr.crtime),
+                ctime: time(&attr.ctime),
+                mtime: time(&attr.mtime),
+                rdev_major: (rdev & 0xfff00) >> 8,
+                rdev_minor: (rdev & 0xff) | ((rdev >> 12) & 0xfff00),
+                // The kernel reports its own device number for the mount.
+                dev_major: 0,
+                dev_minor: 0,
+                spare2: [0; 14],
+            },
+        })
+    }
+}
+
 impl ResponseStruct<abi::fuse_lseek_out> {
     pub(crate) fn new_lseek(offset: i64) -> Self {
         ResponseStruct(abi::fuse_lseek_out { offset })
@@ -639,6 +687,88 @@ mod test {
             r.with_iovec(RequestId(0xdeadbeef), ioslice_to_vec),
             expected
         );
+    }
+
+    // memfs patch: FUSE_STATX's reply, byte for byte as struct fuse_statx_out.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn reply_statx() {
+        let time = UNIX_EPOCH + Duration::new(0x1234, 0x5678);
+        let btime = UNIX_EPOCH + Duration::new(0x0102_0304_0506, 999_999_999);
+        let ttl = Duration::new(0x8765, 0x4321);
+        let attr = crate::FileAttr {
+            ino: INodeNo(0x11),
+            size: 0x22,
+            blocks: 0x33,
+            atime: time,
+            mtime: UNIX_EPOCH + Duration::new(0x1235, 1),
+            ctime: UNIX_EPOCH - Duration::new(2, 0),
+            crtime: btime,
+            kind: FileType::CharDevice,
+            perm: 0o4755,
+            nlink: 0x55,
+            uid: 0x66,
+            gid: 0x77,
+            // new_encode_dev(MKDEV(0x123, 0x45678))
+            rdev: (0x78 | (0x123 << 8) | (0x456 << 20)) as u32,
+            flags: 0x99,
+            blksize: 0xbb,
+        };
+        let extra = crate::StatxExtra {
+            mask: 0xfff,
+            attributes: 0x20,
+            attributes_mask: 0x70,
+        };
+        let r = ResponseStruct::new_statx(&ttl, &attr, &extra);
+        let got = r.with_iovec(RequestId(0xdeadbeef), ioslice_to_vec);
+        let mut e = Vec::new();
+        let u32le = |e: &mut Vec<u8>, v: u32| e.extend_from_slice(&v.to_le_bytes());
+        let u64le = |e: &mut Vec<u8>, v: u64| e.extend_from_slice(&v.to_le_bytes());
+        // fuse_out_header: len, error, unique
+        u32le(&mut e, 16 + 32 + 256);
+        u32le(&mut e, 0);
+        u64le(&mut e, 0xdeadbeef);
+        // fuse_statx_out: attr_valid, attr_valid_nsec, flags, spare[2]
+        u64le(&mut e, 0x8765);
+        u32le(&mut e, 0x4321);
+        u32le(&mut e, 0);
+        u64le(&mut e, 0);
+        u64le(&mut e, 0);
+        // fuse_statx: mask, blksize, attributes, nlink, uid, gid, mode, spare
+        u32le(&mut e, 0xfff);
+        u32le(&mut e, 0xbb);
+        u64le(&mut e, 0x20);
+        u32le(&mut e, 0x55);
+        u32le(&mut e, 0x66);
+        u32le(&mut e, 0x77);
+        e.extend_from_slice(&(0o020000u16 | 0o4755).to_le_bytes());
+        e.extend_from_slice(&[0, 0]);
+        // ino, size, blocks, attributes_mask
+        u64le(&mut e, 0x11);
+        u64le(&mut e, 0x22);
+        u64le(&mut e, 0x33);
+        u64le(&mut e, 0x70);
+        // atime, btime, ctime, mtime: tv_sec i64, tv_nsec u32, reserved i32
+        for (sec, nsec) in [
+            (0x1234i64, 0x5678u32),
+            (0x0102_0304_0506, 999_999_999),
+            (-2, 0),
+            (0x1235, 1),
+        ] {
+            e.extend_from_slice(&sec.to_le_bytes());
+            u32le(&mut e, nsec);
+            u32le(&mut e, 0);
+        }
+        // rdev_major, rdev_minor, dev_major, dev_minor, spare2[14]
+        u32le(&mut e, 0x123);
+        u32le(&mut e, 0x45678);
+        u32le(&mut e, 0);
+        u32le(&mut e, 0);
+        e.extend_from_slice(&[0; 14 * 8]);
+        assert_eq!(std::mem::size_of::<abi::fuse_statx>(), 256);
+        assert_eq!(std::mem::size_of::<abi::fuse_statx_out>(), 32 + 256);
+        assert_eq!(got.len(), e.len());
+        assert_eq!(got, e);
     }
 
     #[test]

@@ -341,6 +341,38 @@ mod op {
         }
     }
 
+    /// memfs patch: statx(2) asking for more than the basic stats
+    /// (`FUSE_STATX`, protocol 7.39).
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+
+    impl Statx<'_> {
+        /// The open file the call was made on (`fstat`-like), if any.
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            if GetattrFlags::from_bits_retain(self.arg.getattr_flags)
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+            {
+                Some(FileHandle(self.arg.fh))
+            } else {
+                None
+            }
+        }
+
+        /// statx's `flags` (`AT_STATX_*` sync flags).
+        pub(crate) fn flags(&self) -> u32 {
+            self.arg.sx_flags
+        }
+
+        /// statx's `mask`: the `STATX_*` fields asked for.
+        pub(crate) fn mask(&self) -> u32 {
+            self.arg.sx_mask
+        }
+    }
+
     /// Set file attributes.
     #[derive(Debug)]
     pub(crate) struct SetAttr<'a> {
@@ -1859,6 +1891,10 @@ mod op {
                 arg: data.fetch()?,
                 name: data.fetch_str()?.as_ref(),
             }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
 
             #[cfg(target_os = "macos")]
             fuse_opcode::FUSE_SETVOLNAME => Operation::SetVolName(SetVolName {
@@ -1935,6 +1971,8 @@ pub(crate) enum Operation<'a> {
     CopyFileRange(CopyFileRange<'a>),
     /// `open(O_TMPFILE)`: an unnamed regular file, created and opened.
     TmpFile(Create<'a>),
+    /// memfs patch: `statx(2)` with more than the basic stats (btime).
+    Statx(Statx<'a>),
 
     #[cfg(target_os = "macos")]
     SetVolName(SetVolName<'a>),
@@ -2116,6 +2154,13 @@ impl fmt::Display for Operation<'_> {
                 "TMPFILE mode {:#05o}, flags {:#x}",
                 x.mode(),
                 x.flags()
+            ),
+            Operation::Statx(x) => write!(
+                f,
+                "STATX fh {:?}, flags {:#x}, mask {:#x}",
+                x.file_handle(),
+                x.flags(),
+                x.mask()
             ),
 
             #[cfg(target_os = "macos")]
@@ -2321,6 +2366,47 @@ mod tests {
             }
             _ => panic!("Unexpected request operation"),
         }
+    }
+
+    // memfs patch: FUSE_STATX as Linux 6.6+ sends it (fuse_statx_in).
+    #[cfg(target_endian = "little")]
+    const STATX_REQUEST: AlignedData<[u8; 64]> = AlignedData([
+        0x40, 0x00, 0x00, 0x00, 0x34, 0x00, 0x00, 0x00, // len 64, opcode 52
+        0x0d, 0xf0, 0xad, 0xba, 0xef, 0xbe, 0xad, 0xde, // unique
+        0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // nodeid
+        0x0d, 0xd0, 0x01, 0xc0, 0xfe, 0xca, 0x01, 0xc0, // uid, gid
+        0x5e, 0xba, 0xde, 0xc0, 0x00, 0x00, 0x00, 0x00, // pid, padding
+        0x01, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // getattr_flags FUSE_GETATTR_FH, reserved
+        0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x00, // fh
+        0x00, 0x20, 0x00, 0x00, 0xff, 0x0f, 0x00, 0x00, // sx_flags AT_STATX_FORCE_SYNC, sx_mask
+    ]);
+
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn statx() {
+        let req = AnyRequest::try_from(&STATX_REQUEST[..]).unwrap();
+        assert_eq!(req.header.opcode, 52);
+        assert_eq!(req.nodeid(), INodeNo(0x1122_3344_5566_7788));
+        match req.operation().unwrap() {
+            Operation::Statx(x) => {
+                assert_eq!(x.file_handle(), Some(FileHandle(0x0001_0203_0405_0607)));
+                assert_eq!(x.flags(), 0x2000);
+                assert_eq!(x.mask(), 0xfff);
+            }
+            _ => panic!("Unexpected request operation"),
+        }
+        // Without FUSE_GETATTR_FH the handle is not one.
+        let mut bytes = STATX_REQUEST;
+        bytes.0[40] = 0;
+        let req = AnyRequest::try_from(&bytes.0[..]).unwrap();
+        match req.operation().unwrap() {
+            Operation::Statx(x) => assert_eq!(x.file_handle(), None),
+            _ => panic!("Unexpected request operation"),
+        }
+        // A short argument is an error, not a guess.
+        let mut short = STATX_REQUEST;
+        short.0[0] = 56;
+        assert!(AnyRequest::try_from(&short.0[..56]).unwrap().operation().is_err());
     }
 
     #[test]
