@@ -95,19 +95,11 @@ impl<'a> RequestWithSender<'a> {
         se: &SessionEventLoop<FS>,
     ) -> Result<Option<ResponseData>, Errno> {
         let op = self.request.operation().map_err(|_| Errno::ENOSYS)?;
-        // memfs patch: once FUSE_ALLOW_IDMAP is negotiated the kernel sends
-        // uid -1 (FUSE_INVALID_UIDGID) on every request that creates no node,
-        // so the owner cannot be recognised here. Without allow_other the
-        // kernel itself keeps every other user out (fuse_allow_current_process),
-        // so for `Owner` such a request is not refused; `RootAndOwner` still is.
-        let uid_unset = self.request.uid().as_raw() == u32::MAX;
         // Implement allow_root & access check for auto_unmount
         if (se.allowed == SessionACL::RootAndOwner
             && self.request.uid() != se.session_owner
             && !self.request.uid().is_root())
-            || (se.allowed == SessionACL::Owner
-                && self.request.uid() != se.session_owner
-                && !uid_unset)
+            || (se.allowed == SessionACL::Owner && self.request.uid() != se.session_owner)
         {
             {
                 match op {
@@ -340,11 +332,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.offset(),
-                    ReplyDirectory::new(
-                        self.request.unique(),
-                        self.sender(),
-                        x.size() as usize,
-                    ),
+                    ReplyDirectory::new(self.request.unique(), self.sender(), x.size() as usize),
                 );
             }
             ll::Operation::ReleaseDir(x) => {

@@ -2404,10 +2404,7 @@ mod tests {
         // Offered, not asked for: not answered (memfs's default).
         assert_eq!(reply_flags2(1 << 8, false).unwrap() & (1 << 8), 0);
         // Not offered (a kernel before 6.12): refused by add_capabilities.
-        assert_eq!(
-            reply_flags2(0, true),
-            Err(InitFlags::FUSE_ALLOW_IDMAP)
-        );
+        assert_eq!(reply_flags2(0, true), Err(InitFlags::FUSE_ALLOW_IDMAP));
     }
 
     #[test]
