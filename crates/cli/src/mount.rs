@@ -37,6 +37,11 @@ pub struct MountArgs {
     /// Let other users access the mount.
     #[arg(long)]
     pub allow_other: bool,
+    /// Let idmapped mounts of this mount be made (mount_setattr
+    /// MOUNT_ATTR_IDMAP; Linux 6.12+). Off by default: every request then
+    /// costs memfs a read of /proc to learn its caller's ids.
+    #[arg(long)]
+    pub allow_idmap: bool,
     /// Seconds the kernel may cache names.
     #[arg(long, value_name = "SECS")]
     pub entry_timeout: Option<f64>,
@@ -87,7 +92,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "LIMITS")]
     pub retention: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
-    /// writeback_cache, allow_other, io_uring, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
+    /// writeback_cache, allow_other, allow_idmap, io_uring, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
     /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -222,6 +227,7 @@ impl MountArgs {
         }
         fuse.writeback_cache = self.writeback_cache;
         fuse.allow_other = self.allow_other;
+        fuse.allow_idmap = self.allow_idmap;
         fuse.io_uring = self.io_uring;
         if let Some(t) = self.entry_timeout {
             fuse.entry_timeout = parse_secs("--entry-timeout", &t.to_string())?;
@@ -274,6 +280,7 @@ impl MountArgs {
                 }
                 "writeback_cache" => fuse.writeback_cache = true,
                 "allow_other" => fuse.allow_other = true,
+                "allow_idmap" => fuse.allow_idmap = true,
                 "io_uring" => fuse.io_uring = true,
                 "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
                 "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,

@@ -2024,8 +2024,8 @@ impl Fs {
     }
 
     /// Sets (or with an empty ACL removes) a POSIX ACL as Linux's
-    /// `set_posix_acl` and `posix_acl_update_mode` do: only the owner or
-    /// root; a default ACL only on a directory; an access ACL rewrites the
+    /// `set_posix_acl` and `posix_acl_update_mode` do: not on an immutable or
+    /// append-only node; only the owner or root; a default ACL only on a directory; an access ACL rewrites the
     /// mode's rwx bits, clears setgid when the caller is not in the file's
     /// group, and is stored only when the mode cannot say it.
     fn set_acl(
@@ -2042,6 +2042,10 @@ impl Fs {
             return Err(Errno::EOPNOTSUPP);
         }
         let mut st = self.write_state(&inode);
+        // Immutable and append-only nodes refuse an ACL change, to root
+        // too, as any xattr change (`may_write_xattr` in `vfs_set_acl`);
+        // the kernel cannot, as it never sees the flags (flags.rs).
+        st.meta.check_modify()?;
         if ctx.uid != 0 && ctx.uid != st.meta.uid {
             return Err(Errno::EPERM);
         }

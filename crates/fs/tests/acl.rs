@@ -358,3 +358,63 @@ fn new_nodes_inherit_the_default_acl_and_ignore_the_umask() {
         Err(Errno::EOPNOTSUPP)
     );
 }
+
+/// generic/079: an immutable or append-only node refuses every ACL change,
+/// set or removal, access or default, to root too (EPERM), and keeps its
+/// ACL and mode; once the flag is cleared the same change is accepted.
+#[test]
+fn flagged_nodes_refuse_acl_changes() {
+    let fs = fs();
+    let f = file(&fs, ROOT, ROOT_INO, "f", 0o640, 0);
+    let d = fs.mkdir(ROOT, ROOT_INO, b"d", 0o750).unwrap();
+    let a = acl_named(6, 6);
+    let plain = Acl {
+        entries: vec![e(Tag::UserObj, 6), e(Tag::GroupObj, 4), e(Tag::Other, 0)],
+    };
+    for flag in [FS_IMMUTABLE_FL, FS_APPEND_FL] {
+        fs.setxattr(f.ino, ACL_ACCESS, &a.to_xattr(), XattrMode::Any)
+            .unwrap();
+        fs.setxattr(d.ino, ACL_DEFAULT, &a.to_xattr(), XattrMode::Any)
+            .unwrap();
+        let mode = fs.getattr(f.ino).unwrap().perm;
+        fs.set_flags(ROOT, f.ino, flag).unwrap();
+        fs.set_flags(ROOT, d.ino, flag).unwrap();
+        let eperm = |r: Result<()>, what: &str| {
+            assert_eq!(r, Err(Errno::EPERM), "{what} with flag {flag:#x}")
+        };
+        for ctx in [ROOT, OWNER] {
+            let set =
+                |ino, name, v: &[u8]| fs.setxattr_as(ctx, &|_| true, ino, name, v, XattrMode::Any);
+            eperm(
+                set(f.ino, ACL_ACCESS, &acl_named(7, 7).to_xattr()),
+                "set access",
+            );
+            eperm(
+                set(f.ino, ACL_ACCESS, &plain.to_xattr()),
+                "set an equivalent access ACL",
+            );
+            // A header without entries is a removal.
+            eperm(
+                set(f.ino, ACL_ACCESS, &2u32.to_le_bytes()),
+                "set an empty access ACL",
+            );
+            eperm(set(d.ino, ACL_DEFAULT, &plain.to_xattr()), "set default");
+            eperm(
+                set(d.ino, ACL_DEFAULT, &2u32.to_le_bytes()),
+                "set an empty default ACL",
+            );
+        }
+        eperm(fs.removexattr(f.ino, ACL_ACCESS), "remove access");
+        eperm(fs.removexattr(d.ino, ACL_DEFAULT), "remove default");
+        assert_eq!(acl_of(&fs, f.ino, ACL_ACCESS), Some(a.clone()));
+        assert_eq!(acl_of(&fs, d.ino, ACL_DEFAULT), Some(a.clone()));
+        assert_eq!(fs.getattr(f.ino).unwrap().perm, mode);
+        // Cleared: the same changes go through.
+        fs.set_flags(ROOT, f.ino, 0).unwrap();
+        fs.set_flags(ROOT, d.ino, 0).unwrap();
+        fs.removexattr(f.ino, ACL_ACCESS).unwrap();
+        fs.removexattr(d.ino, ACL_DEFAULT).unwrap();
+        assert_eq!(acl_of(&fs, f.ino, ACL_ACCESS), None);
+        assert_eq!(acl_of(&fs, d.ino, ACL_DEFAULT), None);
+    }
+}

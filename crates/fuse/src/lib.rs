@@ -10,6 +10,7 @@
 //! durable mount is the same `Fs` with a recorder installed, so this crate
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
+mod caller;
 pub mod mounts;
 pub mod passthrough;
 pub mod snapdir;
@@ -93,6 +94,14 @@ pub struct MountOptions {
     pub snapdir_visible: bool,
     /// The name of the snapshot directory in the root (`-o snapdir_name=`).
     pub snapdir_name: Vec<u8>,
+    /// Let idmapped mounts of this mount be made (`-o allow_idmap`:
+    /// FUSE_ALLOW_IDMAP, Linux 6.12+). Off by default: once negotiated the
+    /// kernel sends uid = gid = -1 on every request that does not create a
+    /// node (on the plain mount too), so each such request that needs its
+    /// caller's ids costs a read of /proc/PID/status, and through an
+    /// idmapped mount the engine's own checks then see the caller's
+    /// unmapped ids (the kernel has checked the mapped ones before).
+    pub allow_idmap: bool,
 }
 
 impl Default for MountOptions {
@@ -117,6 +126,7 @@ impl Default for MountOptions {
             atime: AtimeMode::Relative,
             snapdir_visible: false,
             snapdir_name: b".snapshots".to_vec(),
+            allow_idmap: false,
         }
     }
 }
@@ -271,6 +281,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         slots: slots.clone(),
         snapdir_name: opts.snapdir_name.clone(),
         snapdir_visible: opts.snapdir_visible,
+        allow_idmap: opts.allow_idmap,
     };
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     let _ = notifier.set(session.notifier());
@@ -337,6 +348,8 @@ pub struct MemFuse {
     slots: Arc<snapdir::Slots>,
     snapdir_name: Vec<u8>,
     snapdir_visible: bool,
+    /// Ask for FUSE_ALLOW_IDMAP at INIT ([`MountOptions::allow_idmap`]).
+    allow_idmap: bool,
 }
 
 fn err(e: Errno) -> fuser::Errno {
@@ -407,25 +420,17 @@ fn statx_attributes(flags: u32) -> u64 {
     out
 }
 
+/// The caller of a request. With FUSE_ALLOW_IDMAP negotiated, a request
+/// that creates no node carries uid = gid = -1: the caller's fsuid and fsgid
+/// are then read from /proc (caller.rs). A creating request carries the
+/// ids the new node is to have (mapped through an idmapped mount).
 fn ctx(req: &Request) -> Ctx {
+    let (uid, gid) = caller::fs_ids(req.pid(), req.uid(), req.gid());
     Ctx {
-        uid: req.uid(),
-        gid: req.gid(),
+        uid,
+        gid,
         pid: req.pid(),
     }
-}
-
-/// Whether the process `pid` has `gid` among its supplementary groups (as
-/// libfuse's fuse_req_getgroups, from /proc). A process that is gone or
-/// invisible counts as not in the group: the safe answer for privilege drops.
-fn caller_in_group(pid: u32, gid: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Groups:"))
-        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
 }
 
 fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
@@ -453,7 +458,7 @@ impl MemFuse {
     /// until the attribute timeout. Root keeps the bits; so does a file
     /// without them (the common case, checked without a second lookup for root).
     fn privileges_may_drop(&self, req: &Request, ino: u64) -> bool {
-        req.uid() != 0
+        ctx(req).uid != 0
             && self
                 .fs
                 .get()
@@ -524,7 +529,7 @@ impl MemFuse {
     /// engine data changes nothing else).
     fn touch(&self, req: &Request, ino: u64) -> memfs_fs::Result<()> {
         let pid = req.pid();
-        let in_group = move |gid| caller_in_group(pid, gid);
+        let in_group = move |gid| caller::in_group(pid, gid);
         let punch = FallocateMode {
             keep_size: true,
             punch_hole: true,
@@ -660,6 +665,16 @@ impl Filesystem for MemFuse {
                     tracing::info!("{msg}");
                 }
             }
+        }
+        // The kernel also needs default_permissions (always set, see
+        // `mount`), or it fails the whole INIT.
+        if self.allow_idmap
+            && let Err(e) = config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP)
+        {
+            tracing::warn!(
+                "the kernel does not offer idmapped FUSE mounts (FUSE_ALLOW_IDMAP, \
+                 Linux 6.12+; {e:?}): allow_idmap ignored"
+            );
         }
         if self.writeback {
             config
@@ -1275,7 +1290,7 @@ impl Filesystem for MemFuse {
         // whose longer request the vendored fuser cannot parse, so the
         // engine asks /proc, as for fallocate.
         let pid = req.pid();
-        let in_group = move |gid| caller_in_group(pid, gid);
+        let in_group = move |gid| caller::in_group(pid, gid);
         let r = self
             .writable(ino.0)
             .and(XattrMode::from_flags(flags))
@@ -1466,7 +1481,7 @@ impl Filesystem for MemFuse {
             return reply.error(err(e));
         }
         let pid = req.pid();
-        let in_group = move |gid| caller_in_group(pid, gid);
+        let in_group = move |gid| caller::in_group(pid, gid);
         let drops = self.privileges_may_drop(req, ino.0);
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
             None => self

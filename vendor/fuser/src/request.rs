@@ -332,11 +332,7 @@ impl<'a> RequestWithSender<'a> {
                     self.request.nodeid(),
                     x.file_handle(),
                     x.offset(),
-                    ReplyDirectory::new(
-                        self.request.unique(),
-                        self.sender(),
-                        x.size() as usize,
-                    ),
+                    ReplyDirectory::new(self.request.unique(), self.sender(), x.size() as usize),
                 );
             }
             ll::Operation::ReleaseDir(x) => {

@@ -473,6 +473,16 @@ impl<FS: Filesystem> Session<FS> {
             self.proto_version = Some(v);
             self.uring = (init.capabilities() & config.requested)
                 .contains(InitFlags::FUSE_OVER_IO_URING);
+            // memfs patch: with FUSE_ALLOW_IDMAP a request that creates no
+            // node carries uid -1, and one that does, through an idmapped
+            // mount, the mapped ids: neither is the owner's uid, so the
+            // `Owner` filter would refuse them. Without allow_other the
+            // kernel keeps other users out itself (fuse_allow_current_process).
+            if self.allowed == SessionACL::Owner
+                && (init.capabilities() & config.requested).contains(InitFlags::FUSE_ALLOW_IDMAP)
+            {
+                self.allowed = SessionACL::All;
+            }
 
             // Log capability status for debugging
             for bit in 0..64 {

@@ -2444,6 +2444,55 @@ mod tests {
         }
     }
 
+    /// memfs patch (test only): FUSE_ALLOW_IDMAP is bit 40, the 9th bit of
+    /// `flags2` (kernel uapi fuse.h, ABI 7.40), read from the kernel's INIT
+    /// and answered in the reply's `flags2` only when the file system asked.
+    #[cfg(target_endian = "little")]
+    #[test]
+    fn init_allow_idmap() {
+        use crate::ll::reply::Response;
+        use crate::ll::test::ioslice_to_vec;
+        use crate::{InitFlags, KernelConfig};
+
+        // INIT of ABI 7.40: flags FUSE_INIT_EXT (1 << 30), flags2 bit 8 (1 << 40).
+        fn init_request(flags2: u32) -> AlignedData<[u8; 104]> {
+            let mut b = INIT_REQUEST;
+            b[44..48].copy_from_slice(&40u32.to_le_bytes());
+            b[52..56].copy_from_slice(&(1u32 << 30).to_le_bytes());
+            b[56..60].copy_from_slice(&flags2.to_le_bytes());
+            b
+        }
+        // The reply's flags2: after the 16-byte fuse_out_header, at offset
+        // 32 of fuse_init_out.
+        fn reply_flags2(offered: u32, request_idmap: bool) -> Result<u32, InitFlags> {
+            let b = init_request(offered);
+            let req = AnyRequest::try_from(&b[..]).unwrap();
+            let Operation::Init(init) = req.operation().unwrap() else {
+                panic!("not an INIT");
+            };
+            let mut config = KernelConfig::new(init.capabilities(), 4096, init.version());
+            if request_idmap {
+                config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP)?;
+            }
+            let out = init.reply(&config).with_iovec(RequestId(1), ioslice_to_vec);
+            Ok(u32::from_le_bytes(out[48..52].try_into().unwrap()))
+        }
+
+        assert_eq!(InitFlags::FUSE_ALLOW_IDMAP.bits(), 1 << 40);
+        let b = init_request(1 << 8);
+        let req = AnyRequest::try_from(&b[..]).unwrap();
+        let Operation::Init(init) = req.operation().unwrap() else {
+            panic!("not an INIT");
+        };
+        assert!(init.capabilities().contains(InitFlags::FUSE_ALLOW_IDMAP));
+        // Offered and asked for: answered.
+        assert_eq!(reply_flags2(1 << 8, true).unwrap() & (1 << 8), 1 << 8);
+        // Offered, not asked for: not answered (memfs's default).
+        assert_eq!(reply_flags2(1 << 8, false).unwrap() & (1 << 8), 0);
+        // Not offered (a kernel before 6.12): refused by add_capabilities.
+        assert_eq!(reply_flags2(0, true), Err(InitFlags::FUSE_ALLOW_IDMAP));
+    }
+
     #[test]
     fn mknod() {
         let req = AnyRequest::try_from(&MKNOD_REQUEST[..]).unwrap();
