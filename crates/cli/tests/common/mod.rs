@@ -256,8 +256,11 @@ pub fn passthrough_mounts() -> bool {
 /// a workload runs. Stopped and joined on drop, also when a test panics.
 pub struct Snapshotter {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Result<(u64, Vec<String>), String>>>,
+    thread: Option<std::thread::JoinHandle<Taken>>,
 }
+
+/// How many snapshots were taken and the names kept, or the command that failed.
+type Taken = Result<(u64, Vec<String>), String>;
 
 impl Snapshotter {
     pub fn start(mount: &Path) -> Snapshotter {
