@@ -202,6 +202,28 @@ impl Receiver {
         let st = self.0.wait().unwrap();
         assert!(!st.success());
     }
+
+    /// Feeds a whole stream to a stalling receive, waits until it reports
+    /// that it stands at the commit point, and kills it there.
+    fn kill_at_commit_point(data: &Path, stream: &[u8]) {
+        let mut r = Receiver::spawn(data, true);
+        r.0.stdin.as_mut().unwrap().write_all(stream).unwrap();
+        drop(r.0.stdin.take());
+        let mut err = BufReader::new(r.0.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(line.contains("stalled before the commit point"), "{line}");
+        r.sigkill();
+    }
+}
+
+/// The entries of `dir` a receive left beside its destination.
+fn receive_leftovers(dir: &Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("receive"))
+        .collect()
 }
 
 impl Drop for Receiver {
@@ -248,30 +270,15 @@ fn sigkill_of_a_receive_leaves_the_old_state() {
         .unwrap();
     r.sigkill();
     assert!(!fresh.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(t.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().contains("receive"))
-        .collect();
+    let leftovers = receive_leftovers(t.path());
     assert!(leftovers.is_empty(), "{leftovers:?}");
 
     // Killed after the whole checkpoint was written, checked and synced,
     // before it got a name (it is an unnamed O_TMPFILE until then): still
     // no directory and nothing beside it.
-    let mut r = Receiver::spawn(&fresh, true);
-    r.0.stdin.as_mut().unwrap().write_all(&full_bytes).unwrap();
-    drop(r.0.stdin.take());
-    let mut err = BufReader::new(r.0.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("stalled before the commit point"), "{line}");
-    r.sigkill();
+    Receiver::kill_at_commit_point(&fresh, &full_bytes);
     assert!(!fresh.exists());
-    let leftovers: Vec<_> = std::fs::read_dir(t.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().contains("receive"))
-        .collect();
+    let leftovers = receive_leftovers(t.path());
     assert!(leftovers.is_empty(), "{leftovers:?}");
     let names: Vec<_> = std::fs::read_dir(t.path())
         .unwrap()
@@ -301,14 +308,7 @@ fn sigkill_of_a_receive_leaves_the_old_state() {
 
     // Killed inside the commit step (records appended, snapshot named, the
     // intent not cleared yet): the next open is back at s1.
-    let mut r = Receiver::spawn(&dst, true);
-    r.0.stdin.as_mut().unwrap().write_all(&inc_bytes).unwrap();
-    drop(r.0.stdin.take());
-    let mut err = BufReader::new(r.0.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("stalled before the commit point"), "{line}");
-    r.sigkill();
+    Receiver::kill_at_commit_point(&dst, &inc_bytes);
     assert_eq!(dump(&dst), s1);
     let list = snapshots(&dst);
     assert!(list.contains("s1") && !list.contains("s2"), "{list}");
