@@ -362,12 +362,14 @@ impl Trailer {
     }
 }
 
-/// Frame checksum: CRC32C over the type, the length and the payload.
-fn frame_crc(kind: u8, payload: &[u8]) -> u32 {
+/// Frame checksum: CRC32C over the type, the length and the payload, from
+/// the payload's own CRC32C (`payload_crc`), which a reader computes once
+/// and reuses for the stream checksum and a received checkpoint's chunk.
+fn frame_crc(kind: u8, len: usize, payload_crc: u32) -> u32 {
     let mut h = [0u8; 5];
     h[0] = kind;
-    h[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-    crc32c::crc32c_append(crc32c::crc32c(&h), payload)
+    h[1..5].copy_from_slice(&(len as u32).to_le_bytes());
+    crc32c::crc32c_combine(crc32c::crc32c(&h), payload_crc, len)
 }
 
 /// Writes the stream: data written to it is cut into data frames.
@@ -405,7 +407,8 @@ impl<'a> FrameWriter<'a> {
         let mut h = [0u8; FRAME_HEADER];
         h[0] = kind;
         h[1..5].copy_from_slice(&(payload.len() as u32).to_le_bytes());
-        h[5..9].copy_from_slice(&frame_crc(kind, payload).to_le_bytes());
+        let crc = frame_crc(kind, payload.len(), crc32c::crc32c(payload));
+        h[5..9].copy_from_slice(&crc.to_le_bytes());
         self.raw(&h)?;
         self.raw(payload)
     }
@@ -559,7 +562,7 @@ impl<'a> FrameReader<'a> {
         payload.resize(len, 0);
         self.exact_unsummed(&mut payload)?;
         let sum = crc32c::crc32c(&payload);
-        if crc32c::crc32c_combine(crc32c::crc32c(&h[..5]), sum, len) != crc {
+        if frame_crc(kind, len, sum) != crc {
             return Err(bad_data(format!(
                 "stream damaged: checksum mismatch in the frame at offset {at}"
             )));
@@ -1131,6 +1134,12 @@ impl CheckpointSink {
         Ok(())
     }
 
+    /// The file's name through /proc (an `O_TMPFILE` has no other).
+    fn proc_path(&self) -> PathBuf {
+        use std::os::fd::AsRawFd;
+        PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+    }
+
     /// Writes the end marker and makes the file durable.
     fn finish(&mut self) -> io::Result<()> {
         let end = memfs_journal::snapshot::snapshot_end_marker(self.total);
@@ -1140,8 +1149,7 @@ impl CheckpointSink {
 
     /// Loads the written (finished) checkpoint into a new tree.
     fn load(&self, commit: u64) -> std::result::Result<Fs, String> {
-        use std::os::fd::AsRawFd;
-        let path = PathBuf::from(format!("/proc/self/fd/{}", self.file.as_raw_fd()));
+        let path = self.proc_path();
         let mut rd = SnapshotReader::open(&path).map_err(|e| e.to_string())?;
         let fs = Fs::new(materialize_config());
         let info = image::read_image(&fs, &mut rd)?;
@@ -1156,15 +1164,14 @@ impl CheckpointSink {
     /// Gives the file its name `to` (in a directory on the same file
     /// system). The caller syncs `to`'s directory.
     fn link(&mut self, to: &Path) -> io::Result<()> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::ffi::{OsStrExt, OsStringExt};
         if let Some(p) = self.named.take() {
             return std::fs::rename(&p, to).inspect_err(|_| self.named = Some(p));
         }
         // linkat(2) of /proc/self/fd/N with AT_SYMLINK_FOLLOW links an
         // O_TMPFILE without privileges (AT_EMPTY_PATH needs
         // CAP_DAC_READ_SEARCH).
-        let from = std::ffi::CString::new(format!("/proc/self/fd/{}", self.file.as_raw_fd()))
+        let from = std::ffi::CString::new(self.proc_path().into_os_string().into_vec())
             .expect("no NUL in a number");
         let to_c = std::ffi::CString::new(to.as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a path"))?;
