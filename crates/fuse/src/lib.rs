@@ -457,8 +457,8 @@ impl MemFuse {
     /// it does not mark the mode stale, so `stat` would show the old mode
     /// until the attribute timeout. Root keeps the bits; so does a file
     /// without them (the common case, checked without a second lookup for root).
-    fn privileges_may_drop(&self, req: &Request, ino: u64) -> bool {
-        ctx(req).uid != 0
+    fn privileges_may_drop(&self, caller: Ctx, ino: u64) -> bool {
+        caller.uid != 0
             && self
                 .fs
                 .get()
@@ -527,8 +527,8 @@ impl MemFuse {
     /// The engine's side of a data change made in a backing file: mtime and
     /// ctime, and setuid/setgid dropped as for a write (a punch over no
     /// engine data changes nothing else).
-    fn touch(&self, req: &Request, ino: u64) -> memfs_fs::Result<()> {
-        let pid = req.pid();
+    fn touch(&self, caller: Ctx, ino: u64) -> memfs_fs::Result<()> {
+        let pid = caller.pid;
         let in_group = move |gid| caller::in_group(pid, gid);
         let punch = FallocateMode {
             keep_size: true,
@@ -537,7 +537,7 @@ impl MemFuse {
         };
         self.fs
             .get()
-            .fallocate_as(ctx(req), &in_group, ino, 0, 1, punch)
+            .fallocate_as(caller, &in_group, ino, 0, 1, punch)
     }
 
     fn backed(&self, ino: u64) -> Option<Arc<passthrough::Backed>> {
@@ -1027,15 +1027,18 @@ impl Filesystem for MemFuse {
         if let Err(e) = self.writable(ino.0) {
             return reply.error(err(e));
         }
-        let drops = self.privileges_may_drop(req, ino.0);
+        // The caller's ids once per request: under allow_idmap each
+        // ctx() may read /proc.
+        let caller = ctx(req);
+        let drops = self.privileges_may_drop(caller, ino.0);
         let r = match self.backed(ino.0) {
             Some(b) => (if append { b.size() } else { Ok(offset) })
                 .and_then(|off| b.write_at(off, data))
-                .and_then(|n| self.touch(req, ino.0).map(|()| n)),
+                .and_then(|n| self.touch(caller, ino.0).map(|()| n)),
             None => self
                 .fs
                 .get()
-                .write(ctx(req), ino.0, offset, data, append)
+                .write(caller, ino.0, offset, data, append)
                 .map_err(stale),
         };
         match self.settled(r) {
@@ -1482,12 +1485,13 @@ impl Filesystem for MemFuse {
         }
         let pid = req.pid();
         let in_group = move |gid| caller::in_group(pid, gid);
-        let drops = self.privileges_may_drop(req, ino.0);
+        let caller = ctx(req);
+        let drops = self.privileges_may_drop(caller, ino.0);
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
             None => self
                 .fs
                 .get()
-                .fallocate_as(ctx(req), &in_group, ino.0, offset, length, m),
+                .fallocate_as(caller, &in_group, ino.0, offset, length, m),
             Some(b) => {
                 if length == 0 {
                     return Err(Errno::EINVAL);
@@ -1499,7 +1503,7 @@ impl Filesystem for MemFuse {
                     return Err(Errno::EFBIG);
                 }
                 b.fallocate(offset, length, m.keep_size, m.punch_hole, m.zero_range)?;
-                self.touch(req, ino.0)
+                self.touch(caller, ino.0)
             }
         });
         if drops && r.is_ok() {
@@ -1729,7 +1733,7 @@ impl MemFuse {
             }
         };
         if b_out.is_some() && done > 0 {
-            self.touch(req, ino_out)?;
+            self.touch(ctx(req), ino_out)?;
         }
         Ok(done)
     }
