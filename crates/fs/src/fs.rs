@@ -2026,8 +2026,9 @@ impl Fs {
     /// Sets (or with an empty ACL removes) a POSIX ACL as Linux's
     /// `set_posix_acl` and `posix_acl_update_mode` do: not on an immutable or
     /// append-only node; only the owner or root; a default ACL only on a
-    /// directory; an access ACL rewrites the mode's rwx bits, clears setgid when the caller is not in the file's
-    /// group, and is stored only when the mode cannot say it.
+    /// directory; an access ACL rewrites the mode's rwx bits, clears setgid
+    /// when the caller is not in the file's group, and is stored only when
+    /// the mode cannot say it.
     fn set_acl(
         &self,
         ctx: Ctx,
