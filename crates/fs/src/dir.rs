@@ -419,14 +419,21 @@ mod tests {
         let n = 10_000;
         let mut d = Dir::new(1);
         for i in 0..n {
-            d.insert(format!("f{i}").as_bytes(), i as u64 + 10, FileType::RegularFile);
+            d.insert(
+                format!("f{i}").as_bytes(),
+                i as u64 + 10,
+                FileType::RegularFile,
+            );
         }
         // A doubling vector would hold 16,384 slots here.
         assert!(capacity(&d) < n + CHUNK, "capacity {}", capacity(&d));
         assert!(d.slots.chunks.iter().all(|c| c.capacity() <= CHUNK));
         for i in 0..n {
             let name = format!("f{i}");
-            assert_eq!(d.get(name.as_bytes()), Some((i as u64 + 10, FileType::RegularFile)));
+            assert_eq!(
+                d.get(name.as_bytes()),
+                Some((i as u64 + 10, FileType::RegularFile))
+            );
         }
         // Listing resumed at every offset around a chunk's edges gives each
         // remaining entry once, in slot order.

@@ -103,7 +103,10 @@ impl InodeTable {
 
     pub fn contains_key(&self, ino: &u64) -> bool {
         let h = self.hash(*ino);
-        self.shard(h).read_recursive().find(h, |n| n.ino == *ino).is_some()
+        self.shard(h)
+            .read_recursive()
+            .find(h, |n| n.ino == *ino)
+            .is_some()
     }
 
     /// Puts `node` in as number `ino` (its own number); returns the node it
@@ -261,11 +264,11 @@ mod tests {
     #[test]
     fn get_or_try_insert_with_makes_once() {
         let t = InodeTable::default();
-        let made = t.get_or_try_insert_with(5, || Ok::<_, ()>(node(5))).unwrap();
+        let made = t
+            .get_or_try_insert_with(5, || Ok::<_, ()>(node(5)))
+            .unwrap();
         let found = t
-            .get_or_try_insert_with(5, || -> Result<Arc<Inode>, ()> {
-                panic!("made twice")
-            })
+            .get_or_try_insert_with(5, || -> Result<Arc<Inode>, ()> { panic!("made twice") })
             .unwrap();
         assert!(Arc::ptr_eq(&made, &found));
         let refused = t.get_or_try_insert_with(6, || Err::<Arc<Inode>, _>("no"));
