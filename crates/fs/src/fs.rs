@@ -241,7 +241,7 @@ impl Fs {
         );
         // The kernel never forgets the root.
         root.nlookup.store(1, Ordering::Relaxed);
-        let inodes = DashMap::with_hasher_and_shard_amount(InoHasher::default(), 64);
+        let inodes = crate::table::InodeTable::default();
         inodes.insert(ROOT_INO, Arc::new(root));
         let used_pages = Arc::new(AtomicU64::new(0));
         let used_inodes = Arc::new(AtomicU64::new(1));

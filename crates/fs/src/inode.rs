@@ -26,9 +26,12 @@ pub(crate) struct Inode {
 }
 
 // An `Arc<Inode>` (16-byte header + Inode) must stay within mimalloc's
-// 160-byte size class: one class more costs 32 MiB per million files, and
-// issue 16's target is 300 MiB for a million empty files. btime took the
-// room rdev left when it moved into `Body::Special`.
+// 160-byte size class: one class more (192) costs 32 MiB per million files,
+// and issue 16's target is 300 MiB for a million empty files. btime took the
+// room rdev left when it moved into `Body::Special`. mimalloc's classes here
+// are 128, 160, 192 bytes (4 per doubling: `mi_bin`, the bin table in
+// libmimalloc-sys 0.1.49's v3/src/init.c): an Inode of 113 to 144 bytes costs
+// 160 either way, so shrinking it saves memory only at 112 bytes or less.
 const _: () = assert!(std::mem::size_of::<Inode>() + 16 <= 160);
 const _: () = assert!(std::mem::size_of::<Body>() <= 16);
 

@@ -7,14 +7,12 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dashmap::DashMap;
-use dashmap::mapref::entry::Entry;
 use parking_lot::{Mutex, RwLock};
 
 use crate::dir::FIRST_SLOT_OFFSET;
-use crate::fs::InoHasher;
 use crate::inode::{Body, Inode};
 use crate::snapshot::{Snap, Snapshots};
+use crate::table::InodeTable;
 use crate::types::{FileType, ROOT_INO};
 use crate::{Errno, Result};
 
@@ -34,8 +32,8 @@ pub(crate) struct Core {
     /// Keyed by inode numbers this table hands out itself, never by a
     /// caller's choice, so the default SipHash's resistance to chosen keys
     /// buys nothing, while every lookup, create and unlink hashes one to
-    /// three inode numbers here.
-    pub(crate) inodes: DashMap<u64, Arc<Inode>, InoHasher>,
+    /// three inode numbers here (`table.rs`).
+    pub(crate) inodes: InodeTable,
     pub(crate) snaps: Snapshots,
     base: RwLock<Option<Base>>,
     /// Numbers below this come from the base (0: not a clone). Fixed at
@@ -49,7 +47,7 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn new(
-        inodes: DashMap<u64, Arc<Inode>, InoHasher>,
+        inodes: InodeTable,
         used_pages: Arc<AtomicU64>,
         used_inodes: Arc<AtomicU64>,
     ) -> Core {
@@ -102,10 +100,12 @@ impl Core {
         let Some(b) = base.as_ref() else {
             return Err(Errno::ENOENT);
         };
-        let slot = match self.inodes.entry(ino) {
-            Entry::Occupied(e) => return Ok(e.get().clone()),
-            Entry::Vacant(v) => v,
-        };
+        self.inodes
+            .get_or_try_insert_with(ino, || self.copy_from(b, ino))
+    }
+
+    /// [`Core::materialize`]'s copy, under the table shard's lock.
+    fn copy_from(&self, b: &Base, ino: u64) -> Result<Arc<Inode>> {
         if self.gone.lock().contains(&ino) {
             return Err(Errno::ENOENT);
         }
@@ -132,7 +132,6 @@ impl Core {
         // allocations meet the limit as usual.
         self.used_pages.fetch_add(pages, Ordering::AcqRel);
         self.used_inodes.fetch_add(1, Ordering::AcqRel);
-        slot.insert(node.clone());
         Ok(node)
     }
 

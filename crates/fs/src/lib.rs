@@ -26,6 +26,7 @@ mod nodes;
 mod path;
 mod replay;
 mod snapshot;
+mod table;
 mod types;
 mod xattr;
 
