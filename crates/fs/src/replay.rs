@@ -82,8 +82,11 @@ impl Fs {
     /// The node `a` names, created empty if the image did not hold it (it
     /// was freed before the copy reached it, or is being rebuilt).
     fn node(&self, a: &Attr) -> Arc<Inode> {
-        match self.core.inodes.get(&a.ino) {
-            Some(n) if n.kind == a.kind => n.clone(),
+        // The table's read guard must be gone before `install` takes the
+        // shard's write lock (a `match` on `get` would keep it to the end).
+        let found = self.core.inodes.get(&a.ino).map(|n| n.clone());
+        match found {
+            Some(n) if n.kind == a.kind => n,
             _ => self.install(a, empty_body(a, ROOT_INO, None)),
         }
     }

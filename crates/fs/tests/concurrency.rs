@@ -1095,3 +1095,26 @@ fn exchange_of_a_file_with_a_directory_holding_its_link_does_not_deadlock() {
     assert_eq!(fs.lookup_noref(ROOT_INO, b"f1").unwrap().ino, f1.ino);
     assert_eq!(fs.lookup_noref(ROOT_INO, b"d2").unwrap().ino, d2.ino);
 }
+
+/// Replay of a record that names a known inode number with another kind
+/// installs a fresh node in its place. It once looked the number up and
+/// installed while the table's read guard was still alive (a `match` on the
+/// lookup), which deadlocked on the shard's write lock.
+#[test]
+fn replay_of_a_known_number_with_another_kind_replaces_the_node() {
+    let fs = fs();
+    let f = fs.create(C, ROOT_INO, b"f", 0o644, true).unwrap().0;
+    let mut attr = f;
+    attr.kind = FileType::Directory;
+    attr.perm = 0o755;
+    attr.size = 0;
+    let fs2 = fs.clone();
+    run_with_watchdog(
+        Duration::from_secs(60),
+        vec![(
+            "replay".into(),
+            Box::new(move || fs2.apply(&Mutation::SetAttr { attr })),
+        )],
+    );
+    assert_eq!(fs.getattr(f.ino).unwrap().kind, FileType::Directory);
+}
