@@ -748,9 +748,8 @@ impl Filesystem for MemFuse {
                 Err(e) => return reply.error(err(e)),
             }
         } else {
-            let fs = self.fs.get();
-            match fs.getattr(ino.0).map_err(stale) {
-                Ok(a) => (self.attr(a), fs.get_flags(ino.0).unwrap_or(0)),
+            match self.fs.get().getattr_flags(ino.0).map_err(stale) {
+                Ok((a, flags)) => (self.attr(a), flags),
                 Err(e) => return reply.error(err(e)),
             }
         };
