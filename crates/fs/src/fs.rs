@@ -20,7 +20,7 @@
 //! locked, so an unlink cannot free a node that a lookup is about to return.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
@@ -73,6 +73,11 @@ pub struct Fs {
     /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
     /// than a field in every inode.
     linkable: DashMap<u64, (), InoHasher>,
+    /// Set when a read moved an access time: reads make no commit (that
+    /// would make every read a write), so a recorder that keeps the tree in
+    /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
+    /// tree holds atimes no commit carries.
+    unrecorded_atimes: AtomicBool,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -260,6 +265,7 @@ impl Fs {
             commit: AtomicU64::new(0),
             recorder,
             linkable: DashMap::with_hasher(InoHasher::default()),
+            unrecorded_atimes: AtomicBool::new(false),
         }
     }
 
@@ -1691,9 +1697,22 @@ impl Fs {
             let mut st = self.write_state(&inode);
             if mode == AtimeMode::Strict || stale(&st.meta) {
                 st.meta.atime = now;
+                // Checked first: under strictatime every read comes here,
+                // and a store each time would bounce the line between CPUs.
+                if !self.unrecorded_atimes.load(Ordering::Relaxed) {
+                    self.unrecorded_atimes.store(true, Ordering::Release);
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Whether a read moved an access time since the last call (or since
+    /// the file system was made), and clears that. A copy of the tree that
+    /// starts after this call holds every atime moved before it; one moved
+    /// later sets it again.
+    pub fn take_unrecorded_atimes(&self) -> bool {
+        self.unrecorded_atimes.swap(false, Ordering::AcqRel)
     }
 
     /// Convenience: reads into a new buffer.
