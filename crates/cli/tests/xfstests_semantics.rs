@@ -1,5 +1,6 @@
 //! Mounted tests of what xfstests (issue 14) holds memfs to: setgid cleared
-//! by fallocate for callers outside the group, chown(f, -1, -1) updating
+//! by fallocate, write, truncate and copy_file_range for callers outside the
+//! group, chown(f, -1, -1) updating
 //! ctime, and the mount(8) helper conventions (silent, source as fsname,
 //! fuse.memfs type, generic options, remount ro/rw).
 
@@ -20,32 +21,67 @@ fn is_root() -> bool {
 /// Runs `op` on `path` in a child process with uid and gid 65534 and no
 /// supplementary groups; returns the child's errno (0: success).
 fn as_nobody(path: &Path, op: fn(libc::c_int) -> libc::c_int) -> i32 {
+    as_user(path, &[], libc::O_RDWR, op)
+}
+
+/// Runs `op` on `path`, opened with `flags`, in a child process with uid and
+/// gid 65534 and the supplementary `groups`; returns the child's errno (0:
+/// success). A child still running after 20 s (a request the server never
+/// answers) is killed and the test fails.
+fn as_user(
+    path: &Path,
+    groups: &[libc::gid_t],
+    flags: libc::c_int,
+    op: fn(libc::c_int) -> libc::c_int,
+) -> i32 {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     // SAFETY: the child calls only async-signal-safe functions (setgroups,
     // setgid, setuid, open, the operation, _exit) before exiting, as required
-    // after fork in a multithreaded process; the parent only waits for it.
-    unsafe {
+    // after fork in a multithreaded process; `c` and `groups` were made
+    // before the fork. The parent only waits for it, and kills it on timeout.
+    let pid = unsafe {
         let pid = libc::fork();
         assert!(pid >= 0, "fork failed");
         if pid == 0 {
-            if libc::setgroups(0, std::ptr::null()) != 0
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0
                 || libc::setgid(65534) != 0
                 || libc::setuid(65534) != 0
             {
                 libc::_exit(100);
             }
-            let fd = libc::open(c.as_ptr(), libc::O_RDWR);
+            let fd = libc::open(c.as_ptr(), flags);
             if fd < 0 {
                 libc::_exit(101);
             }
             let r = op(fd);
             libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
         }
-        let mut status = 0;
-        assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-        assert!(libc::WIFEXITED(status), "child died: {status}");
-        libc::WEXITSTATUS(status)
+        pid
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child; `status` is ours.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        assert_eq!(r, 0, "waitpid failed");
+        if std::time::Instant::now() > deadline {
+            // SAFETY: our own child, not yet reaped; reaped right after.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!(
+                "the child's operation on {} did not finish in 20 s",
+                path.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
     }
+    assert!(libc::WIFEXITED(status), "child died: {status}");
+    libc::WEXITSTATUS(status)
 }
 
 fn falloc_plain(fd: libc::c_int) -> libc::c_int {
@@ -75,6 +111,24 @@ fn write_some(fd: libc::c_int) -> libc::c_int {
     // SAFETY: fd is an open descriptor of the child; b outlives the call.
     let n = unsafe { libc::pwrite(fd, b.as_ptr().cast(), b.len(), 0) };
     if n == b.len() as isize { 0 } else { -1 }
+}
+
+fn truncate_some(fd: libc::c_int) -> libc::c_int {
+    // SAFETY: fd is an open descriptor of the child; plain syscall.
+    unsafe { libc::ftruncate(fd, 100) }
+}
+
+/// Nothing: the open (with O_TRUNC) was the change.
+fn opened(_fd: libc::c_int) -> libc::c_int {
+    0
+}
+
+/// Copies the file's first 16 bytes to offset 8192 of itself.
+fn copy_some(fd: libc::c_int) -> libc::c_int {
+    let (mut off_in, mut off_out): (libc::loff_t, libc::loff_t) = (0, 8192);
+    // SAFETY: fd is an open descriptor of the child; the offsets are ours.
+    let n = unsafe { libc::copy_file_range(fd, &mut off_in, fd, &mut off_out, 16, 0) };
+    if n == 16 { 0 } else { -1 }
 }
 
 /// The mode as `stat -c %a` sees it: statx asking for STATX_MODE only, which
@@ -131,6 +185,52 @@ fn fallocate_by_non_member_clears_setgid() {
     let file = std::fs::OpenOptions::new().write(true).open(&f).unwrap();
     nix::fcntl::fallocate(&file, nix::fcntl::FallocateFlags::empty(), 0, 4096).unwrap();
     assert_eq!(std::fs::metadata(&f).unwrap().mode() & 0o7777, 0o6666);
+}
+
+/// A write, a truncate, an `open(O_TRUNC)` and the destination of a
+/// copy_file_range by a caller outside the file's group clear setgid even
+/// without group-exec, as Linux's `setattr_should_drop_sgid` does; a member
+/// by a supplementary group (which FUSE does not send: the server reads it)
+/// keeps it and loses only setuid. The kernel sees the new mode at once.
+#[test]
+fn data_changes_by_non_members_clear_setgid() {
+    if !is_root() {
+        eprintln!("skipped: needs root to switch users");
+        return;
+    }
+    let m = Mount::with_args(&["--allow-other"]);
+    let f = m.p("f");
+    for (name, flags, op) in [
+        ("write", libc::O_RDWR, write_some as fn(_) -> _),
+        ("truncate", libc::O_RDWR, truncate_some),
+        ("open(O_TRUNC)", libc::O_RDWR | libc::O_TRUNC, opened),
+        ("copy_file_range", libc::O_RDWR, copy_some),
+    ] {
+        for (who, groups, before, after) in [
+            ("non-member", &[][..], 0o2666, 0o666),
+            ("non-member", &[][..], 0o6666, 0o666),
+            ("member", &[0][..], 0o6666, 0o2666),
+            ("member", &[0][..], 0o2676, 0o676),
+        ] {
+            // Root's write keeps the bits; the mode is set after it anyway.
+            std::fs::write(&f, vec![7u8; 3 * 4096]).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(before)).unwrap();
+            // Fills the kernel's attribute cache with the old mode.
+            assert_eq!(cached_mode(&f), before);
+            assert_eq!(
+                as_user(&f, groups, flags, op),
+                0,
+                "{name} by a {who} on {before:o}"
+            );
+            assert_eq!(
+                cached_mode(&f),
+                after,
+                "{name} by a {who} on {before:o}: the kernel sees the new mode"
+            );
+            let mode = std::fs::metadata(&f).unwrap().mode() & 0o7777;
+            assert_eq!(mode, after, "{name} by a {who} on {before:o}");
+        }
+    }
 }
 
 #[test]

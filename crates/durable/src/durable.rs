@@ -1064,14 +1064,44 @@ impl DurableFs {
         }
         // Everything is in the synced journal already: a final checkpoint
         // that fails (a full disk) only means the next open replays more.
-        if let Err(e) = checkpoint(&self.fs, &self.shared) {
-            tracing::warn!(
+        match checkpoint(&self.fs, &self.shared) {
+            Ok(Some(_)) => {}
+            Ok(None) => self.keep_atimes(),
+            Err(e) => tracing::warn!(
                 "final checkpoint of {} failed, the journal holds every change and the next open replays it: {e}",
                 self.path().display()
-            );
+            ),
         }
         self.release();
         Ok(())
+    }
+
+    /// At close, when no commit came since the newest checkpoint (so no
+    /// final one was written) but reads moved atimes, which no commit
+    /// records (that would make every read a write): rewrites that
+    /// checkpoint with them (generic/003's remounts). Best effort: a failure
+    /// loses only those atimes.
+    fn keep_atimes(&self) {
+        if !self.fs.take_unrecorded_atimes() {
+            return;
+        }
+        let r = rewrite_checkpoint(&self.fs, &self.shared);
+        if let Err(e) = &r
+            && checkpoint_io_fault(e)
+        {
+            self.shared.mark_failed("checkpoint", e);
+        }
+        match r {
+            Ok(true) => {}
+            Ok(false) => tracing::debug!(
+                "{}: the newest checkpoint is not the current state: atimes moved by reads are not kept",
+                self.path().display()
+            ),
+            Err(e) => tracing::warn!(
+                "cannot keep the atimes moved by reads in {} (they are lost at this close): {e}",
+                self.path().display()
+            ),
+        }
     }
 
     /// Ends journaling for good and lets go of the directory's lock.
@@ -1179,6 +1209,60 @@ fn image_write_err(path: &Path, source: std::io::Error) -> Error {
     })
 }
 
+/// Writes the newest checkpoint again, at the same commit, when it is the
+/// current state (no commit since: it needs nothing from the journal), for
+/// the atimes reads moved since (see [`DurableFs::keep_atimes`]). No commit
+/// is made: a received directory mounted and read stays at its snapshot's
+/// commit, as an incremental receive requires, and its tree identity
+/// ([`crate::send::TreeSum`]) leaves atimes out. HISTORY and the manifest
+/// stay as they are. The new file is read back before it atomically
+/// replaces the old one, which a failure leaves in place. `Ok(false)`: the
+/// newest checkpoint is not the current state (nothing written).
+fn rewrite_checkpoint(fs: &Fs, shared: &Shared) -> Result<bool> {
+    let _g = shared.admin.lock();
+    let _nice = BackgroundPriority::enter();
+    let dir = shared.path.as_path();
+    let commit = shared.journal.last_commit();
+    let current = SnapshotRef {
+        commit,
+        required_end: commit,
+    };
+    let history = History::load(dir)?;
+    let newest = history.checkpoints.last();
+    if newest.is_none_or(|c| c.commit != commit || c.required_end != commit)
+        || Manifest::load(dir)?.and_then(|m| m.snapshot) != Some(current)
+    {
+        return Ok(false);
+    }
+    let path = dir.join(snapshot_file_name(commit));
+    let mut w = SnapshotWriter::create(dir, commit)?;
+    let (nodes, pages) = match image::write_nodes(fs, commit, &mut w) {
+        Ok(n) => n,
+        Err(e) => {
+            w.abandon();
+            return Err(image_write_err(&path, e));
+        }
+    };
+    let info = ImageInfo {
+        commit,
+        required_end: commit,
+        nodes,
+        pages,
+    };
+    if let Err(e) = image::write_trailer(&mut w, &info) {
+        w.abandon();
+        return Err(image_write_err(&path, e));
+    }
+    let sealed = w.seal()?;
+    if let Err(e) = validate_checkpoint(sealed.path(), &info) {
+        tracing::error!("rewritten checkpoint failed validation, keeping the previous one: {e}");
+        sealed.abandon();
+        return Err(e);
+    }
+    sealed.publish()?;
+    Ok(true)
+}
+
 /// Writes a checkpoint without stopping writers: note commit C, copy the
 /// tree (fuzzy), note R = the last commit the copy may contain, make the
 /// journal durable through R, then publish. Returns `None` when nothing
@@ -1197,6 +1281,8 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
     {
         return Ok(None);
     }
+    // The copy below holds every atime reads moved before this.
+    fs.take_unrecorded_atimes();
     let mut w = SnapshotWriter::create(dir, commit)?;
     let written = image::write_nodes(fs, commit, &mut w);
     let (nodes, pages) = match written {

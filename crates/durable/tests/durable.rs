@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memfs_durable::{self as durable, DurableFs, FsCheck};
-use memfs_fs::{Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode};
+use memfs_fs::{
+    AtimeMode, Ctx, FallocateMode, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, Timespec, XattrMode,
+};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 mod common;
@@ -384,4 +386,86 @@ fn inline_files_at_the_limit_survive_checkpoint_journal_and_restart() {
     let big = d2.fs().resolve(ROOT_INO, "/a/s4096", true).unwrap();
     assert!(!d2.fs().stores_inline(big));
     assert_eq!(d2.fs().check_consistency(), Vec::<String>::new());
+}
+
+/// A read moves an atime with no commit (a commit per read would make every
+/// read a write); close keeps it by writing the newest checkpoint again, at
+/// the same commit, when no commit came since it (generic/003 on a durable
+/// mount: the strictatime reads before its last remount). Whether the
+/// newest durable state is the one recovered at open or a checkpoint written
+/// during the run, the close makes no commit and leaves HISTORY as it was:
+/// a received directory that is mounted and read stays at its snapshot's
+/// commit, which an incremental receive requires.
+#[test]
+fn atimes_moved_by_reads_survive_close_without_a_commit() {
+    let t = tempfile::tempdir().unwrap();
+    let old = Timespec {
+        sec: 1_000_000,
+        nsec: 5,
+    };
+    let set_old = |fs: &Fs, ino| {
+        let set = SetAttr {
+            atime: Some(SetTime::At(old)),
+            ..Default::default()
+        };
+        fs.setattr(Ctx::ROOT, ino, &set).unwrap();
+    };
+    let read = |fs: &Fs, ino| {
+        let mut buf = [0u8; 4];
+        fs.read_atime(ino, 0, &mut buf, AtimeMode::Strict).unwrap();
+        let atime = fs.getattr(ino).unwrap().atime;
+        assert_ne!(atime, old, "a strictatime read sets the atime");
+        atime
+    };
+    let d = open(t.path(), "async");
+    let ino = d
+        .fs()
+        .write_file(Ctx::ROOT, ROOT_INO, "f", b"data")
+        .unwrap()
+        .ino;
+    set_old(d.fs(), ino);
+    d.close().unwrap();
+
+    // Read in a run that opened a state with nothing to replay.
+    let d = open(t.path(), "async");
+    let commits = d.last_commit();
+    let history = d.history().unwrap();
+    assert_eq!(d.fs().getattr(ino).unwrap().atime, old);
+    let atime = read(d.fs(), ino);
+    d.close().unwrap();
+    let d = open(t.path(), "async");
+    assert_eq!(d.last_commit(), commits, "close after a read committed");
+    assert_eq!(d.history().unwrap(), history, "close after a read");
+    assert_eq!(
+        d.fs().getattr(ino).unwrap().atime,
+        atime,
+        "read's atime lost at close"
+    );
+    d.close().unwrap();
+
+    // Read after a checkpoint written during the run.
+    let d = open(t.path(), "async");
+    set_old(d.fs(), ino);
+    assert!(d.checkpoint().unwrap().is_some());
+    let commits = d.last_commit();
+    let history = d.history().unwrap();
+    let atime = read(d.fs(), ino);
+    d.close().unwrap();
+    let d = open(t.path(), "async");
+    assert_eq!(d.last_commit(), commits, "close after a read committed");
+    assert_eq!(d.history().unwrap(), history, "close after a read");
+    assert_eq!(
+        d.fs().getattr(ino).unwrap().atime,
+        atime,
+        "read's atime lost at close"
+    );
+
+    // A read before a change: the final checkpoint, written for the
+    // change, holds the atime too.
+    let atime = read(d.fs(), ino);
+    d.fs().write_file(Ctx::ROOT, ROOT_INO, "g", b"x").unwrap();
+    d.close().unwrap();
+    let d = open(t.path(), "async");
+    assert_eq!(d.fs().getattr(ino).unwrap().atime, atime);
+    d.close().unwrap();
 }

@@ -152,6 +152,15 @@ impl Fs {
         Ok(flags)
     }
 
+    /// The node's attributes and flags, read together (statx shows both):
+    /// one lookup and one lock instead of [`Fs::getattr`] then
+    /// [`Fs::get_flags`], and no change can fall between the two.
+    pub fn getattr_flags(&self, ino: u64) -> Result<(Attr, u32)> {
+        let inode = self.get(ino)?;
+        let st = inode.state.read();
+        Ok((st.attr(ino, inode.kind), st.meta.flags as u32))
+    }
+
     /// `FS_IOC_SETFLAGS` by `ctx`: replaces the node's flags with `flags`.
     /// Only regular files and directories carry flags (others `ENOTTY`, as
     /// the ioctl cannot reach them). Unsupported bits are `EOPNOTSUPP`.

@@ -20,7 +20,7 @@
 //! locked, so an unlink cannot free a node that a lookup is about to return.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 
@@ -73,6 +73,11 @@ pub struct Fs {
     /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
     /// than a field in every inode.
     linkable: DashMap<u64, (), InoHasher>,
+    /// Set when a read moved an access time: reads make no commit (that
+    /// would make every read a write), so a recorder that keeps the tree in
+    /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
+    /// tree holds atimes no commit carries.
+    unrecorded_atimes: AtomicBool,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -260,6 +265,7 @@ impl Fs {
             commit: AtomicU64::new(0),
             recorder,
             linkable: DashMap::with_hasher(InoHasher::default()),
+            unrecorded_atimes: AtomicBool::new(false),
         }
     }
 
@@ -529,7 +535,26 @@ impl Fs {
         Ok(attr)
     }
 
+    /// `setattr` by `ctx`, taken to be in every group it names: a truncate
+    /// by a caller without CAP_FSETID then keeps setgid without group-exec.
+    /// Callers that know the caller's supplementary groups use
+    /// [`Fs::setattr_as`].
     pub fn setattr(&self, ctx: Ctx, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.setattr_as(ctx, &|_| true, ino, set)
+    }
+
+    /// `setattr` on behalf of `ctx`, whose supplementary groups `in_group`
+    /// knows: a truncate, or a chown of a non-directory, by a caller without
+    /// CAP_FSETID drops setuid, and setgid when group-exec is set or the
+    /// caller is outside the file's group (Linux's
+    /// `setattr_should_drop_sgid`; for chown, the group before the change).
+    pub fn setattr_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        set: &SetAttr,
+    ) -> Result<Attr> {
         let _gate = self.enter();
         let inode = self.get(ino)?;
         // A chmod rewrites the access ACL too: its record is admitted with it.
@@ -566,9 +591,7 @@ impl Fs {
             }
             meta.mtime = now;
             meta.ctime = now;
-            if ctx.uid != 0 {
-                meta.perm = kill_priv(meta.perm);
-            }
+            meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
         }
         if let Some(mode) = set.mode {
             // Stored as given: whether an unprivileged caller may keep setgid
@@ -582,6 +605,8 @@ impl Fs {
             });
         }
         if set.uid.is_some() || set.gid.is_some() {
+            // Whether setgid goes depends on the group the file had.
+            let old_gid = st.meta.gid;
             if let Some(uid) = set.uid {
                 st.meta.uid = uid;
             }
@@ -591,9 +616,12 @@ impl Fs {
             // Linux's chown_common asks to kill setuid (and setgid with
             // group-exec) on every chown of a non-directory, by root too and
             // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
-            // kernel leaves that to us.
+            // kernel leaves that to us. An unprivileged caller outside the
+            // file's (old) group loses setgid too (chown_common asks
+            // setattr_should_drop_sgid).
             if inode.kind != FileType::Directory {
                 st.meta.perm = kill_priv(st.meta.perm);
+                st.meta.perm = kill_priv_of(st.meta.perm, old_gid, ctx, in_group);
             }
             st.meta.ctime = now;
         }
@@ -1669,9 +1697,22 @@ impl Fs {
             let mut st = self.write_state(&inode);
             if mode == AtimeMode::Strict || stale(&st.meta) {
                 st.meta.atime = now;
+                // Checked first: under strictatime every read comes here,
+                // and a store each time would bounce the line between CPUs.
+                if !self.unrecorded_atimes.load(Ordering::Relaxed) {
+                    self.unrecorded_atimes.store(true, Ordering::Release);
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Whether a read moved an access time since the last call (or since
+    /// the file system was made), and clears that. A copy of the tree that
+    /// starts after this call holds every atime moved before it; one moved
+    /// later sets it again.
+    pub fn take_unrecorded_atimes(&self) -> bool {
+        self.unrecorded_atimes.swap(false, Ordering::AcqRel)
     }
 
     /// Convenience: reads into a new buffer.
@@ -1687,7 +1728,26 @@ impl Fs {
 
     /// Writes `data` at `off` (at the end of file with `append`); returns the
     /// count written, which is all of it or an error.
+    /// `write` by `ctx`, taken to be in every group it names: a caller
+    /// without CAP_FSETID then keeps setgid without group-exec. Callers that
+    /// know the caller's supplementary groups use [`Fs::write_as`].
     pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
+        self.write_as(ctx, &|_| true, ino, off, data, append)
+    }
+
+    /// `write` on behalf of `ctx`: a caller without CAP_FSETID loses setuid,
+    /// the file capability, and setgid when group-exec is set or when it is
+    /// outside the file's group (`in_group(gid)`: its supplementary groups,
+    /// which only the caller's side knows; asked only when it decides).
+    pub fn write_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        off: u64,
+        data: &[u8],
+        append: bool,
+    ) -> Result<usize> {
         let _gate = self.enter();
         self.admit(META_RECORD + data.len() as u64)?;
         let inode = self.get(ino)?;
@@ -1718,7 +1778,7 @@ impl Fs {
         // every write: drop setuid/setgid and the file capability.
         let mut dropped_caps = false;
         if ctx.uid != 0 {
-            meta.perm = kill_priv(meta.perm);
+            meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
             if let Some(xs) = meta.xattrs.as_mut() {
                 dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
                 if xs.is_empty() {
@@ -1829,10 +1889,28 @@ impl Fs {
         Ok(())
     }
 
-    /// Copies a range between files inside the engine (no user-space round trip).
+    /// Copies a range between files inside the engine (no user-space round
+    /// trip), by `ctx` taken to be in every group it names (see [`Fs::write`]).
     pub fn copy_file_range(
         &self,
         ctx: Ctx,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64> {
+        self.copy_file_range_as(ctx, &|_| true, ino_in, off_in, ino_out, off_out, len)
+    }
+
+    /// [`Fs::copy_file_range`] on behalf of `ctx`, whose supplementary groups
+    /// `in_group` knows: the destination loses setuid and setgid as by
+    /// [`Fs::write_as`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
         ino_in: u64,
         off_in: u64,
         ino_out: u64,
@@ -1870,7 +1948,7 @@ impl Fs {
             if n == 0 {
                 break;
             }
-            self.write(ctx, ino_out, off_out + done, &buf[..n], false)?;
+            self.write_as(ctx, in_group, ino_out, off_out + done, &buf[..n], false)?;
             done += n as u64;
         }
         Ok(done)

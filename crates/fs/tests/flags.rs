@@ -32,6 +32,34 @@ fn eperm<T: std::fmt::Debug>(r: Result<T>, what: &str) {
     assert_eq!(r.unwrap_err(), Errno::EPERM, "{what}");
 }
 
+/// statx's one read: the attributes `getattr` gives and the flags
+/// `get_flags` gives, for files and directories, and ENOENT for a node that
+/// is gone.
+#[test]
+fn getattr_flags_is_getattr_and_get_flags() {
+    let fs = fs();
+    let f = file(&fs, "f");
+    let d = fs.mkdir(ROOT, ROOT_INO, b"d", 0o755).unwrap().ino;
+    fs.set_flags(ROOT, f, FS_APPEND_FL | FS_NODUMP_FL).unwrap();
+    fs.set_flags(ROOT, d, FS_NOATIME_FL).unwrap();
+    for (ino, flags) in [
+        (f, FS_APPEND_FL | FS_NODUMP_FL),
+        (d, FS_NOATIME_FL),
+        (ROOT_INO, 0),
+    ] {
+        let (attr, got) = fs.getattr_flags(ino).unwrap();
+        assert_eq!(got, flags);
+        assert_eq!(got, fs.get_flags(ino).unwrap());
+        assert_eq!(attr, fs.getattr(ino).unwrap());
+    }
+    let g = file(&fs, "g");
+    fs.unlink(ROOT_INO, b"g").unwrap();
+    // Its open (create's) and lookup go: the node with them.
+    fs.release(g);
+    fs.forget(g, 1);
+    assert_eq!(fs.getattr_flags(g).unwrap_err(), Errno::ENOENT);
+}
+
 #[test]
 fn flags_round_trip_and_validation() {
     let fs = fs();

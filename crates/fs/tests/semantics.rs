@@ -178,8 +178,10 @@ fn atime_modes_of_reads() {
 
     // noatime: even an access older than the last change stays.
     set_atime(OLD);
+    fs.take_unrecorded_atimes();
     fs.read_atime(f, 0, &mut buf, AtimeMode::Never).unwrap();
     assert_eq!(atime(), OLD, "noatime");
+    assert!(!fs.take_unrecorded_atimes(), "noatime moved no atime");
 
     // relatime: an access later than the last change, less than a day old, stays...
     let mtime = fs.getattr(f).unwrap().mtime;
@@ -190,9 +192,13 @@ fn atime_modes_of_reads() {
     set_atime(recent);
     fs.read_atime(f, 0, &mut buf, AtimeMode::Relative).unwrap();
     assert_eq!(atime(), recent, "relatime, recent access");
-    // ...while strictatime records every read.
+    assert!(!fs.take_unrecorded_atimes(), "relatime moved no atime");
+    // ...while strictatime records every read. A read makes no commit: the
+    // engine says so once, for a durable close to keep the atime.
     fs.read_atime(f, 0, &mut buf, AtimeMode::Strict).unwrap();
     assert_ne!(atime(), recent, "strictatime");
+    assert!(fs.take_unrecorded_atimes(), "a read moved an atime");
+    assert!(!fs.take_unrecorded_atimes(), "taken");
 
     // relatime: a day-old access is renewed even when later than the last change.
     let day_old = Timespec {
@@ -1259,6 +1265,113 @@ fn fallocate_kills_setgid_of_non_members() {
         fs.fallocate_as(C, &not_member, f, 0, P, m).unwrap();
         assert_eq!(mode_of(&fs), 0o6777, "{m:?}: root keeps both");
     }
+}
+
+/// Every other data change by a caller without CAP_FSETID drops setgid as
+/// fallocate does (Linux's `setattr_should_drop_sgid`): a write, a truncate
+/// (and so `open(O_TRUNC)`, a SETATTR through FUSE), the destination of a
+/// copy_file_range, and a chown (against the group before it). Each is
+/// checked outside the file's group, in it by a supplementary group, and in
+/// it by the caller's own gid; root keeps both bits.
+#[test]
+fn data_changes_kill_setgid_of_non_members() {
+    type Change = fn(&Fs, Ctx, &dyn Fn(u32) -> bool, u64, u64);
+    let changes: [(&str, Change); 4] = [
+        ("write", |fs, ctx, g, f, _| {
+            fs.write_as(ctx, g, f, 0, b"x", false).unwrap();
+        }),
+        ("truncate", |fs, ctx, g, f, _| {
+            let t = SetAttr {
+                size: Some(P),
+                ..Default::default()
+            };
+            fs.setattr_as(ctx, g, f, &t).unwrap();
+        }),
+        ("copy_file_range", |fs, ctx, g, f, src| {
+            assert_eq!(fs.copy_file_range_as(ctx, g, src, 0, f, 0, 4).unwrap(), 4);
+        }),
+        ("chown", |fs, ctx, g, f, _| {
+            // To the caller's own uid, the group unchanged: the check is
+            // against the group the file had.
+            let c = SetAttr {
+                uid: Some(ctx.uid),
+                ..Default::default()
+            };
+            fs.setattr_as(ctx, g, f, &c).unwrap();
+        }),
+    ];
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o666).ino;
+    let src = mkfile(&fs, C, ROOT_INO, "src", 0o644).ino;
+    fs.write(C, src, 0, b"data", false).unwrap();
+    let asked = std::cell::Cell::new(0);
+    let not_member = |_gid: u32| {
+        asked.set(asked.get() + 1);
+        false
+    };
+    let member = |gid: u32| gid == 0;
+    let reset = |mode: u32| {
+        let m = SetAttr {
+            mode: Some(mode),
+            uid: Some(USER.uid),
+            gid: Some(0),
+            ..Default::default()
+        };
+        set(&fs, f, m);
+        // A chown by root drops setuid: the mode again.
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(mode),
+                ..Default::default()
+            },
+        );
+        assert_eq!(fs.getattr(f).unwrap().perm as u32, mode);
+    };
+    let mode = |fs: &Fs| fs.getattr(f).unwrap().perm;
+    for (name, change) in changes {
+        // The owner, outside group 0: loses both (the owner is no exception).
+        reset(0o6666);
+        asked.set(0);
+        change(&fs, USER, &not_member, f, src);
+        assert_eq!(
+            mode(&fs),
+            0o666,
+            "{name}: non-member loses setuid and setgid"
+        );
+        assert_eq!(asked.get(), 1, "{name}: the groups are asked once");
+
+        // A member by a supplementary group keeps setgid without group-exec.
+        reset(0o6666);
+        change(&fs, USER, &member, f, src);
+        assert_eq!(mode(&fs), 0o2666, "{name}: a member keeps setgid");
+
+        // So does a caller whose own gid is the file's: the groups are not asked.
+        reset(0o2666);
+        asked.set(0);
+        let own = Ctx { gid: 0, ..USER };
+        change(&fs, own, &not_member, f, src);
+        assert_eq!(mode(&fs), 0o2666, "{name}: the file's group keeps setgid");
+        assert_eq!(asked.get(), 0, "{name}: the caller's gid decided");
+
+        // With group-exec, setgid goes even for a member.
+        reset(0o2676);
+        change(&fs, USER, &member, f, src);
+        assert_eq!(mode(&fs), 0o676, "{name}: group-exec setgid goes");
+
+        // Root (CAP_FSETID) keeps both, but for chown, which drops setuid
+        // for everyone (generic/193).
+        reset(0o6666);
+        change(&fs, Ctx { uid: 0, ..USER }, &not_member, f, src);
+        let kept = if name == "chown" { 0o2666 } else { 0o6666 };
+        assert_eq!(mode(&fs), kept, "{name}: root keeps its bits");
+    }
+    // Without the caller's groups, write, setattr and copy_file_range take
+    // the caller to be a member, as before the `_as` variants.
+    reset(0o2666);
+    fs.write(USER, f, 0, b"x", false).unwrap();
+    assert_eq!(mode(&fs), 0o2666);
 }
 
 /// chown(f, -1, -1) reaches the engine as a setattr of nothing; like tmpfs it

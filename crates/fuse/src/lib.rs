@@ -433,6 +433,14 @@ fn ctx(req: &Request) -> Ctx {
     }
 }
 
+/// Whether the caller of a request has a group among its supplementary
+/// groups, for the engine's setgid drops: asked only when it decides (a
+/// setgid file without group-exec outside the caller's fsgid), as it costs a
+/// read of /proc.
+fn caller_in_group(who: Ctx) -> impl Fn(u32) -> bool {
+    move |gid| caller::in_group(who.pid, gid)
+}
+
 fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
     t.map(|t| match t {
         TimeOrNow::Now => SetTime::Now,
@@ -528,8 +536,6 @@ impl MemFuse {
     /// ctime, and setuid/setgid dropped as for a write (a punch over no
     /// engine data changes nothing else).
     fn touch(&self, caller: Ctx, ino: u64) -> memfs_fs::Result<()> {
-        let pid = caller.pid;
-        let in_group = move |gid| caller::in_group(pid, gid);
         let punch = FallocateMode {
             keep_size: true,
             punch_hole: true,
@@ -537,7 +543,7 @@ impl MemFuse {
         };
         self.fs
             .get()
-            .fallocate_as(caller, &in_group, ino, 0, 1, punch)
+            .fallocate_as(caller, &caller_in_group(caller), ino, 0, 1, punch)
     }
 
     fn backed(&self, ino: u64) -> Option<Arc<passthrough::Backed>> {
@@ -742,9 +748,8 @@ impl Filesystem for MemFuse {
                 Err(e) => return reply.error(err(e)),
             }
         } else {
-            let fs = self.fs.get();
-            match fs.getattr(ino.0).map_err(stale) {
-                Ok(a) => (self.attr(a), fs.get_flags(ino.0).unwrap_or(0)),
+            match self.fs.get().getattr_flags(ino.0).map_err(stale) {
+                Ok((a, flags)) => (self.attr(a), flags),
                 Err(e) => return reply.error(err(e)),
             }
         };
@@ -786,7 +791,12 @@ impl Filesystem for MemFuse {
         if let Err(e) = self.writable(ino.0) {
             return reply.error(err(e));
         }
-        let mut r = self.fs.get().setattr(ctx(req), ino.0, &set).map_err(stale);
+        let caller = ctx(req);
+        let mut r = self
+            .fs
+            .get()
+            .setattr_as(caller, &caller_in_group(caller), ino.0, &set)
+            .map_err(stale);
         if let (Ok(_), Some(b)) = (&r, self.backed(ino.0)) {
             // The engine checked and recorded the change; the data is here.
             if let Some(size) = size
@@ -1038,7 +1048,14 @@ impl Filesystem for MemFuse {
             None => self
                 .fs
                 .get()
-                .write(caller, ino.0, offset, data, append)
+                .write_as(
+                    caller,
+                    &caller_in_group(caller),
+                    ino.0,
+                    offset,
+                    data,
+                    append,
+                )
                 .map_err(stale),
         };
         match self.settled(r) {
@@ -1483,15 +1500,17 @@ impl Filesystem for MemFuse {
         if let Err(e) = self.writable(ino.0) {
             return reply.error(err(e));
         }
-        let pid = req.pid();
-        let in_group = move |gid| caller::in_group(pid, gid);
         let caller = ctx(req);
         let drops = self.privileges_may_drop(caller, ino.0);
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
-            None => self
-                .fs
-                .get()
-                .fallocate_as(caller, &in_group, ino.0, offset, length, m),
+            None => self.fs.get().fallocate_as(
+                caller,
+                &caller_in_group(caller),
+                ino.0,
+                offset,
+                length,
+                m,
+            ),
             Some(b) => {
                 if length == 0 {
                     return Err(Errno::EINVAL);
@@ -1648,28 +1667,36 @@ impl Filesystem for MemFuse {
             // From a snapshot: the kernel copies through read and write.
             return reply.error(fuser::Errno::EXDEV);
         }
+        // The destination loses setuid/setgid as by a write; the kernel
+        // marks its size and times stale after the copy, not its mode.
+        let caller = ctx(req);
+        let drops = self.privileges_may_drop(caller, ino_out.0);
         let (b_in, b_out) = (self.backed(ino_in.0), self.backed(ino_out.0));
-        if b_in.is_some() || b_out.is_some() {
-            let r = self.copy_backed(
-                req,
+        let r = if b_in.is_some() || b_out.is_some() {
+            self.copy_backed(
+                caller,
                 (ino_in.0, b_in.as_deref(), offset_in),
                 (ino_out.0, b_out.as_deref(), offset_out),
                 len,
-            );
-            return match self.settled(r) {
-                Ok(n) => reply.written(n as u32),
-                Err(e) => reply.error(err(e)),
-            };
-        }
-        match self.settled(self.fs.get().copy_file_range(
-            ctx(req),
-            ino_in.0,
-            offset_in,
-            ino_out.0,
-            offset_out,
-            len,
-        )) {
-            Ok(n) => reply.written(n as u32),
+            )
+        } else {
+            self.fs.get().copy_file_range_as(
+                caller,
+                &caller_in_group(caller),
+                ino_in.0,
+                offset_in,
+                ino_out.0,
+                offset_out,
+                len,
+            )
+        };
+        match self.settled(r) {
+            Ok(n) => {
+                if drops {
+                    self.attributes_changed(ino_out.0);
+                }
+                reply.written(n as u32)
+            }
             Err(e) => reply.error(err(e)),
         }
     }
@@ -1680,7 +1707,7 @@ impl MemFuse {
     /// between two backing files, else through a buffer.
     fn copy_backed(
         &self,
-        req: &Request,
+        caller: Ctx,
         (ino_in, b_in, off_in): (u64, Option<&passthrough::Backed>, u64),
         (ino_out, b_out, off_out): (u64, Option<&passthrough::Backed>, u64),
         len: u64,
@@ -1719,8 +1746,9 @@ impl MemFuse {
                     }
                     match b_out {
                         Some(b) => b.write_at(off_out + done, &buf[..n])?,
-                        None => self.fs.get().write(
-                            ctx(req),
+                        None => self.fs.get().write_as(
+                            caller,
+                            &caller_in_group(caller),
                             ino_out,
                             off_out + done,
                             &buf[..n],
@@ -1733,7 +1761,7 @@ impl MemFuse {
             }
         };
         if b_out.is_some() && done > 0 {
-            self.touch(ctx(req), ino_out)?;
+            self.touch(caller, ino_out)?;
         }
         Ok(done)
     }

@@ -36,7 +36,7 @@ pub use durability::Durability;
 pub use manifest::{Manifest, SnapshotRef};
 pub use recovery::{Damage, RecoveryReport, RepairReport, VerifyReport};
 pub use sim::{RecoverMode, SimStorage, SplitMix64};
-pub use snapshot::{SnapshotReader, SnapshotWriter};
+pub use snapshot::{SealedSnapshot, SnapshotReader, SnapshotWriter};
 pub use storage::{OpenMode, RealStorage, Storage, StorageFile};
 pub use writer::{Journal, JournalOptions, JournalStats};
 

@@ -109,19 +109,57 @@ impl SnapshotWriter {
 
     /// Writes the end marker, fsyncs, renames into place and fsyncs the
     /// directory. Returns the final path.
-    pub fn finish(mut self) -> Result<PathBuf> {
+    pub fn finish(self) -> Result<PathBuf> {
+        self.seal()?.publish()
+    }
+
+    /// Writes the end marker and fsyncs, leaving the file under its
+    /// temporary name: it can be read back ([`SealedSnapshot::path`]) before
+    /// it replaces a snapshot of the same commit.
+    pub fn seal(mut self) -> Result<SealedSnapshot> {
         self.flush_chunk().map_err(io_err(&self.tmp))?;
         let end = snapshot_end_marker(self.total);
         self.file.write_all(&end).map_err(io_err(&self.tmp))?;
         self.file.sync_all().map_err(io_err(&self.tmp))?;
+        Ok(SealedSnapshot {
+            storage: self.storage,
+            tmp: self.tmp,
+            dst: self.dst,
+            dir: self.dir,
+        })
+    }
+
+    /// Drops the temporary file (after a failed snapshot).
+    pub fn abandon(self) {
+        let _ = self.storage.remove_file(&self.tmp);
+    }
+}
+
+/// A complete, durable snapshot file not yet under its final name.
+pub struct SealedSnapshot {
+    storage: Arc<dyn Storage>,
+    tmp: PathBuf,
+    dst: PathBuf,
+    dir: PathBuf,
+}
+
+impl SealedSnapshot {
+    /// Where it is now (for reading it back).
+    pub fn path(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames it into place (atomically replacing a snapshot of the same
+    /// commit) and fsyncs the directory. Returns the final path.
+    pub fn publish(self) -> Result<PathBuf> {
         self.storage
             .rename(&self.tmp, &self.dst)
             .map_err(io_err(&self.dst))?;
         crate::dir::sync_dir_with(&*self.storage, &self.dir)?;
-        Ok(self.dst.clone())
+        Ok(self.dst)
     }
 
-    /// Drops the temporary file (after a failed snapshot).
+    /// Drops the file; a snapshot of the same commit stays as it was.
     pub fn abandon(self) {
         let _ = self.storage.remove_file(&self.tmp);
     }
@@ -335,5 +373,39 @@ mod tests {
             });
             assert!(res.is_err(), "truncation at {cut} undetected");
         }
+    }
+
+    fn read_back(p: &Path) -> Vec<u8> {
+        let mut r = SnapshotReader::open(p).unwrap();
+        let mut v = Vec::new();
+        r.read_to_end(&mut v).unwrap();
+        r.finish().unwrap();
+        v
+    }
+
+    /// A sealed snapshot is complete and readable under its temporary name
+    /// while the one of the same commit stays; abandoning it leaves that one,
+    /// publishing replaces it.
+    #[test]
+    fn sealed_snapshot_replaces_only_when_published() {
+        let t = tempfile::tempdir().unwrap();
+        let p = write(t.path(), b"first");
+        let mut w = SnapshotWriter::create(t.path(), 9).unwrap();
+        w.write_all(b"second").unwrap();
+        let sealed = w.seal().unwrap();
+        assert_ne!(sealed.path(), p.as_path());
+        assert_eq!(read_back(sealed.path()), b"second");
+        assert_eq!(read_back(&p), b"first");
+        let tmp = sealed.path().to_path_buf();
+        sealed.abandon();
+        assert!(!tmp.exists(), "abandon removes the sealed file");
+        assert_eq!(read_back(&p), b"first");
+
+        let mut w = SnapshotWriter::create(t.path(), 9).unwrap();
+        w.write_all(b"third").unwrap();
+        let sealed = w.seal().unwrap();
+        assert_eq!(sealed.publish().unwrap(), p);
+        assert!(!tmp.exists());
+        assert_eq!(read_back(&p), b"third");
     }
 }
