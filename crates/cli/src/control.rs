@@ -495,6 +495,9 @@ fn rollback(
         // Whatever the rollback did, `d` now holds the tree to serve: the
         // new one, or the old one if recovery could not open again.
         let r = d.rollback_online(commit);
+        // The snapshots the rollback kept (none of them has an engine
+        // snapshot in the new tree), before any request runs again.
+        show_durable_snapshots(d, sw, true);
         Ok::<_, std::convert::Infallible>((d.fs().clone(), r))
     });
     let (plan, report) = match r {
@@ -510,6 +513,36 @@ fn rollback(
     )])
 }
 
+/// Shows the data directory's snapshots in `.snapshots`: those the served
+/// tree has no engine snapshot of (taken before a restart, a crash or an
+/// online rollback) are rebuilt aside from the data directory on first use
+/// (docs/snapshots.md, "Durable mounts"). `staged`: from inside a swap or
+/// before the mount serves (the kernel is told nothing).
+pub fn show_durable_snapshots(d: &DurableFs, sw: &Swapper, staged: bool) {
+    let list = match d.history() {
+        Ok(h) => h
+            .snapshots
+            .into_iter()
+            .map(|s| memfs_fuse::snapdir::DurableSnapshot {
+                name: s.name.into_bytes(),
+                commit: s.commit,
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!("cannot read the history of {}: {e}", d.path().display());
+            return;
+        }
+    };
+    let m = d.materializer();
+    let build: memfs_fuse::snapdir::BuildTree =
+        Arc::new(move |commit| m.materialize(commit).map_err(|e| e.to_string()));
+    if staged {
+        sw.stage_durable_snapshots(build, list);
+    } else {
+        sw.set_durable_snapshots(build, list);
+    }
+}
+
 fn answer(d: &DurableFs, swapper: Option<&Swapper>, req: &str) -> anyhow::Result<Vec<String>> {
     let (cmd, arg) = match req.split_once(' ') {
         Some((c, a)) => (c, Some(a)),
@@ -520,17 +553,24 @@ fn answer(d: &DurableFs, swapper: Option<&Swapper>, req: &str) -> anyhow::Result
         "snapshot-create" => {
             let s = d.snapshot_create(need()?)?;
             // The same name in the engine, so `.snapshots/NAME` shows it
-            // at once (until a restart: docs/snapshots.md).
-            if let Some(sw) = swapper
-                && let Err(e) = sw.snapshot_create(s.name.as_bytes())
-            {
-                tracing::warn!("snapshot {}: not browsable in .snapshots: {e}", s.name);
+            // at once, sharing pages with the live tree (after a restart
+            // it is rebuilt from the data directory: docs/snapshots.md).
+            if let Some(sw) = swapper {
+                if let Err(e) = sw.snapshot_create(s.name.as_bytes()) {
+                    tracing::warn!(
+                        "snapshot {}: no engine snapshot ({e}): rebuilt from the data directory when browsed",
+                        s.name
+                    );
+                }
+                show_durable_snapshots(d, sw, false);
             }
             vec![snapshot_line(&s)]
         }
         "snapshot-delete" => {
             let s = d.snapshot_delete(need()?)?;
             if let Some(sw) = swapper {
+                show_durable_snapshots(d, sw, false);
+                // ENOENT: no engine snapshot (taken before a restart).
                 let _ = sw.snapshot_delete(s.name.as_bytes());
             }
             vec![snapshot_line(&s)]

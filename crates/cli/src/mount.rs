@@ -614,6 +614,15 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     }
     let mut mounted = memfs_fuse::mount(fs, mountpoint, &fuse_opts)
         .map_err(|e| anyhow::anyhow!("cannot mount memfs at {}: {e}", mountpoint.display()))?;
+    if let Some(d) = &durable {
+        // Before the first request: `.snapshots` shows the data
+        // directory's snapshots, rebuilt when browsed.
+        crate::control::show_durable_snapshots(
+            &d.lock().unwrap_or_else(|e| e.into_inner()),
+            &mounted.swapper(),
+            true,
+        );
+    }
     let ro_watch = durable
         .as_ref()
         .map(|d| ReadOnlyWatch::start(&d.lock().unwrap_or_else(|e| e.into_inner()), mountpoint));

@@ -630,6 +630,29 @@ pub struct DurableFs {
     checkpointer: Option<JoinHandle<()>>,
 }
 
+/// See [`DurableFs::materializer`].
+#[derive(Clone)]
+pub struct Materializer(std::sync::Weak<Shared>);
+
+impl Materializer {
+    /// The tree as it was after `commit` (a retained commit), rebuilt aside
+    /// under the admin lock (no checkpoint is pruned meanwhile).
+    pub fn materialize(&self, commit: u64) -> Result<Fs> {
+        let shared = self
+            .0
+            .upgrade()
+            .filter(|s| !s.closed.load(Ordering::Acquire));
+        let Some(shared) = shared else {
+            return Err(Error::Invalid(
+                "the data directory was closed or rolled back".into(),
+            ));
+        };
+        shared.journal.sync()?;
+        let _g = shared.admin.lock();
+        crate::history::materialize(&shared.path, commit, crate::history::materialize_config())
+    }
+}
+
 /// What a checkpoint did.
 #[derive(Debug, Clone, Copy)]
 pub struct CheckpointReport {
@@ -1000,6 +1023,16 @@ impl DurableFs {
         self.shared.journal.sync()?;
         let _g = self.shared.admin.lock();
         crate::history::materialize(self.path(), commit, crate::history::materialize_config())
+    }
+
+    /// A handle that rebuilds retained commits aside like
+    /// [`DurableFs::materialize`] without borrowing this `DurableFs`: the
+    /// mount builds the trees of browsed snapshots with it from FUSE
+    /// workers while the control channel owns the `DurableFs`. It keeps
+    /// nothing alive: once this file system is closed or replaced (an
+    /// online rollback), it answers an error.
+    pub fn materializer(&self) -> Materializer {
+        Materializer(Arc::downgrade(&self.shared))
     }
 
     /// Rolls the open file system back to `target` (a retained commit)

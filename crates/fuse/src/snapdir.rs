@@ -16,10 +16,18 @@
 //! anything, and answers ESTALE, never the content of a newer snapshot.
 //! The node ids also serve as the inode numbers `stat` shows, so `find`,
 //! `cp -a` and `diff -r` see distinct files in distinct snapshots.
+//!
+//! A slot shows either an engine snapshot of the served tree or, on a
+//! durable mount, a *durable* snapshot (a commit pinned in the data
+//! directory) that has no engine snapshot (taken before a restart, a crash
+//! or an online rollback): its tree is rebuilt aside from the data
+//! directory on first use ([`AsideView`]) and kept until the snapshot is
+//! deleted, the served tree is swapped or the mount ends.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 
-use memfs_fs::{Errno, ROOT_INO};
+use memfs_fs::{Errno, Fs, ROOT_INO, SnapshotInfo};
 use parking_lot::Mutex;
 
 pub const SLOT_SHIFT: u32 = 40;
@@ -71,7 +79,105 @@ pub fn snap_root(slot: u64) -> u64 {
     (slot << SLOT_SHIFT) | ROOT_INO
 }
 
-/// Snapshot ids (the engine's) to slots (ours) and back.
+/// Rebuilds the tree of a durable snapshot (given its commit) aside: a new
+/// `Fs` that nothing writes. Called from a FUSE worker with no lock of the
+/// adapter held; the error is logged.
+pub type BuildTree = Arc<dyn Fn(u64) -> Result<Fs, String> + Send + Sync>;
+
+/// A durable snapshot as the data directory's history names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DurableSnapshot {
+    pub name: Vec<u8>,
+    pub commit: u64,
+}
+
+/// The tree of one durable snapshot, built on first use by one thread (the
+/// others asking for it meanwhile wait for that one), then shared by every
+/// request under its slot. The tree gets one engine snapshot, so the same
+/// read-only views serve it as serve the served tree's snapshots. Dropped
+/// (memory released) with the last request holding it once its slot is
+/// retired.
+pub struct AsideView {
+    snap: DurableSnapshot,
+    /// Replaced when the data directory is (an online rollback re-opens it).
+    build: Mutex<BuildTree>,
+    built: OnceLock<(Arc<Fs>, u64)>,
+    building: Mutex<()>,
+}
+
+impl AsideView {
+    fn new(snap: DurableSnapshot, build: BuildTree) -> Arc<AsideView> {
+        Arc::new(AsideView {
+            snap,
+            build: Mutex::new(build),
+            built: OnceLock::new(),
+            building: Mutex::new(()),
+        })
+    }
+
+    pub fn is_built(&self) -> bool {
+        self.built.get().is_some()
+    }
+
+    /// The tree and the id of its engine snapshot, built now if need be.
+    /// A failed build is not remembered: the next request tries again.
+    pub fn get(&self) -> Result<(Arc<Fs>, u64), Errno> {
+        if let Some((fs, id)) = self.built.get() {
+            return Ok((fs.clone(), *id));
+        }
+        let _one_builder = self.building.lock();
+        if let Some((fs, id)) = self.built.get() {
+            return Ok((fs.clone(), *id));
+        }
+        let name = String::from_utf8_lossy(&self.snap.name).into_owned();
+        let t = std::time::Instant::now();
+        let build = self.build.lock().clone();
+        let fs = build(self.snap.commit).map_err(|e| {
+            tracing::warn!(
+                "snapshot {name} (commit {}): cannot rebuild its tree for browsing: {e}",
+                self.snap.commit
+            );
+            Errno::EIO
+        })?;
+        // The engine's name rules are not the data directory's (`.` is a
+        // valid durable name): the view's own snapshot has a fixed name.
+        let id = fs
+            .snapshot_create(b"view")
+            .map_err(|e| {
+                tracing::warn!("snapshot {name}: cannot take the view's snapshot: {e}");
+                Errno::EIO
+            })?
+            .id;
+        tracing::info!(
+            "snapshot {name} (commit {}): tree rebuilt for browsing in {:?}, {} nodes",
+            self.snap.commit,
+            t.elapsed(),
+            fs.inode_count()
+        );
+        let fs = Arc::new(fs);
+        // Only the holder of `building` sets it: this cannot fail.
+        let _ = self.built.set((fs.clone(), id));
+        Ok((fs, id))
+    }
+}
+
+/// What a slot shows.
+#[derive(Clone)]
+pub enum Target {
+    /// The engine snapshot with this id of the served tree.
+    Served(u64),
+    /// A durable snapshot's tree built aside.
+    Aside(Arc<AsideView>),
+}
+
+/// One entry of `.snapshots`, in listing order.
+pub struct Listed {
+    pub name: Vec<u8>,
+    pub slot: u64,
+    pub target: Target,
+}
+
+/// Snapshot ids (the engine's) and durable snapshots to slots (ours) and back.
 #[derive(Default)]
 pub struct Slots {
     inner: Mutex<Inner>,
@@ -80,36 +186,78 @@ pub struct Slots {
 #[derive(Default)]
 struct Inner {
     by_id: HashMap<u64, u64>,
-    by_slot: HashMap<u64, u64>,
+    by_slot: HashMap<u64, Target>,
     /// Last slot given; slots are never given twice.
     last: u64,
+    /// The data directory's snapshots, oldest first (empty in memory).
+    durable: Vec<DurableEntry>,
+}
+
+struct DurableEntry {
+    view: Arc<AsideView>,
+    /// Given the first time the kernel sees the snapshot.
+    slot: Option<u64>,
+}
+
+impl Inner {
+    fn give(&mut self, target: Target) -> Result<u64, Errno> {
+        if self.last + 1 >= MAX_SLOTS {
+            return Err(Errno::ENOSPC);
+        }
+        self.last += 1;
+        self.by_slot.insert(self.last, target);
+        Ok(self.last)
+    }
+
+    fn slot_of(&mut self, id: u64) -> Result<u64, Errno> {
+        if let Some(&s) = self.by_id.get(&id) {
+            return Ok(s);
+        }
+        let s = self.give(Target::Served(id))?;
+        self.by_id.insert(id, s);
+        Ok(s)
+    }
+
+    /// The slot of durable entry `i`, given now if it has none.
+    fn durable_slot(&mut self, i: usize) -> Result<u64, Errno> {
+        if let Some(s) = self.durable[i].slot {
+            return Ok(s);
+        }
+        let s = self.give(Target::Aside(self.durable[i].view.clone()))?;
+        self.durable[i].slot = Some(s);
+        Ok(s)
+    }
+}
+
+/// `.` and `..` are valid names in a data directory's history but name
+/// other directories in a listing: those snapshots are not shown.
+fn listable(name: &[u8]) -> bool {
+    name != b"." && name != b".."
 }
 
 impl Slots {
     /// The slot of snapshot `id`, given now if it has none.
     pub fn slot_of(&self, id: u64) -> Result<u64, Errno> {
-        let mut g = self.inner.lock();
-        if let Some(&s) = g.by_id.get(&id) {
-            return Ok(s);
-        }
-        if g.last + 1 >= MAX_SLOTS {
-            return Err(Errno::ENOSPC);
-        }
-        g.last += 1;
-        let s = g.last;
-        g.by_id.insert(id, s);
-        g.by_slot.insert(s, id);
-        Ok(s)
+        self.inner.lock().slot_of(id)
     }
 
-    /// The snapshot id in `slot`; ESTALE once it was forgotten.
-    pub fn id_of(&self, slot: u64) -> Result<u64, Errno> {
+    /// What `slot` shows; ESTALE once it was forgotten.
+    pub fn target(&self, slot: u64) -> Result<Target, Errno> {
         self.inner
             .lock()
             .by_slot
             .get(&slot)
-            .copied()
+            .cloned()
             .ok_or(Errno::ESTALE)
+    }
+
+    /// The snapshot id in `slot` if it shows one of the served tree's.
+    #[cfg(test)]
+    pub fn id_of(&self, slot: u64) -> Result<u64, Errno> {
+        match self.target(slot)? {
+            Target::Served(id) => Ok(id),
+            Target::Aside(_) => Err(Errno::EINVAL),
+        }
     }
 
     /// Snapshot `id` was deleted: its slot is retired.
@@ -121,11 +269,105 @@ impl Slots {
     }
 
     /// The served tree was replaced (a durable rollback): every snapshot id
-    /// belonged to the old tree. Slots stay used.
+    /// belonged to the old tree, and every durable view is built again on
+    /// demand (the caller sets the new list). Slots stay used.
     pub fn forget_all(&self) {
         let mut g = self.inner.lock();
         g.by_id.clear();
         g.by_slot.clear();
+        for e in &mut g.durable {
+            e.slot = None;
+            let build = e.view.build.lock().clone();
+            e.view = AsideView::new(e.view.snap.clone(), build);
+        }
+    }
+
+    /// Sets the durable snapshots and how to build their trees. Entries
+    /// whose name and commit are unchanged keep their slot and tree; the
+    /// others' slots are retired. Returns the names that appeared or went.
+    pub fn set_durable(&self, build: BuildTree, list: Vec<DurableSnapshot>) -> Vec<Vec<u8>> {
+        let mut g = self.inner.lock();
+        let mut old = std::mem::take(&mut g.durable);
+        let mut changed = Vec::new();
+        for snap in list {
+            match old.iter().position(|e| e.view.snap == snap) {
+                Some(i) => {
+                    let e = old.swap_remove(i);
+                    *e.view.build.lock() = build.clone();
+                    g.durable.push(e);
+                }
+                None => {
+                    changed.push(snap.name.clone());
+                    g.durable.push(DurableEntry {
+                        view: AsideView::new(snap, build.clone()),
+                        slot: None,
+                    });
+                }
+            }
+        }
+        for e in old {
+            if let Some(s) = e.slot {
+                g.by_slot.remove(&s);
+            }
+            changed.push(e.view.snap.name.clone());
+        }
+        changed
+    }
+
+    /// The names of every durable snapshot.
+    pub fn durable_names(&self) -> Vec<Vec<u8>> {
+        let g = self.inner.lock();
+        g.durable.iter().map(|e| e.view.snap.name.clone()).collect()
+    }
+
+    /// The durable snapshot `name` (with its slot, given now if need be).
+    pub fn durable(&self, name: &[u8]) -> Result<Option<(u64, Arc<AsideView>)>, Errno> {
+        if !listable(name) {
+            return Ok(None);
+        }
+        let mut g = self.inner.lock();
+        let Some(i) = g.durable.iter().position(|e| e.view.snap.name == name) else {
+            return Ok(None);
+        };
+        let s = g.durable_slot(i)?;
+        Ok(Some((s, g.durable[i].view.clone())))
+    }
+
+    /// `.snapshots`' entries: the durable snapshots, oldest first (shown
+    /// through the served tree's engine snapshot of the same name when it
+    /// has one, taken with it), then the engine snapshots `engine` of the
+    /// served tree that are not durable. Slots are given now: a listing
+    /// and a later lookup show the same inode number. Entries without a
+    /// slot (ENOSPC) are left out.
+    pub fn listing(&self, engine: &[SnapshotInfo]) -> Vec<Listed> {
+        let mut g = self.inner.lock();
+        let mut out = Vec::with_capacity(g.durable.len() + engine.len());
+        for i in 0..g.durable.len() {
+            let name = g.durable[i].view.snap.name.clone();
+            if !listable(&name) {
+                continue;
+            }
+            let (slot, target) = match engine.iter().find(|s| s.name == name) {
+                Some(s) => (g.slot_of(s.id), Target::Served(s.id)),
+                None => (g.durable_slot(i), Target::Aside(g.durable[i].view.clone())),
+            };
+            if let Ok(slot) = slot {
+                out.push(Listed { name, slot, target });
+            }
+        }
+        for s in engine {
+            if g.durable.iter().any(|e| e.view.snap.name == s.name) {
+                continue;
+            }
+            if let Ok(slot) = g.slot_of(s.id) {
+                out.push(Listed {
+                    name: s.name.clone(),
+                    slot,
+                    target: Target::Served(s.id),
+                });
+            }
+        }
+        out
     }
 }
 
@@ -178,6 +420,100 @@ mod tests {
         s.forget_all();
         assert_eq!(s.id_of(b), Err(Errno::ESTALE));
         assert!(s.slot_of(10).unwrap() > b);
+    }
+
+    fn durable(names: &[(&str, u64)]) -> Vec<DurableSnapshot> {
+        names
+            .iter()
+            .map(|(n, c)| DurableSnapshot {
+                name: n.as_bytes().to_vec(),
+                commit: *c,
+            })
+            .collect()
+    }
+
+    fn engine(fs: &Fs, name: &str) -> SnapshotInfo {
+        fs.snapshot_create(name.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn durable_snapshots_are_listed_built_once_and_retired() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let builds = Arc::new(AtomicUsize::new(0));
+        let b = builds.clone();
+        let build: BuildTree = Arc::new(move |commit| {
+            b.fetch_add(1, Ordering::SeqCst);
+            if commit == 99 {
+                return Err("no such commit".into());
+            }
+            Ok(Fs::new(memfs_fs::Config::default()))
+        });
+        let s = Slots::default();
+        s.set_durable(
+            build.clone(),
+            durable(&[("old", 5), (".", 6), ("both", 7), ("bad", 99)]),
+        );
+        let served = Fs::new(memfs_fs::Config::default());
+        let both = engine(&served, "both");
+        let mem = engine(&served, "mem");
+        let list = s.listing(&[both.clone(), mem.clone()]);
+        let names: Vec<&[u8]> = list.iter().map(|l| l.name.as_slice()).collect();
+        // Durable first (oldest first, `.` left out), then the engine's own.
+        assert_eq!(names, [&b"old"[..], b"both", b"bad", b"mem"]);
+        assert!(matches!(list[0].target, Target::Aside(_)));
+        assert!(matches!(list[1].target, Target::Served(id) if id == both.id));
+        assert!(matches!(list[3].target, Target::Served(id) if id == mem.id));
+        // A lookup finds the slot the listing gave; nothing is built yet.
+        let (slot, view) = s.durable(b"old").unwrap().unwrap();
+        assert_eq!(slot, list[0].slot);
+        assert!(!view.is_built());
+        assert_eq!(builds.load(Ordering::SeqCst), 0);
+        let (fs1, id) = view.get().unwrap();
+        let (fs2, _) = view.get().unwrap();
+        assert!(Arc::ptr_eq(&fs1, &fs2));
+        assert_eq!(builds.load(Ordering::SeqCst), 1);
+        assert!(fs1.snap_getattr(id, ROOT_INO).is_ok());
+        // A failed build is an EIO, tried again next time.
+        let (_, bad) = s.durable(b"bad").unwrap().unwrap();
+        assert_eq!(bad.get().err(), Some(Errno::EIO));
+        assert_eq!(bad.get().err(), Some(Errno::EIO));
+        assert_eq!(builds.load(Ordering::SeqCst), 3);
+        assert!(s.durable(b".").unwrap().is_none());
+        assert!(s.durable(b"nope").unwrap().is_none());
+        // Deleting `old` retires its slot (ESTALE) and lets its tree go
+        // once the last holder drops it; unchanged entries keep theirs.
+        let bad_slot = s.durable(b"bad").unwrap().unwrap().0;
+        let gone = s.set_durable(build.clone(), durable(&[("both", 7), ("bad", 99)]));
+        assert_eq!(gone, [b"old".to_vec(), b".".to_vec()]);
+        assert!(matches!(s.target(slot), Err(Errno::ESTALE)));
+        assert!(matches!(s.target(bad_slot), Ok(Target::Aside(_))));
+        drop((view, list));
+        assert_eq!(Arc::strong_count(&fs1), 2);
+        drop(fs2);
+        assert_eq!(Arc::strong_count(&fs1), 1);
+        // Same name, other commit: a new snapshot (a new slot).
+        s.set_durable(build.clone(), durable(&[("both", 7), ("bad", 100)]));
+        let (slot2, _) = s.durable(b"bad").unwrap().unwrap();
+        assert!(slot2 > bad_slot);
+        assert!(matches!(s.target(bad_slot), Err(Errno::ESTALE)));
+        // A swapped tree (the data directory re-opened, a new way to
+        // build): every slot retired, views unbuilt again, built the new way.
+        let builds2 = Arc::new(AtomicUsize::new(0));
+        let b2 = builds2.clone();
+        let build2: BuildTree = Arc::new(move |_| {
+            b2.fetch_add(1, Ordering::SeqCst);
+            Ok(Fs::new(memfs_fs::Config::default()))
+        });
+        s.set_durable(build2, durable(&[("both", 7), ("bad", 100)]));
+        s.forget_all();
+        assert!(matches!(s.target(slot2), Err(Errno::ESTALE)));
+        let (slot3, v3) = s.durable(b"bad").unwrap().unwrap();
+        assert!(slot3 > slot2);
+        assert!(!v3.is_built());
+        let before = builds.load(Ordering::SeqCst);
+        v3.get().unwrap();
+        assert_eq!(builds2.load(Ordering::SeqCst), 1);
+        assert_eq!(builds.load(Ordering::SeqCst), before);
     }
 
     #[test]

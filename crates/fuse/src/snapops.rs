@@ -2,13 +2,34 @@
 //! ids in snapdir.rs). Everything here reads: a change answers EROFS.
 
 use std::ffi::OsStr;
+use std::ops::Deref;
 use std::os::unix::ffi::OsStrExt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use fuser::{INodeNo, ReplyDirectory, ReplyDirectoryPlus};
-use memfs_fs::{Attr, Errno, FileType, ROOT_INO, Result};
+use memfs_fs::{Attr, Errno, FileType, Fs, ROOT_INO, Result};
 
-use crate::snapdir::{self, Node, SNAPDIR, SNAPDIR_ENTRY_OFFSET};
+use crate::snapdir::{self, Listed, Node, SNAPDIR, SNAPDIR_ENTRY_OFFSET, Target};
+use crate::swap::FsGuard;
 use crate::{GENERATION, MemFuse, kind};
+
+/// The tree a snapshot's slot reads, held for one request: the served tree
+/// (one of its engine snapshots) or a durable snapshot's tree built aside.
+pub(crate) enum SnapFs<'a> {
+    Served(FsGuard<'a>),
+    Aside(Arc<Fs>),
+}
+
+impl Deref for SnapFs<'_> {
+    type Target = Fs;
+    fn deref(&self) -> &Fs {
+        match self {
+            SnapFs::Served(g) => g,
+            SnapFs::Aside(fs) => fs,
+        }
+    }
+}
 
 pub(crate) const EROFS: Errno = Errno(libc::EROFS);
 
@@ -59,8 +80,17 @@ impl MemFuse {
         Ok(a)
     }
 
-    fn snap_id(&self, slot: u64) -> Result<u64> {
-        self.slots.id_of(slot)
+    /// The tree and engine snapshot id that `slot` shows; a durable
+    /// snapshot's tree is built here on first use, with no lock of the
+    /// served tree held (only requests for the same snapshot wait for it).
+    fn snap_at(&self, slot: u64) -> Result<(SnapFs<'_>, u64)> {
+        match self.slots.target(slot)? {
+            Target::Served(id) => Ok((SnapFs::Served(self.fs.get()), id)),
+            Target::Aside(view) => {
+                let (fs, id) = view.get()?;
+                Ok((SnapFs::Aside(fs), id))
+            }
+        }
     }
 
     /// An engine attribute of a snapshot node, renumbered for the kernel.
@@ -69,12 +99,21 @@ impl MemFuse {
         Ok(a)
     }
 
-    /// The root of snapshot `name`.
+    /// The root of snapshot `name`: an engine snapshot of the served tree,
+    /// else a durable snapshot (its tree built now if need be).
     pub(crate) fn lookup_snapshot(&self, name: &[u8]) -> Result<Attr> {
-        let fs = self.fs.get();
-        let info = fs.snapshot_by_name(name).ok_or(Errno::ENOENT)?;
-        let slot = self.slots.slot_of(info.id)?;
-        Self::renumber(slot, fs.snap_getattr(info.id, ROOT_INO)?)
+        {
+            let fs = self.fs.get();
+            if let Some(info) = fs.snapshot_by_name(name) {
+                let slot = self.slots.slot_of(info.id)?;
+                return Self::renumber(slot, fs.snap_getattr(info.id, ROOT_INO)?);
+            }
+            // The served tree is let go before a build: an online rollback
+            // waiting for it must not wait for the build too.
+        }
+        let (slot, view) = self.slots.durable(name)?.ok_or(Errno::ENOENT)?;
+        let (fs, id) = view.get()?;
+        Self::renumber(slot, fs.snap_getattr(id, ROOT_INO)?)
     }
 
     /// Attributes of any node that is not live.
@@ -82,8 +121,8 @@ impl MemFuse {
         match node {
             Node::SnapDir => self.snapdir_attr(),
             Node::Snap { slot, ino } => {
-                let id = self.snap_id(slot)?;
-                Self::renumber(slot, self.fs.get().snap_getattr(id, ino)?)
+                let (fs, id) = self.snap_at(slot)?;
+                Self::renumber(slot, fs.snap_getattr(id, ino)?)
             }
             Node::Live(_) => Err(Errno::EINVAL),
         }
@@ -93,28 +132,28 @@ impl MemFuse {
         match node {
             Node::SnapDir => self.lookup_snapshot(name),
             Node::Snap { slot, ino } => {
-                let id = self.snap_id(slot)?;
-                Self::renumber(slot, self.fs.get().snap_lookup(id, ino, name)?)
+                let (fs, id) = self.snap_at(slot)?;
+                Self::renumber(slot, fs.snap_lookup(id, ino, name)?)
             }
             Node::Live(_) => Err(Errno::EINVAL),
         }
     }
 
     pub(crate) fn snap_read(&self, slot: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let id = self.snap_id(slot)?;
-        self.fs.get().snap_read(id, ino, off, buf)
+        let (fs, id) = self.snap_at(slot)?;
+        fs.snap_read(id, ino, off, buf)
     }
 
     pub(crate) fn snap_readlink(&self, slot: u64, ino: u64) -> Result<Vec<u8>> {
-        let id = self.snap_id(slot)?;
-        self.fs.get().snap_readlink(id, ino)
+        let (fs, id) = self.snap_at(slot)?;
+        fs.snap_readlink(id, ino)
     }
 
     pub(crate) fn snap_getxattr(&self, node: Node, name: &[u8]) -> Result<Vec<u8>> {
         match node {
             Node::Snap { slot, ino } => {
-                let id = self.snap_id(slot)?;
-                self.fs.get().snap_getxattr(id, ino, name)
+                let (fs, id) = self.snap_at(slot)?;
+                fs.snap_getxattr(id, ino, name)
             }
             _ => Err(Errno::ENODATA),
         }
@@ -123,23 +162,46 @@ impl MemFuse {
     pub(crate) fn snap_listxattr(&self, node: Node) -> Result<Vec<u8>> {
         match node {
             Node::Snap { slot, ino } => {
-                let id = self.snap_id(slot)?;
-                self.fs.get().snap_listxattr(id, ino)
+                let (fs, id) = self.snap_at(slot)?;
+                fs.snap_listxattr(id, ino)
             }
             _ => Ok(Vec::new()),
         }
     }
 
+    /// The root attributes of a snapshot listed in `.snapshots` and how
+    /// long the kernel may keep them; `None`: deleted meanwhile.
+    fn listed_root(&self, s: &Listed) -> Option<(Attr, Duration)> {
+        let root = match &s.target {
+            Target::Served(id) => self.fs.get().snap_getattr(*id, ROOT_INO),
+            Target::Aside(v) if v.is_built() => {
+                v.get().and_then(|(fs, id)| fs.snap_getattr(id, ROOT_INO))
+            }
+            Target::Aside(_) => {
+                // A listing does not build a durable snapshot's tree (that
+                // costs a rebuild from the data directory): the entry gets
+                // `.snapshots`' own attributes, expired at once, so the
+                // next stat or lookup of it asks (and builds it).
+                let mut a = self.snapdir_attr().ok()?;
+                a.ino = snapdir::snap_root(s.slot);
+                return Some((a, Duration::ZERO));
+            }
+        };
+        Some((Self::renumber(s.slot, root.ok()?).ok()?, self.entry_ttl))
+    }
+
     /// The listing of a node that is not live, through `add(ino, offset,
     /// kind, name, attr)` (true: the reply is full); attributes are
-    /// computed only when `plus`.
+    /// computed only when `plus`, and come with how long the kernel may
+    /// keep them.
     fn snap_list(
         &self,
         node: Node,
         offset: u64,
         plus: bool,
-        mut add: impl FnMut(u64, u64, FileType, &[u8], Option<&Attr>) -> bool,
+        mut add: impl FnMut(u64, u64, FileType, &[u8], Option<(&Attr, Duration)>) -> bool,
     ) -> Result<()> {
+        let ttl = self.entry_ttl;
         match node {
             Node::SnapDir => {
                 let attr = |a: Result<Attr>| if plus { a.ok() } else { None };
@@ -149,46 +211,45 @@ impl MemFuse {
                         1,
                         FileType::Directory,
                         b".",
-                        attr(self.snapdir_attr()).as_ref(),
+                        attr(self.snapdir_attr()).as_ref().map(|a| (a, ttl)),
                     )
                 {
                     return Ok(());
                 }
                 if offset <= 1 {
                     let root = attr(self.fs.get().getattr(ROOT_INO));
-                    if add(ROOT_INO, FIRST, FileType::Directory, b"..", root.as_ref()) {
+                    if add(
+                        ROOT_INO,
+                        FIRST,
+                        FileType::Directory,
+                        b"..",
+                        root.as_ref().map(|a| (a, ttl)),
+                    ) {
                         return Ok(());
                     }
                 }
-                let list = self.fs.get().snapshot_list();
+                let engine = self.fs.get().snapshot_list();
+                let list = self.slots.listing(&engine);
                 for (i, s) in list
                     .iter()
                     .enumerate()
                     .skip(offset.saturating_sub(FIRST) as usize)
                 {
-                    let Ok(slot) = self.slots.slot_of(s.id) else {
-                        continue;
-                    };
                     let a = if plus {
-                        match self
-                            .fs
-                            .get()
-                            .snap_getattr(s.id, ROOT_INO)
-                            .and_then(|a| Self::renumber(slot, a))
-                        {
-                            Ok(a) => Some(a),
+                        match self.listed_root(s) {
+                            Some(a) => Some(a),
                             // Deleted meanwhile.
-                            Err(_) => continue,
+                            None => continue,
                         }
                     } else {
                         None
                     };
                     if add(
-                        snapdir::snap_root(slot),
+                        snapdir::snap_root(s.slot),
                         FIRST + i as u64 + 1,
                         FileType::Directory,
                         &s.name,
-                        a.as_ref(),
+                        a.as_ref().map(|(a, t)| (a, *t)),
                     ) {
                         break;
                     }
@@ -196,8 +257,7 @@ impl MemFuse {
                 Ok(())
             }
             Node::Snap { slot, ino } => {
-                let id = self.snap_id(slot)?;
-                let fs = self.fs.get();
+                let (fs, id) = self.snap_at(slot)?;
                 let mut failed = None;
                 fs.snap_readdir(id, ino, offset, |e| {
                     let up_from_root = ino == ROOT_INO && e.name == b"..";
@@ -224,7 +284,13 @@ impl MemFuse {
                     if plus && a.is_none() {
                         return true;
                     }
-                    !add(nodeid, e.offset, e.kind, e.name, a.as_ref())
+                    !add(
+                        nodeid,
+                        e.offset,
+                        e.kind,
+                        e.name,
+                        a.as_ref().map(|a| (a, ttl)),
+                    )
                 })?;
                 failed.map_or(Ok(()), Err)
             }
@@ -249,9 +315,8 @@ impl MemFuse {
         offset: u64,
         reply: &mut ReplyDirectoryPlus,
     ) -> Result<()> {
-        let ttl = self.entry_ttl;
         self.snap_list(node, offset, true, |ino, off, _, name, a| {
-            let Some(a) = a else { return false };
+            let Some((a, ttl)) = a else { return false };
             reply.add(
                 INodeNo(ino),
                 off,

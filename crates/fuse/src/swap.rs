@@ -15,7 +15,7 @@ use std::sync::Arc;
 use fuser::{INodeNo, Notifier};
 use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, RollbackOutcome, SnapshotInfo};
 
-use crate::snapdir::{SNAPDIR, Slots};
+use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots};
 use parking_lot::{RwLock, RwLockReadGuard};
 
 thread_local! {
@@ -154,6 +154,27 @@ impl Swapper {
         Ok((out.changed.len(), out.entries.len()))
     }
 
+    /// Shows a data directory's snapshots in `.snapshots` (a durable
+    /// mount): those without an engine snapshot of the served tree (taken
+    /// before a restart, a crash or an online rollback) get their tree
+    /// rebuilt aside by `build` on first use. Call it again with the new
+    /// list after every change of the history; names that appeared or went
+    /// are dropped from the kernel's caches, and a snapshot that went takes
+    /// its tree with it.
+    pub fn set_durable_snapshots(&self, build: BuildTree, list: Vec<DurableSnapshot>) {
+        for name in self.slots.set_durable(build, list) {
+            self.snapdir_changed(&name);
+        }
+    }
+
+    /// [`Swapper::set_durable_snapshots`] from inside [`Swapper::swap`]'s
+    /// `make` (or before the mount serves): tells the kernel nothing, which
+    /// must not be done while the served tree is held; `swap` invalidates
+    /// every name of `.snapshots` afterwards.
+    pub fn stage_durable_snapshots(&self, build: BuildTree, list: Vec<DurableSnapshot>) {
+        self.slots.set_durable(build, list);
+    }
+
     /// `.snapshots` gained or lost `name`.
     fn snapdir_changed(&self, name: &[u8]) {
         let _ = self
@@ -175,11 +196,20 @@ impl Swapper {
         make: impl FnOnce(&Arc<Fs>) -> Result<(Arc<Fs>, T), E>,
     ) -> Result<T, E> {
         let mut cur = self.cell.current.write();
+        let mut names: Vec<Vec<u8>> = cur.snapshot_list().into_iter().map(|s| s.name).collect();
+        names.extend(self.slots.durable_names());
         let (new, v) = make(&cur)?;
         let old = std::mem::replace(&mut *cur, new);
         // The old tree's snapshots went with it.
         self.slots.forget_all();
         drop(cur);
+        // Every name `.snapshots` showed: a snapshot the swap dropped must
+        // answer ENOENT, not ESTALE through a cached name.
+        for n in &names {
+            let _ = self
+                .notifier
+                .inval_entry(INodeNo(SNAPDIR), OsStr::from_bytes(n));
+        }
         let _ = self.notifier.inval_inode(INodeNo(SNAPDIR), 0, 0);
         self.invalidate(&old);
         Ok(v)
