@@ -72,9 +72,9 @@ impl MemFuse {
     /// The root of snapshot `name`.
     pub(crate) fn lookup_snapshot(&self, name: &[u8]) -> Result<Attr> {
         let fs = self.fs.get();
-        let info = fs.snapshot_by_name(name).ok_or(Errno::ENOENT)?;
-        let slot = self.slots.slot_of(info.id)?;
-        Self::renumber(slot, fs.snap_getattr(info.id, ROOT_INO)?)
+        let id = fs.snapshot_id(name).ok_or(Errno::ENOENT)?;
+        let slot = self.slots.slot_of(id)?;
+        Self::renumber(slot, fs.snap_getattr(id, ROOT_INO)?)
     }
 
     /// Attributes of any node that is not live.
@@ -160,20 +160,21 @@ impl MemFuse {
                         return Ok(());
                     }
                 }
-                let list = self.fs.get().snapshot_list();
-                for (i, s) in list
+                // Names only: sizes would cost O(what each preserved).
+                let list = self.fs.get().snapshot_names();
+                for (i, (id, name)) in list
                     .iter()
                     .enumerate()
                     .skip(offset.saturating_sub(FIRST) as usize)
                 {
-                    let Ok(slot) = self.slots.slot_of(s.id) else {
+                    let Ok(slot) = self.slots.slot_of(*id) else {
                         continue;
                     };
                     let a = if plus {
                         match self
                             .fs
                             .get()
-                            .snap_getattr(s.id, ROOT_INO)
+                            .snap_getattr(*id, ROOT_INO)
                             .and_then(|a| Self::renumber(slot, a))
                         {
                             Ok(a) => Some(a),
@@ -187,7 +188,7 @@ impl MemFuse {
                         snapdir::snap_root(slot),
                         FIRST + i as u64 + 1,
                         FileType::Directory,
-                        &s.name,
+                        name,
                         a.as_ref(),
                     ) {
                         break;
