@@ -888,7 +888,7 @@ mod tests {
     #[test]
     fn changed_runs_are_the_pages_written_since_sharing() {
         let mut live = FileData::default();
-        live.write(0, &vec![1u8; 10 * PAGE_SIZE]);
+        live.write(0, &[1u8; 10 * PAGE_SIZE]);
         let (snap, _) = live.share();
         assert_eq!(live.changed_runs(&snap, 8), Some(vec![]));
         live.write(2 * PAGE + 5, b"x");
