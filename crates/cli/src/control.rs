@@ -363,11 +363,23 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
                 );
             }
             let t = Instant::now();
-            let (inodes, names) = m
+            let r = m
                 .swapper
                 .rollback_to_snapshot(name)
                 .map_err(|e| errno(e, &format!("cannot roll back to snapshot {arg:?}")))?;
-            vec![format!("{inodes} {names} {}", t.elapsed().as_micros())]
+            // INODES NAMES TOTAL_US, then the breakdown: CHANGED ENTRIES
+            // WAIT_US ENGINE_US INVALIDATION_US.
+            vec![format!(
+                "{} {} {} {} {} {} {} {}",
+                r.inodes,
+                r.names,
+                t.elapsed().as_micros(),
+                r.changed,
+                r.entries,
+                r.wait.as_micros(),
+                r.engine.as_micros(),
+                r.invalidate.as_micros()
+            )]
         }
         "clone" => {
             let (snap, target) = arg

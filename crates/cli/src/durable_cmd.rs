@@ -374,14 +374,24 @@ fn run_memory_rollback(a: &RollbackArgs, mp: &Path) -> anyhow::Result<()> {
         .first()
         .map(|l| l.split(' ').collect())
         .unwrap_or_default();
-    let [inodes, names, us] = f.as_slice() else {
+    let [inodes, names, us, rest @ ..] = f.as_slice() else {
         bail!("unexpected reply {reply:?}");
     };
-    let ms = us.parse::<f64>().unwrap_or(0.0) / 1000.0;
+    let ms = |us: &str| us.parse::<f64>().unwrap_or(0.0) / 1000.0;
+    let detail = match rest {
+        [changed, entries, _wait, engine, inval] => format!(
+            "engine {:.1} ms, kernel invalidation {:.1} ms: {inodes} of {changed} changed nodes and \
+             {names} of {entries} names invalidated, the others not cached by the kernel",
+            ms(engine),
+            ms(inval)
+        ),
+        _ => format!("{inodes} nodes and {names} names invalidated"),
+    };
     println!(
-        "rolled {} back to snapshot {} in {ms:.1} ms ({inodes} nodes and {names} names invalidated); the mount shows it now",
+        "rolled {} back to snapshot {} in {:.1} ms ({detail}); the mount shows it now",
         mp.display(),
-        a.to
+        a.to,
+        ms(us)
     );
     Ok(())
 }

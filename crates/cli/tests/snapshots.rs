@@ -421,6 +421,52 @@ fn online_rollback_is_atomic_for_readers() {
 }
 
 #[test]
+fn a_rollback_drops_changed_pages_from_the_kernels_cache() {
+    // The rollback invalidates only the changed page runs of a file whose
+    // size stayed, the whole file otherwise: every page must read as the
+    // snapshot has it although the kernel cached the newer contents.
+    let m = Mount::new();
+    let page = 4096;
+    let original: Vec<u8> = (0..64 * page).map(|i| (i / page) as u8 + 1).collect();
+    fs::write(m.p("big"), &original).unwrap();
+    fs::write(m.p("grown"), b"short").unwrap();
+    assert_eq!(fs::read(m.p("big")).unwrap(), original);
+    snap(&m, &["create", "s"]);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(m.p("big")).unwrap();
+        f.write_all_at(&vec![0xee; page], 5 * page as u64).unwrap();
+        f.write_all_at(&vec![0xdd; 3 * page], 40 * page as u64)
+            .unwrap();
+        f.write_all_at(b"torn", (63 * page + 10) as u64).unwrap();
+    }
+    fs::write(m.p("grown"), vec![b'g'; 3 * page]).unwrap();
+    // Cached now, with the new contents.
+    let changed = fs::read(m.p("big")).unwrap();
+    assert_eq!(&changed[5 * page..6 * page], &vec![0xee; page][..]);
+    assert_eq!(fs::read(m.p("grown")).unwrap().len(), 3 * page);
+    let out = ok(memfs([
+        "rollback",
+        "--mount",
+        m.path().to_str().unwrap(),
+        "--to",
+        "s",
+        "--yes",
+    ]));
+    assert!(out.contains("kernel invalidation"), "{out}");
+    let back = fs::read(m.p("big")).unwrap();
+    assert_eq!(back.len(), original.len());
+    for (i, (a, b)) in back.chunks(page).zip(original.chunks(page)).enumerate() {
+        assert!(
+            a == b,
+            "page {i} of big is not the snapshot's after the rollback"
+        );
+    }
+    assert_eq!(fs::read(m.p("grown")).unwrap(), b"short");
+    m.unmount();
+}
+
+#[test]
 fn open_descriptors_across_a_rollback() {
     let m = Mount::new();
     fs::write(m.p("kept"), b"old").unwrap();

@@ -558,6 +558,80 @@ impl FileData {
         }
     }
 
+    /// The pages whose contents may differ between `self` and `other`, as
+    /// runs `(first page, pages)` in order, adjacent pages merged; `None`
+    /// past `max_runs` runs (the caller then treats the whole file as
+    /// changed). A page both hold through the same shared slot is the same
+    /// page (what a rollback restores shares the snapshot's pages, and a
+    /// page the live file has not written since still shares them);
+    /// anything else (an own page, a page only one side has, inline bytes)
+    /// counts as changed, which may overstate, never miss. O(pages).
+    pub fn changed_runs(&self, other: &FileData, max_runs: usize) -> Option<Vec<(u64, u64)>> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut push = |idx: u64| -> bool {
+            match runs.last_mut() {
+                Some((first, n)) if *first + *n == idx => *n += 1,
+                _ => {
+                    if runs.len() == max_runs {
+                        return false;
+                    }
+                    runs.push((idx, 1));
+                }
+            }
+            true
+        };
+        let same = |a: &Slot, b: &Slot| matches!((a, b), (Slot::Shared(x), Slot::Shared(y)) if Arc::ptr_eq(x, y));
+        if let (FileData::Inline(_), _) | (_, FileData::Inline(_)) = (self, other) {
+            // At most page 0 and whatever pages the other side has.
+            let (a, b) = (self.map(), other.map());
+            let mut pages: Vec<u64> = a.keys().chain(b.keys()).copied().collect();
+            pages.push(0);
+            pages.sort_unstable();
+            pages.dedup();
+            for idx in pages {
+                if !push(idx) {
+                    return None;
+                }
+            }
+            return Some(runs);
+        }
+        let (mut a, mut b) = (self.map().iter().peekable(), other.map().iter().peekable());
+        loop {
+            let idx = match (a.peek(), b.peek()) {
+                (None, None) => break,
+                (Some(&(&i, _)), None) => {
+                    a.next();
+                    i
+                }
+                (None, Some(&(&j, _))) => {
+                    b.next();
+                    j
+                }
+                (Some(&(&i, x)), Some(&(&j, y))) => {
+                    if i < j {
+                        a.next();
+                        i
+                    } else if j < i {
+                        b.next();
+                        j
+                    } else {
+                        let unchanged = same(x, y);
+                        a.next();
+                        b.next();
+                        if unchanged {
+                            continue;
+                        }
+                        i
+                    }
+                }
+            };
+            if !push(idx) {
+                return None;
+            }
+        }
+        Some(runs)
+    }
+
     /// Pages in `[first, last]` that are shared, each of which a write may copy.
     pub fn shared_pages(&self, first: u64, last: u64) -> u64 {
         match self {
@@ -809,6 +883,37 @@ mod tests {
         assert_eq!(d.write(0, &page), 0);
         assert!(!d.is_inline());
         assert_eq!(contents(&d, PAGE_SIZE), page);
+    }
+
+    #[test]
+    fn changed_runs_are_the_pages_written_since_sharing() {
+        let mut live = FileData::default();
+        live.write(0, &[1u8; 10 * PAGE_SIZE]);
+        let (snap, _) = live.share();
+        assert_eq!(live.changed_runs(&snap, 8), Some(vec![]));
+        live.write(2 * PAGE + 5, b"x");
+        live.write(3 * PAGE, b"y");
+        live.write(7 * PAGE, b"z");
+        live.write(12 * PAGE, b"new page past the old end");
+        assert_eq!(
+            live.changed_runs(&snap, 8),
+            Some(vec![(2, 2), (7, 1), (12, 1)])
+        );
+        assert_eq!(snap.changed_runs(&live, 8), live.changed_runs(&snap, 8));
+        assert_eq!(live.changed_runs(&snap, 2), None);
+        // A page only one side has: dropped by a punch.
+        let (mut c, _) = snap.clone_shared();
+        c.punch(4 * PAGE, PAGE);
+        assert_eq!(c.changed_runs(&snap, 8), Some(vec![(4, 1)]));
+        // Inline and empty files: page 0 and whatever the other side has.
+        let mut small = FileData::default();
+        small.write(0, b"abc");
+        assert_eq!(small.changed_runs(&FileData::Empty, 8), Some(vec![(0, 1)]));
+        assert_eq!(small.changed_runs(&snap, 8), Some(vec![(0, 10)]));
+        assert_eq!(
+            FileData::Empty.changed_runs(&FileData::Empty, 8),
+            Some(vec![])
+        );
     }
 
     #[test]

@@ -40,5 +40,5 @@ pub use fs::{DirEntry, Fs};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};
 pub use nodes::{FIRST_ENTRY_OFFSET, Node, NodeView};
-pub use snapshot::{MAX_SNAPSHOTS, RollbackOutcome, SnapshotInfo};
+pub use snapshot::{MAX_SNAPSHOTS, Released, RollbackOutcome, SnapshotInfo};
 pub use types::*;

@@ -40,6 +40,43 @@ pub struct RollbackOutcome {
     /// (parent, name) of every entry added, removed or re-pointed in a
     /// directory by the rollback (kernel dentries to drop).
     pub entries: Vec<(u64, Vec<u8>)>,
+    /// For regular files of `changed` whose size did not change and that
+    /// the kernel holds: the page runs `(first page, pages)` whose contents
+    /// changed (possibly none: only attributes did), so that the kernel
+    /// keeps the rest of its page cache. A changed node not listed here
+    /// may have changed anywhere. Sorted by inode.
+    pub page_runs: Vec<(u64, Vec<(u64, u64)>)>,
+}
+
+/// Beyond this many changed page runs in one file, a rollback reports the
+/// whole file as changed (16 bytes a run: 16 MiB at most per file).
+const MAX_PAGE_RUNS: usize = 1 << 20;
+
+/// The contents a rollback replaced ([`Fs::rollback_to_snapshot_deferred`]):
+/// freed, and their pages given back to the file system's usage, when this
+/// is dropped.
+pub struct Released {
+    bodies: Vec<Body>,
+    used_pages: Arc<AtomicU64>,
+}
+
+impl Released {
+    fn keep(&mut self, body: Body) {
+        // Directories and symlinks are small: only file pages are worth deferring.
+        match body {
+            Body::File(_) => self.bodies.push(body),
+            other => drop(other),
+        }
+    }
+}
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        let freed: u64 = self.bodies.drain(..).map(release_body).sum();
+        if freed > 0 {
+            self.used_pages.fetch_sub(freed, Ordering::AcqRel);
+        }
+    }
 }
 
 /// A node as a snapshot holds it: the state it had before its first change
@@ -468,6 +505,38 @@ impl Fs {
         list.iter().find(|s| s.name == name).map(|s| s.info())
     }
 
+    /// The id of snapshot `name`: O(snapshots), where
+    /// [`Fs::snapshot_by_name`] also sums what the snapshot preserved
+    /// (O(its nodes and their pages)), which a lookup of `.snapshots/NAME`
+    /// does not need.
+    pub fn snapshot_id(&self, name: &[u8]) -> Option<u64> {
+        let list = self.core.snaps.list.read();
+        list.iter().find(|s| s.name == name).map(|s| s.id)
+    }
+
+    /// `(id, name)` of every snapshot, oldest first, without the sizes of
+    /// [`Fs::snapshot_list`] (a listing of `.snapshots` needs none).
+    pub fn snapshot_names(&self) -> Vec<(u64, Vec<u8>)> {
+        let list = self.core.snaps.list.read();
+        list.iter().map(|s| (s.id, s.name.clone())).collect()
+    }
+
+    /// Whether the kernel may hold node `ino` (it was looked up and not
+    /// forgotten since): a node it does not hold has nothing cached, and a
+    /// directory it does not hold has no cached names (positive or
+    /// negative) below it, so invalidating either is a wasted notification.
+    /// Every reply that hands the kernel a node counts the reference first
+    /// (lookup, create, readdirplus), so `false` cannot be a node the
+    /// kernel is about to learn with stale contents.
+    pub fn kernel_holds(&self, ino: u64) -> bool {
+        ino == ROOT_INO
+            || self
+                .core
+                .inodes
+                .get(&ino)
+                .is_some_and(|n| n.nlookup.load(Ordering::Acquire) > 0)
+    }
+
     /// Attributes of `ino` in snapshot `snap` (an id; `ESTALE` once deleted).
     pub fn snap_getattr(&self, snap: u64, ino: u64) -> Result<Attr> {
         self.with_snap_node(snap, ino, |kind, m, b| Ok(attr_of(m, b, ino, kind)))
@@ -590,6 +659,20 @@ impl Fs {
     /// the snapshot does not have lose their names; those the kernel or an
     /// open handle still refers to live on unlinked, as after `unlink`.
     pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<RollbackOutcome> {
+        self.rollback_to_snapshot_deferred(name)
+            .map(|(out, _released)| out)
+    }
+
+    /// [`Fs::rollback_to_snapshot`], handing back what the live nodes held
+    /// before instead of freeing it: dropping [`Released`] frees it and
+    /// gives its pages back to the usage (O(its pages): a big file
+    /// rewritten since the snapshot has many), so the caller may do that
+    /// after releasing its own locks, or on another thread. Until then the
+    /// usage counts both the old and the restored contents.
+    pub fn rollback_to_snapshot_deferred(
+        &self,
+        name: &[u8],
+    ) -> Result<(RollbackOutcome, Released)> {
         if self.recorder.is_some() {
             // A durable rollback must be journaled: not built yet.
             return Err(Errno::EOPNOTSUPP);
@@ -597,6 +680,10 @@ impl Fs {
         let _gate = self.core.snaps.gate.write();
         let (_, target) = self.changed_since(name)?;
         let mut out = RollbackOutcome::default();
+        let mut released = Released {
+            bodies: Vec::new(),
+            used_pages: self.used_pages.clone(),
+        };
         let mut doomed = Vec::new();
         for (ino, want) in target {
             let live = self
@@ -624,10 +711,19 @@ impl Fs {
                 (Some(f), Some(node)) if node.kind == f.kind => {
                     let mut st = self.write_state(&node);
                     entry_changes(ino, &st.body, &f.body, &mut out.entries);
+                    if let (Body::File(old), Body::File(new)) = (&st.body, &f.body)
+                        && st.meta.size == f.meta.size
+                        && node.nlookup.load(Ordering::Acquire) > 0
+                        && let Some(runs) = old.changed_runs(new, MAX_PAGE_RUNS)
+                    {
+                        // (A size change makes the kernel drop the file's
+                        // whole page cache when it reads the new size.)
+                        out.page_runs.push((ino, runs));
+                    }
                     let (body, added) = copy_body(&f.body);
                     st.meta = f.meta.clone();
-                    let freed = release_body(std::mem::replace(&mut st.body, body));
-                    self.give_back(freed as i64 - added as i64);
+                    released.keep(std::mem::replace(&mut st.body, body));
+                    self.give_back(-(added as i64));
                     out.changed.push(ino);
                 }
                 (Some(f), _) => {
@@ -651,7 +747,8 @@ impl Fs {
         out.changed.sort_unstable();
         out.entries.sort_unstable();
         out.entries.dedup();
-        Ok(out)
+        out.page_runs.sort_unstable_by_key(|r| r.0);
+        Ok((out, released))
     }
 
     /// A new, independent file system whose tree is snapshot `name`'s,

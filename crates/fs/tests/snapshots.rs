@@ -371,6 +371,62 @@ fn rollback_restores_and_reports_changes() {
 }
 
 #[test]
+fn rollback_reports_the_changed_pages_of_files_the_kernel_holds() {
+    let fs = fs();
+    let page = 4096usize;
+    // Held by the kernel (created with a reference), 16 pages.
+    let (big, _) = fs.create(C, ROOT_INO, b"big", 0o644, true).unwrap();
+    fs.release(big.ino);
+    fs.write(C, big.ino, 0, &vec![1u8; 16 * page], false)
+        .unwrap();
+    // Held, but its size changes: the kernel drops its page cache anyway.
+    let (grown, _) = fs.create(C, ROOT_INO, b"grown", 0o644, true).unwrap();
+    fs.release(grown.ino);
+    fs.write(C, grown.ino, 0, &vec![2u8; page], false).unwrap();
+    // Not held by the kernel: nothing to report.
+    fs.write_file(C, ROOT_INO, "/quiet", &vec![3u8; 4 * page])
+        .unwrap();
+    let quiet = fs.resolve(ROOT_INO, "/quiet", false).unwrap();
+    // Held, only its mode changes.
+    let (moded, _) = fs.create(C, ROOT_INO, b"moded", 0o644, true).unwrap();
+    fs.release(moded.ino);
+    fs.write(C, moded.ino, 0, &vec![4u8; 2 * page], false)
+        .unwrap();
+    fs.snapshot_create(b"s").unwrap();
+    fs.write(C, big.ino, (3 * page + 7) as u64, b"x", false)
+        .unwrap();
+    fs.write(C, big.ino, (4 * page) as u64, b"y", false)
+        .unwrap();
+    fs.write(C, big.ino, (12 * page) as u64, &vec![9u8; 2 * page], false)
+        .unwrap();
+    fs.write(C, grown.ino, page as u64, b"more", false).unwrap();
+    fs.write(C, quiet, 0, b"q", false).unwrap();
+    fs.setattr(
+        C,
+        moded.ino,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(fs.kernel_holds(big.ino) && !fs.kernel_holds(quiet));
+    let out = fs.rollback_to_snapshot(b"s").unwrap();
+    for ino in [big.ino, grown.ino, quiet, moded.ino] {
+        assert!(out.changed.contains(&ino), "{ino} not in {:?}", out.changed);
+    }
+    assert_eq!(
+        out.page_runs,
+        vec![(big.ino, vec![(3, 2), (12, 2)]), (moded.ino, vec![])]
+    );
+    let mut buf = vec![0u8; 16 * page];
+    assert_eq!(fs.read(big.ino, 0, &mut buf).unwrap(), 16 * page);
+    assert!(buf.iter().all(|&b| b == 1));
+    assert_eq!(fs.getattr(grown.ino).unwrap().size, page as u64);
+    fs.snapshot_delete(b"s").unwrap();
+}
+
+#[test]
 fn clones_are_independent() {
     let fs = fs();
     fs.write_file(C, ROOT_INO, "/a", &vec![1u8; 9000]).unwrap();

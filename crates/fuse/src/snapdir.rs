@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
-use memfs_fs::{Errno, Fs, ROOT_INO, SnapshotInfo};
+use memfs_fs::{Errno, Fs, ROOT_INO};
 use parking_lot::Mutex;
 
 pub const SLOT_SHIFT: u32 = 40;
@@ -339,7 +339,8 @@ impl Slots {
     /// served tree that are not durable. Slots are given now: a listing
     /// and a later lookup show the same inode number. Entries without a
     /// slot (ENOSPC) are left out.
-    pub fn listing(&self, engine: &[SnapshotInfo]) -> Vec<Listed> {
+    /// `engine`: the served tree's snapshots as `(id, name)`, oldest first.
+    pub fn listing(&self, engine: &[(u64, Vec<u8>)]) -> Vec<Listed> {
         let mut g = self.inner.lock();
         let mut out = Vec::with_capacity(g.durable.len() + engine.len());
         for i in 0..g.durable.len() {
@@ -347,23 +348,23 @@ impl Slots {
             if !listable(&name) {
                 continue;
             }
-            let (slot, target) = match engine.iter().find(|s| s.name == name) {
-                Some(s) => (g.slot_of(s.id), Target::Served(s.id)),
+            let (slot, target) = match engine.iter().find(|(_, n)| *n == name) {
+                Some(&(id, _)) => (g.slot_of(id), Target::Served(id)),
                 None => (g.durable_slot(i), Target::Aside(g.durable[i].view.clone())),
             };
             if let Ok(slot) = slot {
                 out.push(Listed { name, slot, target });
             }
         }
-        for s in engine {
-            if g.durable.iter().any(|e| e.view.snap.name == s.name) {
+        for (id, name) in engine {
+            if g.durable.iter().any(|e| e.view.snap.name == *name) {
                 continue;
             }
-            if let Ok(slot) = g.slot_of(s.id) {
+            if let Ok(slot) = g.slot_of(*id) {
                 out.push(Listed {
-                    name: s.name.clone(),
+                    name: name.clone(),
                     slot,
-                    target: Target::Served(s.id),
+                    target: Target::Served(*id),
                 });
             }
         }
@@ -432,7 +433,7 @@ mod tests {
             .collect()
     }
 
-    fn engine(fs: &Fs, name: &str) -> SnapshotInfo {
+    fn engine(fs: &Fs, name: &str) -> memfs_fs::SnapshotInfo {
         fs.snapshot_create(name.as_bytes()).unwrap()
     }
 
@@ -456,7 +457,7 @@ mod tests {
         let served = Fs::new(memfs_fs::Config::default());
         let both = engine(&served, "both");
         let mem = engine(&served, "mem");
-        let list = s.listing(&[both.clone(), mem.clone()]);
+        let list = s.listing(&[(both.id, both.name.clone()), (mem.id, mem.name.clone())]);
         let names: Vec<&[u8]> = list.iter().map(|l| l.name.as_slice()).collect();
         // Durable first (oldest first, `.` left out), then the engine's own.
         assert_eq!(names, [&b"old"[..], b"both", b"bad", b"mem"]);

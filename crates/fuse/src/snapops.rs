@@ -104,9 +104,10 @@ impl MemFuse {
     pub(crate) fn lookup_snapshot(&self, name: &[u8]) -> Result<Attr> {
         {
             let fs = self.fs.get();
-            if let Some(info) = fs.snapshot_by_name(name) {
-                let slot = self.slots.slot_of(info.id)?;
-                return Self::renumber(slot, fs.snap_getattr(info.id, ROOT_INO)?);
+            // By name only: `snapshot_by_name` would sum what each snapshot preserved.
+            if let Some(id) = fs.snapshot_id(name) {
+                let slot = self.slots.slot_of(id)?;
+                return Self::renumber(slot, fs.snap_getattr(id, ROOT_INO)?);
             }
             // The served tree is let go before a build: an online rollback
             // waiting for it must not wait for the build too.
@@ -228,7 +229,8 @@ impl MemFuse {
                         return Ok(());
                     }
                 }
-                let engine = self.fs.get().snapshot_list();
+                // Names only: sizes would cost O(what each preserved).
+                let engine = self.fs.get().snapshot_names();
                 let list = self.slots.listing(&engine);
                 for (i, s) in list
                     .iter()

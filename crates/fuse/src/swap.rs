@@ -11,9 +11,10 @@ use std::ffi::OsStr;
 use std::ops::Deref;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
-use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, RollbackOutcome, SnapshotInfo};
+use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, Released, RollbackOutcome, SnapshotInfo};
 
 use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots};
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -23,6 +24,34 @@ thread_local! {
     /// evaluated while another guard lives) must not queue behind a waiting
     /// swap, or the two would wait for each other.
     static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// From this many inode notifications on, a rollback sends them from
+/// several threads.
+const PARALLEL_NOTIFICATIONS: usize = 4096;
+
+const PAGE: u64 = 4096;
+
+/// What an online rollback did ([`Swapper::rollback_to_snapshot`]).
+#[derive(Debug, Default, Clone)]
+pub struct RollbackReport {
+    /// Nodes and `(directory, name)` entries the rollback changed.
+    pub changed: usize,
+    pub entries: usize,
+    /// Of those, how many the kernel was told to forget (the rest it did not hold).
+    pub inodes: usize,
+    pub names: usize,
+    /// Waiting for the requests in flight, the engine's rollback, and the
+    /// kernel notifications.
+    pub wait: Duration,
+    pub engine: Duration,
+    pub invalidate: Duration,
+    /// Inode notifications sent (one per changed page run of a file whose
+    /// size stayed, else one per node).
+    pub notifications: usize,
+    /// From the end of the engine's part until the replaced contents were
+    /// freed (beside the invalidation).
+    pub freed: Duration,
 }
 
 /// The tree a mount serves.
@@ -108,7 +137,7 @@ impl Swapper {
     /// answers ESTALE from now on.
     pub fn snapshot_delete(&self, name: &[u8]) -> Result<(), Errno> {
         let fs = self.cell.get();
-        let id = fs.snapshot_by_name(name).map(|i| i.id);
+        let id = fs.snapshot_id(name);
         fs.snapshot_delete(name)?;
         drop(fs);
         if let Some(id) = id {
@@ -130,28 +159,107 @@ impl Swapper {
     /// Online rollback of the live tree to snapshot `name`: no request runs
     /// while the engine switches (they hold the cell shared), then the
     /// kernel forgets what it cached of every node and name that changed
-    /// (with the lock released, as in [`Swapper::swap`]). Returns how many
-    /// nodes and names were invalidated.
-    pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<(usize, usize), Errno> {
+    /// (with the lock released, as in [`Swapper::swap`]). Nodes the kernel
+    /// does not hold, and names in directories it does not hold, are
+    /// skipped: it has nothing cached for them ([`Fs::kernel_holds`]).
+    pub fn rollback_to_snapshot(&self, name: &[u8]) -> Result<RollbackReport, Errno> {
+        let t0 = Instant::now();
         let cur = self.cell.current.write();
-        let out: RollbackOutcome = cur.rollback_to_snapshot(name)?;
+        let locked = Instant::now();
+        let (out, released): (RollbackOutcome, Released) =
+            cur.rollback_to_snapshot_deferred(name)?;
+        let fs: Arc<Fs> = (*cur).clone();
         drop(cur);
+        let engine = locked.elapsed();
+        let t1 = Instant::now();
+        // The replaced contents are freed beside the notifications (O(pages)
+        // of a big file rewritten since the snapshot), joined before the
+        // reply so that the usage is exact when the command returns.
+        let freeing = std::thread::Builder::new()
+            .name("memfs-rollback-free".into())
+            .spawn(move || drop(released));
+        let mut r = RollbackReport {
+            changed: out.changed.len(),
+            entries: out.entries.len(),
+            wait: locked - t0,
+            engine,
+            ..Default::default()
+        };
+        // (inode, offset, length) to drop: offset -1 is the attributes only,
+        // length 0 to the end of the file.
+        let mut inval: Vec<(u64, i64, i64)> = Vec::new();
         for &ino in &out.changed {
-            // ENOENT: the kernel does not know the node; nothing to drop.
-            let _ = self.notifier.inval_inode(INodeNo(ino), 0, 0);
+            if !fs.kernel_holds(ino) {
+                continue;
+            }
+            r.inodes += 1;
+            match out.page_runs.binary_search_by_key(&ino, |p| p.0) {
+                // Only these pages changed: the rest of the page cache stays
+                // (dropping cached pages costs the kernel about a microsecond
+                // each, a whole big file's far more than its changes).
+                Ok(i) if out.page_runs[i].1.is_empty() => inval.push((ino, -1, 0)),
+                Ok(i) => inval.extend(out.page_runs[i].1.iter().map(|&(first, n)| {
+                    (
+                        ino,
+                        (first * PAGE) as i64,
+                        n.saturating_mul(PAGE).min(i64::MAX as u64) as i64,
+                    )
+                })),
+                Err(_) => inval.push((ino, 0, 0)),
+            }
+        }
+        r.notifications = inval.len();
+        // Notifications are synchronous writes to /dev/fuse, independent of
+        // each other: many are spread over a few threads.
+        let threads = if inval.len() < PARALLEL_NOTIFICATIONS {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
+        };
+        let send = |part: &[(u64, i64, i64)]| {
+            for &(ino, off, len) in part {
+                // ENOENT: the kernel let the node go meanwhile; nothing to drop.
+                let _ = self.notifier.inval_inode(INodeNo(ino), off, len);
+            }
+        };
+        if threads == 1 {
+            send(&inval);
+        } else {
+            std::thread::scope(|s| {
+                for part in inval.chunks(inval.len().div_ceil(threads)) {
+                    s.spawn(move || send(part));
+                }
+            });
         }
         for (parent, n) in &out.entries {
-            let _ = self
-                .notifier
-                .inval_entry(INodeNo(*parent), OsStr::from_bytes(n));
+            if fs.kernel_holds(*parent) {
+                let _ = self
+                    .notifier
+                    .inval_entry(INodeNo(*parent), OsStr::from_bytes(n));
+                r.names += 1;
+            }
         }
+        r.invalidate = t1.elapsed();
+        if let Ok(t) = freeing {
+            let _ = t.join();
+        }
+        r.freed = t1.elapsed();
         tracing::info!(
-            "rolled back to snapshot {}: invalidated {} inodes and {} names",
+            "rolled back to snapshot {}: {} nodes and {} names changed, {} and {} invalidated \
+             ({} inode notifications); lock {:?}, engine {:?}, invalidation {:?}, \
+             freeing the old contents done after {:?}",
             String::from_utf8_lossy(name),
-            out.changed.len(),
-            out.entries.len()
+            r.changed,
+            r.entries,
+            r.inodes,
+            r.names,
+            r.notifications,
+            r.wait,
+            r.engine,
+            r.invalidate,
+            r.freed
         );
-        Ok((out.changed.len(), out.entries.len()))
+        Ok(r)
     }
 
     /// Shows a data directory's snapshots in `.snapshots` (a durable
@@ -196,7 +304,7 @@ impl Swapper {
         make: impl FnOnce(&Arc<Fs>) -> Result<(Arc<Fs>, T), E>,
     ) -> Result<T, E> {
         let mut cur = self.cell.current.write();
-        let mut names: Vec<Vec<u8>> = cur.snapshot_list().into_iter().map(|s| s.name).collect();
+        let mut names: Vec<Vec<u8>> = cur.snapshot_names().into_iter().map(|(_, n)| n).collect();
         names.extend(self.slots.durable_names());
         let (new, v) = make(&cur)?;
         let old = std::mem::replace(&mut *cur, new);

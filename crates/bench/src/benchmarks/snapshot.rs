@@ -7,9 +7,10 @@
 //! `--data` bytes (fio's target). Steps, in this order on one mount:
 //! 1. fio 4 KiB random writes to the data file with no snapshot (the rate to
 //!    keep);
-//! 2. `snapshot create s0` of the quiet tree: the command's wall time, and
-//!    the resident memory the unchanged snapshot added, as a share of what
-//!    the tree took;
+//! 2. `snapshot create s0` of the quiet tree: the command's wall time (the
+//!    median of five creates, s0 and four deleted again, beside the floor
+//!    of any memfs command, `memfs --version`), and the resident memory the
+//!    unchanged snapshot added, as a share of what the tree took;
 //! 3. `snapshot create s1` while a writer loops 4 KiB writes to another
 //!    file: the longest single write that overlapped it, against the longest
 //!    in an equal window without a snapshot;
@@ -68,6 +69,17 @@ const ROLLBACK_MS: f64 = 100.0;
 const SNAPSHOT_READ_RATIO: f64 = 0.9;
 const CLONE_MS: f64 = 50.0;
 const FILES_PER_DIR: u64 = 1000;
+/// `snapshot create` samples (the median is the figure).
+const CREATE_SAMPLES: usize = 5;
+
+/// The median of `v` (sorted in place) and the standard deviation.
+fn median_sd(v: &mut [f64]) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n).sqrt();
+    (v.get(v.len() / 2).copied().unwrap_or(0.0), sd)
+}
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let report = report(&args)?;
@@ -145,6 +157,37 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     let snap = ProcMemory::of(mount.pid())?;
     let tree_bytes = tree.rss.saturating_sub(idle.rss).max(1) as f64;
     let memory_pct = snap.rss.saturating_sub(tree.rss) as f64 / tree_bytes * 100.0;
+    // One sample of a command of a few ms on a shared machine is mostly
+    // the scheduler's: four more (deleted again), the median reported, and
+    // the floor of any memfs command in the same run (process start and
+    // exit, no request: `memfs --version`).
+    let mut creates = vec![create_ms];
+    for i in 1..CREATE_SAMPLES {
+        let name = format!("c{i}");
+        let started = Instant::now();
+        memfs(
+            &exe,
+            &["snapshot", "create", &name, "--mount"],
+            mount.path(),
+        )?;
+        creates.push(ms(started.elapsed()));
+        memfs(
+            &exe,
+            &["snapshot", "delete", &name, "--mount"],
+            mount.path(),
+        )?;
+    }
+    let mut floors = Vec::new();
+    for _ in 0..CREATE_SAMPLES {
+        let started = Instant::now();
+        memfs_cmd(&exe, &["--version"], &[])?;
+        floors.push(ms(started.elapsed()));
+    }
+    eprintln!(
+        "snapshot: create samples {creates:.1?} ms (first: s0); memfs --version {floors:.1?} ms"
+    );
+    let (create_ms, create_sd) = median_sd(&mut creates);
+    let (floor_ms, floor_sd) = median_sd(&mut floors);
 
     // 3. A snapshot while a writer runs: its longest write against the
     //    longest in an equal window without a snapshot.
@@ -236,9 +279,14 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     let figs = [
         // Wall time of the whole command: process start, socket, reply.
         Figure::new("snapshot.create", "ms", create_ms)
+            .stddev(Some(create_sd))
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better()
             .target(Some(CREATE_MS)),
+        // What every memfs command costs before it asks anything.
+        Figure::new("snapshot.command_floor", "ms", floor_ms)
+            .stddev(Some(floor_sd))
+            .lower_is_better(),
         Figure::new("snapshot.write_stall", "ms", stall_ms)
             .baseline("longest write, no snapshot", quiet_ms, None)
             .lower_is_better()
