@@ -180,8 +180,16 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
             "two iterations give a deviation: {f}"
         );
     }
-    assert_eq!(figs[0]["target"], 60_000.0);
-    assert!(figs[0]["met"].is_boolean());
+    // Issue 16's targets: ratios to tmpfs in the same run.
+    for (f, ratio) in [(&figs[0], 0.25), (&figs[1], 0.70), (&figs[3], 0.40)] {
+        let want = ratio * f["baseline"].as_f64().unwrap();
+        assert!(
+            (f["target"].as_f64().unwrap() - want).abs() <= 1e-9 * want,
+            "{f}"
+        );
+        assert!(f["met"].is_boolean(), "{f}");
+    }
+    assert!(figs[2]["target"].is_null());
 
     // metadata on a given path: no mount, no baseline, nothing left there.
     let dir = tempfile::tempdir().unwrap();
@@ -243,9 +251,20 @@ fn metadata_fio_and_memory_benchmarks_report_every_field() {
         assert_eq!(f["unit"], "MiB/s");
         assert!(f["value"].as_f64().unwrap() > 0.0, "{f}");
         assert!(f["baseline"].as_f64().unwrap() > 0.0, "{f}");
-        // Only the direct figures carry issue 2's targets.
-        let direct = f["figure"].as_str().unwrap().contains(".direct.");
-        assert_eq!(f["met"].is_boolean(), direct, "{f}");
+        // Issue 16's targets: ratios to tmpfs in the same run, each way.
+        let name = f["figure"].as_str().unwrap();
+        let ratio = match (name.contains(".4k."), name.contains(".direct.")) {
+            (true, true) => 0.8,
+            (true, false) => 0.5,
+            (false, true) => 0.95,
+            (false, false) => 0.9,
+        };
+        let want = ratio * f["baseline"].as_f64().unwrap();
+        assert!(
+            (f["target"].as_f64().unwrap() - want).abs() <= 1e-9 * want,
+            "{f}"
+        );
+        assert!(f["met"].is_boolean(), "{f}");
     }
 
     // fio with verification fails loudly if a byte is wrong; here it must pass.

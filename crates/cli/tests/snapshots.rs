@@ -26,6 +26,19 @@ fn snap(m: &Mount, args: &[&str]) -> String {
     ok(memfs(&a))
 }
 
+/// `memfs rollback --mount M --to TARGET --yes`, which must succeed; its output.
+fn rollback(m: &Mount, to: &str) -> String {
+    let mp = m.path();
+    ok(memfs([
+        "rollback",
+        "--mount",
+        mp.to_str().unwrap(),
+        "--to",
+        to,
+        "--yes",
+    ]))
+}
+
 fn errno<T>(r: std::io::Result<T>) -> i32 {
     match r {
         Ok(_) => 0,
@@ -378,14 +391,7 @@ fn online_rollback_is_atomic_for_readers() {
     common::poll_until("readers to run", || {
         reads.load(Ordering::Relaxed) > 3 * FILES
     });
-    let out = ok(memfs([
-        "rollback",
-        "--mount",
-        m.path().to_str().unwrap(),
-        "--to",
-        "a",
-        "--yes",
-    ]));
+    let out = rollback(&m, "a");
     assert!(out.contains("rolled"), "{out}");
     after.store(true, Ordering::Release);
     let seen = reads.load(Ordering::Relaxed);
@@ -445,14 +451,7 @@ fn a_rollback_drops_changed_pages_from_the_kernels_cache() {
     let changed = fs::read(m.p("big")).unwrap();
     assert_eq!(&changed[5 * page..6 * page], &vec![0xee; page][..]);
     assert_eq!(fs::read(m.p("grown")).unwrap().len(), 3 * page);
-    let out = ok(memfs([
-        "rollback",
-        "--mount",
-        m.path().to_str().unwrap(),
-        "--to",
-        "s",
-        "--yes",
-    ]));
+    let out = rollback(&m, "s");
     assert!(out.contains("kernel invalidation"), "{out}");
     let back = fs::read(m.p("big")).unwrap();
     assert_eq!(back.len(), original.len());
@@ -482,14 +481,7 @@ fn open_descriptors_across_a_rollback() {
     let mut s = String::new();
     kept.read_to_string(&mut s).unwrap();
     assert_eq!(s, "new!");
-    ok(memfs([
-        "rollback",
-        "--mount",
-        m.path().to_str().unwrap(),
-        "--to",
-        "s",
-        "--yes",
-    ]));
+    rollback(&m, "s");
     // A file in both states: the descriptor reads the target's content.
     kept.seek(SeekFrom::Start(0)).unwrap();
     s.clear();
@@ -817,15 +809,7 @@ fn durable_snapshots_are_browsable_after_a_restart_a_crash_and_a_rollback() {
     snap(&m, &["create", "s3"]);
     let t5 = dump(&m.path());
     assert_eq!(dump(&m.p(".snapshots/s3")), t5);
-    let mp = m.path();
-    let out = ok(memfs([
-        "rollback",
-        "--mount",
-        mp.to_str().unwrap(),
-        "--to",
-        "s2",
-        "--yes",
-    ]));
+    let out = rollback(&m, "s2");
     assert!(out.contains("rolled back"), "{out}");
     assert_eq!(snapdir_names(&m), ["s2"]);
     assert_eq!(errno(fs::metadata(m.p(".snapshots/s3"))), libc::ENOENT);
