@@ -779,6 +779,23 @@ fn durable_snapshots_are_browsable_after_a_restart_a_crash_and_a_rollback() {
     fs::write(m.p("d/a"), b"four").unwrap();
     assert_eq!(fs::read(m.p(".snapshots/s1/d/a")).unwrap(), b"one");
     let t4 = dump(&m.path());
+    // A clone of a snapshot from before the restart: its tree as the view
+    // shows it, writable, and apart from the view and the live tree.
+    let c = tempfile::tempdir().unwrap();
+    let out = ok(memfs([
+        "clone",
+        "s1",
+        c.path().to_str().unwrap(),
+        "--mount",
+        m.path().to_str().unwrap(),
+    ]));
+    assert!(out.contains("mounted"), "{out}");
+    assert_eq!(dump(c.path()), t1);
+    fs::write(c.path().join("d/a"), b"clone").unwrap();
+    assert_eq!(fs::read(m.p(".snapshots/s1/d/a")).unwrap(), b"one");
+    assert_eq!(fs::read(m.p("d/a")).unwrap(), b"four");
+    ok(memfs(["umount", c.path().to_str().unwrap()]));
+    assert!(!common::is_mount_point(c.path()));
 
     // (2) SIGKILL the server and mount again: the same.
     let mut m = m;

@@ -142,7 +142,7 @@ impl AsideView {
         // The engine's name rules are not the data directory's (`.` is a
         // valid durable name): the view's own snapshot has a fixed name.
         let id = fs
-            .snapshot_create(b"view")
+            .snapshot_create(VIEW_SNAPSHOT)
             .map_err(|e| {
                 tracing::warn!("snapshot {name}: cannot take the view's snapshot: {e}");
                 Errno::EIO
@@ -160,6 +160,10 @@ impl AsideView {
         Ok((fs, id))
     }
 }
+
+/// The name of the engine snapshot a durable snapshot's rebuilt tree takes
+/// of itself (what its view shows and its clones start from).
+pub(crate) const VIEW_SNAPSHOT: &[u8] = b"view";
 
 /// What a slot shows.
 #[derive(Clone)]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use fuser::{INodeNo, Notifier};
 use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, Released, RollbackOutcome, SnapshotInfo};
 
-use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots};
+use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots, VIEW_SNAPSHOT};
 use parking_lot::{RwLock, RwLockReadGuard};
 
 thread_local! {
@@ -151,9 +151,21 @@ impl Swapper {
         self.cell.get().snapshot_list()
     }
 
-    /// A writable copy-on-write clone of snapshot `name`, to be mounted elsewhere.
+    /// A writable copy-on-write clone of snapshot `name`, to be mounted
+    /// elsewhere: of the served tree's engine snapshot, else of a durable
+    /// snapshot's tree rebuilt aside (`.snapshots`' view of it, built now if
+    /// need be).
     pub fn clone_snapshot(&self, name: &[u8], config: Config) -> Result<Fs, Errno> {
-        self.cell.get().clone_snapshot(name, config)
+        // A statement of its own: the served tree is let go before a build
+        // (an online rollback waiting for it must not wait for the build).
+        let served = self.cell.get().clone_snapshot(name, config);
+        match served {
+            Err(e) if e == Errno::ENOENT => {}
+            r => return r,
+        }
+        let (_, view) = self.slots.durable(name)?.ok_or(Errno::ENOENT)?;
+        let (fs, _) = view.get()?;
+        fs.clone_snapshot(VIEW_SNAPSHOT, config)
     }
 
     /// Online rollback of the live tree to snapshot `name`: no request runs
