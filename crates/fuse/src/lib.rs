@@ -1309,15 +1309,19 @@ impl Filesystem for MemFuse {
         // file's group. The kernel would say so only with FUSE_SETXATTR_EXT,
         // whose longer request the vendored fuser cannot parse, so the
         // engine asks /proc, as for fallocate.
-        let pid = req.pid();
-        let in_group = move |gid| caller::in_group(pid, gid);
+        let caller = ctx(req);
         let r = self
             .writable(ino.0)
             .and(XattrMode::from_flags(flags))
             .and_then(|m| {
-                self.fs
-                    .get()
-                    .setxattr_as(ctx(req), &in_group, ino.0, name.as_bytes(), value, m)
+                self.fs.get().setxattr_as(
+                    caller,
+                    &caller_in_group(caller),
+                    ino.0,
+                    name.as_bytes(),
+                    value,
+                    m,
+                )
             });
         Self::empty(reply, self.settled(r));
     }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuser::{INodeNo, Notifier};
-use memfs_fs::{Config, Errno, FIRST_ENTRY_OFFSET, Fs, Released, RollbackOutcome, SnapshotInfo};
+use memfs_fs::{
+    Config, Errno, FIRST_ENTRY_OFFSET, Fs, PAGE_SIZE, Released, RollbackOutcome, SnapshotInfo,
+};
 
 use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots, VIEW_SNAPSHOT};
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -30,7 +32,8 @@ thread_local! {
 /// several threads.
 const PARALLEL_NOTIFICATIONS: usize = 4096;
 
-const PAGE: u64 = 4096;
+/// The engine's page: its rollback reports changed runs in pages.
+const PAGE: u64 = PAGE_SIZE as u64;
 
 /// What an online rollback did ([`Swapper::rollback_to_snapshot`]).
 #[derive(Debug, Default, Clone)]
