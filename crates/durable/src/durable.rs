@@ -647,10 +647,17 @@ impl Materializer {
                 "the data directory was closed or rolled back".into(),
             ));
         };
-        shared.journal.sync()?;
-        let _g = shared.admin.lock();
-        crate::history::materialize(&shared.path, commit, crate::history::materialize_config())
+        materialize_in(&shared, commit)
     }
+}
+
+/// The tree as it was after `commit`, rebuilt aside while the directory is
+/// in use (`crate::history::materialize`) from the synced journal; the admin
+/// lock keeps checkpoints from being pruned meanwhile.
+fn materialize_in(shared: &Shared, commit: u64) -> Result<Fs> {
+    shared.journal.sync()?;
+    let _g = shared.admin.lock();
+    crate::history::materialize(&shared.path, commit, crate::history::materialize_config())
 }
 
 /// What a checkpoint did.
@@ -1020,9 +1027,7 @@ impl DurableFs {
     /// (`crate::history::materialize`); the admin lock keeps checkpoints
     /// from being pruned meanwhile.
     pub fn materialize(&self, commit: u64) -> Result<Fs> {
-        self.shared.journal.sync()?;
-        let _g = self.shared.admin.lock();
-        crate::history::materialize(self.path(), commit, crate::history::materialize_config())
+        materialize_in(&self.shared, commit)
     }
 
     /// A handle that rebuilds retained commits aside like
@@ -1267,25 +1272,7 @@ fn rewrite_checkpoint(fs: &Fs, shared: &Shared) -> Result<bool> {
     {
         return Ok(false);
     }
-    let path = dir.join(snapshot_file_name(commit));
-    let mut w = SnapshotWriter::create(dir, commit)?;
-    let (nodes, pages) = match image::write_nodes(fs, commit, &mut w) {
-        Ok(n) => n,
-        Err(e) => {
-            w.abandon();
-            return Err(image_write_err(&path, e));
-        }
-    };
-    let info = ImageInfo {
-        commit,
-        required_end: commit,
-        nodes,
-        pages,
-    };
-    if let Err(e) = image::write_trailer(&mut w, &info) {
-        w.abandon();
-        return Err(image_write_err(&path, e));
-    }
+    let (w, info) = write_image(fs, dir, commit, || commit)?;
     let sealed = w.seal()?;
     if let Err(e) = validate_checkpoint(sealed.path(), &info) {
         tracing::error!("rewritten checkpoint failed validation, keeping the previous one: {e}");
@@ -1316,25 +1303,7 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
     }
     // The copy below holds every atime reads moved before this.
     fs.take_unrecorded_atimes();
-    let mut w = SnapshotWriter::create(dir, commit)?;
-    let written = image::write_nodes(fs, commit, &mut w);
-    let (nodes, pages) = match written {
-        Ok(n) => n,
-        Err(e) => {
-            w.abandon();
-            return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
-        }
-    };
-    let info = ImageInfo {
-        commit,
-        required_end: shared.journal.last_commit(),
-        nodes,
-        pages,
-    };
-    if let Err(e) = image::write_trailer(&mut w, &info) {
-        w.abandon();
-        return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
-    }
+    let (w, info) = write_image(fs, dir, commit, || shared.journal.last_commit())?;
     shared.journal.wait_durable(info.required_end)?;
     let path = w.finish()?;
     // Read back before it replaces anything: an image this build cannot load
@@ -1366,6 +1335,37 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
         segments_pruned,
         checkpoints_deleted,
     }))
+}
+
+/// Copies the tree into a new checkpoint file of `dir` at `commit`, then
+/// its trailer, whose `required_end` is asked after the copy (the last
+/// commit a fuzzy copy may contain). The file is abandoned on failure;
+/// the caller makes it durable and names it.
+fn write_image(
+    fs: &Fs,
+    dir: &Path,
+    commit: u64,
+    required_end: impl FnOnce() -> u64,
+) -> Result<(SnapshotWriter, ImageInfo)> {
+    let mut w = SnapshotWriter::create(dir, commit)?;
+    let (nodes, pages) = match image::write_nodes(fs, commit, &mut w) {
+        Ok(n) => n,
+        Err(e) => {
+            w.abandon();
+            return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
+        }
+    };
+    let info = ImageInfo {
+        commit,
+        required_end: required_end(),
+        nodes,
+        pages,
+    };
+    if let Err(e) = image::write_trailer(&mut w, &info) {
+        w.abandon();
+        return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
+    }
+    Ok((w, info))
 }
 
 /// Lowers the calling thread's CPU priority while a checkpoint copies the
