@@ -1728,6 +1728,7 @@ impl Fs {
 
     /// Writes `data` at `off` (at the end of file with `append`); returns the
     /// count written, which is all of it or an error.
+    ///
     /// `write` by `ctx`, taken to be in every group it names: a caller
     /// without CAP_FSETID then keeps setgid without group-exec. Callers that
     /// know the caller's supplementary groups use [`Fs::write_as`].
