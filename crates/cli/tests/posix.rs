@@ -134,6 +134,62 @@ fn files_directories_and_errnos() {
     m.unmount();
 }
 
+/// O_CREAT in each open mode: the default mount declines OPEN and CREATE (the
+/// kernel creates with MKNOD and opens with no message), `--locks engine`
+/// answers both; what a caller sees must not differ.
+#[test]
+fn o_creat_is_the_same_whether_create_is_answered_or_declined() {
+    for args in [&[][..], &["--locks", "engine"][..]] {
+        let m = Mount::with_args(args);
+        let p = m.p("f");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o640)
+            .open(&p)
+            .unwrap();
+        f.write_all(b"hello").unwrap();
+        let md = fs::metadata(&p).unwrap();
+        assert!(md.is_file(), "{args:?}");
+        // The test process's umask (022 or stricter) leaves 0640 as it is.
+        assert_eq!(md.mode() & 0o7777, 0o640, "{args:?}");
+        assert_eq!(
+            errno(OpenOptions::new().write(true).create_new(true).open(&p)),
+            libc::EEXIST
+        );
+        // O_CREAT without O_EXCL opens the existing file and keeps its bytes.
+        drop(
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&p)
+                .unwrap(),
+        );
+        assert_eq!(fs::read(&p).unwrap(), b"hello", "{args:?}");
+        // O_CREAT|O_TRUNC of an existing file empties it.
+        drop(File::create(&p).unwrap());
+        assert_eq!(fs::metadata(&p).unwrap().len(), 0, "{args:?}");
+        // The descriptor of a created file works after its name is gone.
+        let mut g = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(m.p("g"))
+            .unwrap();
+        fs::remove_file(m.p("g")).unwrap();
+        g.write_all(b"kept").unwrap();
+        g.seek(SeekFrom::Start(0)).unwrap();
+        let mut back = String::new();
+        g.read_to_string(&mut back).unwrap();
+        assert_eq!(back, "kept", "{args:?}");
+        // Creating in a missing or read-only-by-mode directory fails as on tmpfs.
+        assert_eq!(errno(File::create(m.p("missing/f"))), libc::ENOENT);
+        drop((f, g));
+        m.unmount();
+    }
+}
+
 #[test]
 fn rename_rules() {
     use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};

@@ -594,6 +594,14 @@ impl MemFuse {
         self.any_locks.store(true, Ordering::Release);
     }
 
+    /// Whether OPEN is answered with ENOSYS (the kernel then opens and closes
+    /// with no message): nothing per open to keep, i.e. record locks are the
+    /// kernel's, atimes need no open (not strictatime), and no backing file
+    /// must be named in an open reply (not passthrough).
+    fn declines_open(&self) -> bool {
+        self.backing.is_none() && !self.engine_locks && self.atime != AtimeMode::Strict
+    }
+
     fn open_flags(&self) -> FopenFlags {
         // Every change goes through this kernel, so its page cache never goes
         // stale: keep it across opens (except for strictatime, see `atime`).
@@ -973,7 +981,7 @@ impl Filesystem for MemFuse {
             b.fuse_opened(ino.0);
             return reply.opened(fh, self.open_flags());
         }
-        if !self.engine_locks && self.atime != AtimeMode::Strict {
+        if self.declines_open() {
             // Zero-message opens from now on: the kernel has checked access,
             // sends O_TRUNC as a SETATTR, and holds a lookup reference while
             // the file is open, so an unlinked open file lives until FORGET.
@@ -1359,6 +1367,14 @@ impl Filesystem for MemFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.declines_open() {
+            // The kernel then creates with MKNOD and opens with no message
+            // (`fc->no_create`): LOOKUP + MKNOD instead of LOOKUP + CREATE and
+            // a RELEASE at close. O_CREAT holds the parent's lock across the
+            // lookup and the mknod, so no racing creator can turn a plain
+            // O_CREAT into EEXIST on this kernel.
+            return reply.error(fuser::Errno::ENOSYS);
+        }
         let excl = flags & libc::O_EXCL != 0;
         let r = self.settled(self.new_name(parent.0, name.as_bytes()).and_then(|()| {
             self.fs
