@@ -221,6 +221,13 @@ impl ReplyData {
         self.reply.send_ll(&ll::ResponseSlice(data));
     }
 
+    /// memfs patch: reply with data gathered from several slices (e.g. the
+    /// pages of a file), written to the device in one `writev` without
+    /// first copying them into one buffer.
+    pub fn data_vectored(self, data: &[IoSlice<'_>]) {
+        self.reply.send_ll(&ll::ResponseIovs(data));
+    }
+
     /// Reply to a request with the given error code
     pub fn error(self, err: Errno) {
         self.reply.error(err);
@@ -1001,6 +1008,23 @@ mod test {
         });
         let reply: ReplyData = Reply::new(ll::RequestId(0xdeadbeef), sender);
         reply.data(&[0xde, 0xad, 0xbe, 0xef]);
+    }
+
+    #[test]
+    fn reply_data_vectored() {
+        let sender = ReplySender::Assert(AssertSender {
+            expected: vec![
+                0x16, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0xef, 0xbe, 0xad, 0xde, 0x00, 0x00,
+                0x00, 0x00, 0xde, 0xad, 0xbe, 0xef, 0x01, 0x02,
+            ],
+        });
+        let reply: ReplyData = Reply::new(ll::RequestId(0xdeadbeef), sender);
+        reply.data_vectored(&[
+            IoSlice::new(&[0xde, 0xad]),
+            IoSlice::new(&[]),
+            IoSlice::new(&[0xbe, 0xef, 0x01]),
+            IoSlice::new(&[0x02]),
+        ]);
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub(crate) use reply::ResponseData;
 pub(crate) use reply::ResponseEmpty;
 pub(crate) use reply::ResponseErrno;
 pub(crate) use reply::ResponseIoctl;
+pub(crate) use reply::ResponseIovs;
 pub(crate) use reply::ResponseSlice;
 pub(crate) use reply::ResponseStruct;
 pub(crate) use request::AnyRequest;

@@ -61,6 +61,15 @@ impl Response for ResponseSlice<'_> {
     }
 }
 
+/// memfs patch: a payload gathered from several slices (`ReplyData::data_vectored`).
+pub(crate) struct ResponseIovs<'a>(pub(crate) &'a [IoSlice<'a>]);
+
+impl Response for ResponseIovs<'_> {
+    fn payload(&self) -> &[IoSlice<'_>] {
+        self.0
+    }
+}
+
 pub(crate) struct ResponseEmpty;
 
 impl Response for ResponseEmpty {
