@@ -405,7 +405,14 @@ fn clone(m: &Mount, snap: &str, target: &Path) -> anyhow::Result<()> {
     let fs = m
         .swapper
         .clone_snapshot(snap.as_bytes(), m.config)
-        .map_err(|e| errno(e, &format!("cannot clone snapshot {snap:?}")))?;
+        .map_err(|e| match e {
+            memfs_fs::Errno::ENOENT => anyhow::anyhow!(
+                "no snapshot {snap:?} of {} (memfs snapshot list --mount {} lists them)",
+                m.mountpoint.display(),
+                m.mountpoint.display()
+            ),
+            e => errno(e, &format!("cannot clone snapshot {snap:?}")),
+        })?;
     let mut opts = m.fuse.clone();
     // Not the origin's data directory: a clone keeps no journal.
     opts.fsname = "memfs".into();

@@ -396,41 +396,6 @@ fn run_memory_rollback(a: &RollbackArgs, mp: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(clap::Args, Debug)]
-pub struct CloneArgs {
-    /// The snapshot to clone (memfs snapshot list --mount M).
-    pub name: String,
-    /// Where to mount the clone (an existing directory).
-    pub target: PathBuf,
-    /// The mount whose snapshot it is; its server serves the clone too.
-    #[arg(long, value_name = "MOUNTPOINT")]
-    pub mount: PathBuf,
-}
-
-/// `memfs clone NAME M2 --mount M`: returns once M2 is usable.
-pub fn run_clone(a: CloneArgs) -> anyhow::Result<()> {
-    durable::check_snapshot_name(&a.name)?;
-    let target = a
-        .target
-        .canonicalize()
-        .with_context(|| format!("mount point {} does not exist", a.target.display()))?;
-    if target.to_string_lossy().contains('\n') {
-        bail!("mount point {} has a newline in its name", target.display());
-    }
-    let reply =
-        control::mount_request(&a.mount, &format!("clone {} {}", a.name, target.display()))?;
-    let us: f64 = reply.first().and_then(|l| l.parse().ok()).unwrap_or(0.0);
-    println!(
-        "memfs: clone of snapshot {} mounted at {} in {:.1} ms (served by the server of {}; unmount with: memfs umount {})",
-        a.name,
-        target.display(),
-        us / 1000.0,
-        a.mount.display(),
-        target.display()
-    );
-    Ok(())
-}
-
 pub fn run_rollback(a: RollbackArgs) -> anyhow::Result<()> {
     if let Some(mp) = memory_mount(&a.at) {
         let mp = mp.to_path_buf();

@@ -16,6 +16,7 @@ use memfs_bench::benchmarks::{
 };
 use memfs_bench::{all as bench_all, report as bench_report};
 
+mod clone_cmd;
 mod control;
 mod durable_cmd;
 mod mount;
@@ -46,8 +47,20 @@ enum Command {
     Store(store_cmd::Args),
     /// Named snapshots of a data directory (create, list, delete).
     Snapshot(durable_cmd::SnapshotArgs),
-    /// Mount a writable copy-on-write clone of a snapshot of a running mount (same server).
-    Clone(durable_cmd::CloneArgs),
+    /// Mount a writable copy-on-write clone of a snapshot (of a mount or a data directory).
+    ///
+    /// Returns once the clone is usable, like memfs mount; memfs umount M2 removes it. The
+    /// clone and its origin never see each other's later changes.
+    ///
+    /// With --mount M, or --data-dir D of a data directory a running memfs serves, that server
+    /// mounts a lazy copy-on-write clone in its own process (at once: nodes are copied as they
+    /// are first used); unmounting the origin unmounts its clones too.
+    ///
+    /// With --data-dir D of a data directory nobody serves, a new server process rebuilds the
+    /// snapshot's tree from D (checkpoint and journal: it takes as long as reading the tree) and
+    /// serves it in memory until memfs umount M2. D is only read, and only held while the tree
+    /// is rebuilt: it can be mounted while the clone runs, and the clone's changes never reach it.
+    Clone(clone_cmd::CloneArgs),
     /// Created, deleted, modified and renamed paths between two snapshots or commits, or the live tree (-).
     Diff(durable_cmd::DiffArgs),
     /// Recent commits of a data directory.
@@ -140,7 +153,7 @@ fn main() -> std::process::ExitCode {
         Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),
         Command::Snapshot(args) => durable_cmd::run_snapshot(args),
-        Command::Clone(args) => durable_cmd::run_clone(args),
+        Command::Clone(args) => clone_cmd::run_clone(args),
         Command::Diff(args) => durable_cmd::run_diff(args),
         Command::Log(args) => durable_cmd::run_log(args),
         Command::Rollback(args) => durable_cmd::run_rollback(args),
