@@ -336,22 +336,7 @@ fn serve(a: &CloneArgs) -> anyhow::Result<()> {
         fuse,
         clones: clones.clone(),
     })?;
-    let mut unmounter = mounted.unmounter();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
-    let handle = signals.handle();
-    let mp = target.clone();
-    let signal_thread = std::thread::spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!("signal {sig}: unmounting {}", mp.display());
-            if unmounter.unmount().is_err() {
-                memfs_fuse::mounts::lazy_unmount(&mp);
-            }
-        }
-    });
+    let signals = crate::mount::UnmountOnSignal::start(mounted.unmounter(), &target)?;
     let mut out = std::io::stdout();
     writeln!(out, "ready {} {nodes} {}", snap.commit, build.as_micros())
         .context("cannot report readiness")?;
@@ -361,8 +346,7 @@ fn serve(a: &CloneArgs) -> anyhow::Result<()> {
         let _ = nix::unistd::dup2_stdout(&null);
     }
     let result = mounted.run();
-    handle.close();
-    let _ = signal_thread.join();
+    signals.stop();
     control.stop();
     // Clones of this clone are served by this process: they go with it.
     clones.unmount_all();

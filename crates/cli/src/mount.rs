@@ -637,23 +637,7 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         fuse: fuse_opts.clone(),
         clones: clones.clone(),
     })?;
-    let mut unmounter = mounted.unmounter();
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("cannot install signal handlers")?;
-    let handle = signals.handle();
-    let mp = mountpoint.to_path_buf();
-    let signal_thread = std::thread::spawn(move || {
-        if let Some(sig) = signals.forever().next() {
-            tracing::info!("signal {sig}: unmounting {}", mp.display());
-            if unmounter.unmount().is_err() {
-                // Busy: detach now, the kernel finishes when the last user leaves.
-                lazy_unmount(&mp);
-            }
-        }
-    });
+    let signals = UnmountOnSignal::start(mounted.unmounter(), mountpoint)?;
     if notify {
         let mut out = std::io::stdout();
         match &report {
@@ -674,8 +658,7 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         );
     }
     let result = mounted.run();
-    handle.close();
-    let _ = signal_thread.join();
+    signals.stop();
     let result = result.with_context(|| format!("serving {}", mountpoint.display()));
     drop(ro_watch);
     control.stop();
@@ -964,4 +947,41 @@ fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Unmounts a served mount point at SIGINT or SIGTERM (lazily when it is
+/// busy: the kernel finishes when the last user leaves), which ends the
+/// serving loop; [`UnmountOnSignal::stop`] once the loop has returned.
+pub(crate) struct UnmountOnSignal {
+    handle: signal_hook::iterator::Handle,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl UnmountOnSignal {
+    pub(crate) fn start(
+        mut unmounter: memfs_fuse::Unmounter,
+        mountpoint: &Path,
+    ) -> anyhow::Result<UnmountOnSignal> {
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGINT,
+            signal_hook::consts::SIGTERM,
+        ])
+        .context("cannot install signal handlers")?;
+        let handle = signals.handle();
+        let mp = mountpoint.to_path_buf();
+        let thread = std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!("signal {sig}: unmounting {}", mp.display());
+                if unmounter.unmount().is_err() {
+                    lazy_unmount(&mp);
+                }
+            }
+        });
+        Ok(UnmountOnSignal { handle, thread })
+    }
+
+    pub(crate) fn stop(self) {
+        self.handle.close();
+        let _ = self.thread.join();
+    }
 }

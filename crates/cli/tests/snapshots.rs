@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::{Mount, failed, memfs, ok};
+use common::{Mount, failed, memfs, ok, tree_dump as dump, xattr_get};
 
 fn snap(m: &Mount, args: &[&str]) -> String {
     let mp = m.path();
@@ -68,19 +68,6 @@ fn xattr_set(p: &Path, name: &str, v: &[u8]) {
         p.display(),
         std::io::Error::last_os_error()
     );
-}
-
-fn xattr_get(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    let mut buf = vec![0u8; 256];
-    // SAFETY: valid NUL-terminated strings and a buffer of buf.len() bytes.
-    let r = unsafe { libc::getxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    buf.truncate(r as usize);
-    Ok(buf)
 }
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> std::process::Output {
@@ -642,53 +629,6 @@ fn a_passthrough_mount_refuses_snapshots() {
     ]));
     assert!(e.contains("passthrough"), "{e}");
     assert!(!m.p(".snapshots/s").exists());
-}
-
-/// Everything a snapshot must keep of a tree, path by path (sorted): kind,
-/// permissions, owner, link count, size, modification time, contents or
-/// link target, and `user.` xattrs. Not the inode numbers (a snapshot's
-/// are its own) nor access times.
-fn dump(root: &Path) -> Vec<String> {
-    fn walk(root: &Path, rel: &Path, out: &mut Vec<String>) {
-        let p = root.join(rel);
-        let md = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        let mut line = format!(
-            "{} mode {:o} uid {} nlink {} size {} mtime {}.{:09}",
-            rel.display(),
-            md.mode(),
-            md.uid(),
-            md.nlink(),
-            md.size(),
-            md.mtime(),
-            md.mtime_nsec()
-        );
-        if md.file_type().is_symlink() {
-            line += &format!(" -> {}", fs::read_link(&p).unwrap().display());
-        } else if md.is_file() {
-            let data = fs::read(&p).unwrap();
-            let sum = data.iter().fold(0u64, |h, &b| {
-                h.wrapping_mul(1_099_511_628_211) ^ u64::from(b)
-            });
-            line += &format!(" data {sum:016x}");
-            if let Ok(v) = xattr_get(&p, "user.color") {
-                line += &format!(" user.color={}", String::from_utf8_lossy(&v));
-            }
-        }
-        out.push(line);
-        if md.is_dir() {
-            let mut names: Vec<_> = fs::read_dir(&p)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .collect();
-            names.sort();
-            for n in names {
-                walk(root, &rel.join(n), out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, Path::new(""), &mut out);
-    out
 }
 
 fn snapdir_names(m: &Mount) -> Vec<String> {
