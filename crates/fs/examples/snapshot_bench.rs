@@ -19,6 +19,10 @@ use memfs_fs::*;
 
 const C: Ctx = Ctx::ROOT;
 
+// The `memfs` binary's allocator, so that the figures are the engine's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
     let pages: u64 = s

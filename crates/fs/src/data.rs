@@ -104,9 +104,68 @@ impl Slot {
     }
 }
 
-/// Slots `0..len` of a chunk. The length grows by powers of two up to 64 as
-/// pages arrive, so a file of one page pays one slot, not 64.
-type Slots = Box<[Option<Slot>]>;
+/// A chunk's slots. A file of one or two pages keeps them in the chunk's
+/// own allocation: a small file then costs the same number of allocations
+/// as with one map of pages (each one more memory to touch when it goes).
+pub(crate) enum Slots {
+    /// Slots 0 and 1; the others are empty.
+    Few([Option<Slot>; 2]),
+    /// All 64 (1 KiB, an allocator size class of its own).
+    All(Box<[Option<Slot>; CHUNK_PAGES as usize]>),
+}
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots::Few([None, None])
+    }
+}
+
+impl std::ops::Deref for Slots {
+    type Target = [Option<Slot>];
+    fn deref(&self) -> &[Option<Slot>] {
+        match self {
+            Slots::Few(a) => a,
+            Slots::All(b) => &b[..],
+        }
+    }
+}
+
+impl std::ops::DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut [Option<Slot>] {
+        match self {
+            Slots::Few(a) => a,
+            Slots::All(b) => &mut b[..],
+        }
+    }
+}
+
+impl Slots {
+    /// Makes room for slot `need - 1`.
+    fn grow(&mut self, need: usize) {
+        if need > 2
+            && let Slots::Few(few) = self
+        {
+            // Built on the heap: 1 KiB never goes through the stack.
+            let all: Vec<Option<Slot>> = (0..CHUNK_PAGES).map(|_| None).collect();
+            let mut all: Box<[Option<Slot>; CHUNK_PAGES as usize]> =
+                all.into_boxed_slice().try_into().ok().expect("64 slots");
+            all[0] = few[0].take();
+            all[1] = few[1].take();
+            *self = Slots::All(all);
+        }
+    }
+
+    /// The same shape, each slot mapped by `f`.
+    fn map(&self, mut f: impl FnMut(&Option<Slot>) -> Option<Slot>) -> Slots {
+        match self {
+            Slots::Few(a) => Slots::Few([f(&a[0]), f(&a[1])]),
+            Slots::All(b) => {
+                let all: Vec<Option<Slot>> = b.iter().map(f).collect();
+                Slots::All(all.into_boxed_slice().try_into().ok().expect("64 slots"))
+            }
+        }
+    }
+}
 
 /// 64 consecutive pages of a file, shared whole between a file and the
 /// snapshots' copies of it until one of them writes.
@@ -142,15 +201,12 @@ impl Chunk {
                 *s = Some(Slot::Shared(Arc::new(Arc::new(p))));
             }
         }
-        slots
-            .iter()
-            .map(|s| {
-                s.as_ref().map(|s| match s {
-                    Slot::Shared(a) => wrap(a),
-                    Slot::Own(_) => unreachable!("shared above"),
-                })
+        slots.map(|s| {
+            s.as_ref().map(|s| match s {
+                Slot::Shared(a) => wrap(a),
+                Slot::Own(_) => unreachable!("shared above"),
             })
-            .collect()
+        })
     }
 }
 
@@ -175,28 +231,15 @@ fn own_chunk(c: &mut Arc<Chunk>) -> &mut Slots {
     Arc::get_mut(c).expect("own chunk").slots.get_mut()
 }
 
-/// Grows `slots` to cover slot `need - 1`.
-fn grow(slots: &mut Slots, need: usize) {
-    if slots.len() < need {
-        let len = need.next_power_of_two().min(CHUNK_PAGES as usize);
-        let mut v = std::mem::take(slots).into_vec();
-        v.reserve_exact(len - v.len());
-        v.resize_with(len, || None);
-        *slots = v.into_boxed_slice();
-    }
-}
-
 /// Lets a chunk go; returns the pages that gives back to the file system.
 /// Nothing while another holder shares the chunk: the last one gives back
 /// its pages (`Arc::into_inner` picks exactly one of concurrent droppers).
 fn release_chunk(c: Arc<Chunk>) -> u64 {
     Arc::into_inner(c).map_or(0, |c| {
-        c.slots
-            .into_inner()
-            .into_vec()
-            .into_iter()
-            .flatten()
-            .filter_map(|s| s.release().then_some(()))
+        let mut slots = c.slots.into_inner();
+        slots
+            .iter_mut()
+            .filter_map(|s| s.take()?.release().then_some(()))
             .count() as u64
     })
 }
@@ -230,21 +273,78 @@ fn own_page(slot: &mut Slot) -> (&mut Page, u64) {
 /// A file's pages: chunks by chunk index. Never holds an empty chunk.
 #[derive(Clone, Default)]
 pub(crate) struct Table {
-    chunks: BTreeMap<u64, Arc<Chunk>>,
     /// Pages present, over all chunks: `st_blocks` reads it on every stat.
     pages: u64,
+    /// Chunk 0, apart from the map: a file of 256 KiB or less then costs no
+    /// map node.
+    first: Option<Arc<Chunk>>,
+    /// Chunks 1 and up.
+    rest: BTreeMap<u64, Arc<Chunk>>,
 }
 
 impl Table {
+    fn get(&self, ci: u64) -> Option<&Arc<Chunk>> {
+        match ci {
+            0 => self.first.as_ref(),
+            _ => self.rest.get(&ci),
+        }
+    }
+
+    fn get_mut(&mut self, ci: u64) -> Option<&mut Arc<Chunk>> {
+        match ci {
+            0 => self.first.as_mut(),
+            _ => self.rest.get_mut(&ci),
+        }
+    }
+
+    fn remove(&mut self, ci: u64) -> Option<Arc<Chunk>> {
+        match ci {
+            0 => self.first.take(),
+            _ => self.rest.remove(&ci),
+        }
+    }
+
+    /// Chunks `from..=to` that exist, in order.
+    fn range(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
+        let first = self.first.as_ref().filter(|_| from == 0).map(|c| (0, c));
+        let lo = from.max(1);
+        let rest = (lo <= to).then(|| self.rest.range(lo..=to).map(|(&k, c)| (k, c)));
+        first.into_iter().chain(rest.into_iter().flatten())
+    }
+
+    #[cfg(test)]
+    fn chunk_count(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    /// Takes chunks `from..` out.
+    fn split_off(&mut self, from: u64) -> Vec<Arc<Chunk>> {
+        let mut out = Vec::new();
+        if from == 0 {
+            out.extend(self.first.take());
+        }
+        out.extend(self.rest.split_off(&from.max(1)).into_values());
+        out
+    }
+
+    fn into_chunks(self) -> impl Iterator<Item = Arc<Chunk>> {
+        self.first.into_iter().chain(self.rest.into_values())
+    }
+
     /// Chunk `ci`'s slots to write, created if absent, covering slot
     /// `need - 1`.
     fn slots_mut(&mut self, ci: u64, need: usize) -> &mut Slots {
-        let c = self
-            .chunks
-            .entry(ci)
-            .or_insert_with(|| Chunk::new(Slots::default()));
+        let c = match ci {
+            0 => self
+                .first
+                .get_or_insert_with(|| Chunk::new(Slots::default())),
+            _ => self
+                .rest
+                .entry(ci)
+                .or_insert_with(|| Chunk::new(Slots::default())),
+        };
         let slots = own_chunk(c);
-        grow(slots, need);
+        slots.grow(need);
         slots
     }
 
@@ -257,24 +357,26 @@ impl Table {
         }
         let (c0, _) = split(first);
         let (c1, _) = split(end - 1);
-        let keys: Vec<u64> = self.chunks.range(c0..=c1).map(|(&k, _)| k).collect();
+        let keys: Vec<u64> = self.range(c0, c1).map(|(k, _)| k).collect();
         let mut freed = 0;
         for ci in keys {
             let lo = ci << CHUNK_SHIFT;
             let a = (first.max(lo) - lo) as usize;
             let b = (end.min(lo + CHUNK_PAGES) - lo) as usize;
-            let c = self.chunks.get_mut(&ci).expect("key listed");
-            let n = present(&c.read(), a, b);
+            let (n, all) = {
+                let slots = self.get(ci).expect("key listed").read();
+                (present(&slots, a, b), present(&slots, 0, slots.len()))
+            };
             if n == 0 {
                 continue;
             }
             self.pages -= n;
-            if present(&c.read(), 0, CHUNK_PAGES as usize) == n {
-                let c = self.chunks.remove(&ci).expect("key listed");
+            if all == n {
+                let c = self.remove(ci).expect("key listed");
                 freed += release_chunk(c);
                 continue;
             }
-            let slots = own_chunk(c);
+            let slots = own_chunk(self.get_mut(ci).expect("key listed"));
             let b = b.min(slots.len());
             for s in &mut slots[a..b] {
                 if let Some(slot) = s.take()
@@ -304,7 +406,7 @@ impl Table {
     ) {
         let (c0, _) = split(first);
         let (c1, _) = split(last);
-        for (&ci, c) in self.chunks.range(c0..=c1) {
+        for (ci, c) in self.range(c0, c1) {
             let lo = ci << CHUNK_SHIFT;
             let a = (first.max(lo) - lo) as usize;
             let b = (last.min(lo + CHUNK_PAGES - 1) - lo) as usize + 1;
@@ -315,7 +417,7 @@ impl Table {
     /// Present page indices, in order (O(pages)).
     fn indices(&self) -> Vec<u64> {
         let mut out = Vec::with_capacity(self.pages as usize);
-        for (&ci, c) in &self.chunks {
+        for (ci, c) in self.range(0, u64::MAX) {
             for (s, slot) in c.read().iter().enumerate() {
                 if slot.is_some() {
                     out.push((ci << CHUNK_SHIFT) + s as u64);
@@ -518,9 +620,8 @@ impl FileData {
         match self {
             FileData::Pages(t) => {
                 let guards: Vec<(u64, parking_lot::RwLockReadGuard<'_, Slots>)> = t
-                    .chunks
-                    .range(split(first).0..=split(last).0)
-                    .map(|(&ci, c)| (ci, c.read()))
+                    .range(split(first).0, split(last).0)
+                    .map(|(ci, c)| (ci, c.read()))
                     .collect();
                 let mut out: Vec<&[u8]> = Vec::with_capacity(pages);
                 let mut g = guards.iter().peekable();
@@ -726,7 +827,7 @@ impl FileData {
         }
         let FileData::Pages(t) = self else { return 0 };
         let (ci, si) = split(idx);
-        let Some(c) = t.chunks.get_mut(&ci) else {
+        let Some(c) = t.get_mut(ci) else {
             return 0;
         };
         {
@@ -768,7 +869,7 @@ impl FileData {
                     let a = (first.max(lo) - lo) as usize;
                     let b = (last.min(lo + CHUNK_PAGES - 1) - lo) as usize + 1;
                     // A chunk already full there is left alone (not unshared).
-                    if let Some(c) = t.chunks.get(&ci)
+                    if let Some(c) = t.get(ci)
                         && present(&c.read(), a, b) == (b - a) as u64
                     {
                         continue;
@@ -811,7 +912,7 @@ impl FileData {
                 // a big file is O(chunks)), then the boundary chunk's tail.
                 let (kc, ks) = split(keep);
                 let first_whole = if ks == 0 { kc } else { kc + 1 };
-                for (_, c) in t.chunks.split_off(&first_whole) {
+                for c in t.split_off(first_whole) {
                     t.pages -= present(&c.read(), 0, CHUNK_PAGES as usize);
                     freed += release_chunk(c) as i64;
                 }
@@ -827,7 +928,7 @@ impl FileData {
                 if let FileData::Pages(t) = self
                     && size <= INLINE_MAX as u64
                     && t.pages == 1
-                    && let Some(c) = t.chunks.get(&0)
+                    && let Some(c) = t.get(0)
                 {
                     let bytes = match c.read().first() {
                         Some(Some(p)) => Some(p.page()[..size as usize].to_vec()),
@@ -840,7 +941,7 @@ impl FileData {
                             unreachable!("pages above")
                         };
                         // The inline buffer counts as page 0 from now on.
-                        let c = t.chunks.remove(&0).expect("chunk 0 above");
+                        let c = t.remove(0).expect("chunk 0 above");
                         if release_chunk(c) == 0 {
                             freed -= 1;
                         }
@@ -877,17 +978,16 @@ impl FileData {
     /// clone's.
     pub fn import(&self) -> FileData {
         match self {
-            FileData::Pages(t) => FileData::Pages(Box::new(Table {
-                chunks: t
-                    .chunks
-                    .iter()
-                    .map(|(&ci, c)| {
-                        let slots = c.share_copy(|a| Slot::Shared(Arc::new((**a).clone())));
-                        (ci, Chunk::new(slots))
-                    })
-                    .collect(),
-                pages: t.pages,
-            })),
+            FileData::Pages(t) => {
+                let import = |c: &Arc<Chunk>| {
+                    Chunk::new(c.share_copy(|a| Slot::Shared(Arc::new((**a).clone()))))
+                };
+                FileData::Pages(Box::new(Table {
+                    pages: t.pages,
+                    first: t.first.as_ref().map(import),
+                    rest: t.rest.iter().map(|(&ci, c)| (ci, import(c))).collect(),
+                }))
+            }
             other => other.clone(),
         }
     }
@@ -898,7 +998,7 @@ impl FileData {
         match self {
             FileData::Empty => 0,
             FileData::Inline(_) => 1,
-            FileData::Pages(t) => t.chunks.into_values().map(release_chunk).sum(),
+            FileData::Pages(t) => t.into_chunks().map(release_chunk).sum(),
         }
     }
 
@@ -942,8 +1042,8 @@ impl FileData {
             }
             return Some(runs);
         }
-        fn chunks(d: &FileData) -> impl Iterator<Item = (&u64, &Arc<Chunk>)> {
-            d.table().map(|t| &t.chunks).into_iter().flatten()
+        fn chunks(d: &FileData) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
+            d.table().into_iter().flat_map(|t| t.range(0, u64::MAX))
         }
         let (mut a, mut b) = (chunks(self).peekable(), chunks(other).peekable());
         let same = |x: &Option<Slot>, y: &Option<Slot>| match (x, y) {
@@ -954,23 +1054,23 @@ impl FileData {
         loop {
             let (ci, x, y) = match (a.peek(), b.peek()) {
                 (None, None) => break,
-                (Some(&(&i, x)), Some(&(&j, _))) if i < j => {
+                (Some(&(i, x)), Some(&(j, _))) if i < j => {
                     a.next();
                     (i, Some(x), None)
                 }
-                (Some(&(&i, x)), None) => {
+                (Some(&(i, x)), None) => {
                     a.next();
                     (i, Some(x), None)
                 }
-                (Some(&(&i, _)), Some(&(&j, y))) if j < i => {
+                (Some(&(i, _)), Some(&(j, y))) if j < i => {
                     b.next();
                     (j, None, Some(y))
                 }
-                (None, Some(&(&j, y))) => {
+                (None, Some(&(j, y))) => {
                     b.next();
                     (j, None, Some(y))
                 }
-                (Some(&(&i, x)), Some(&(_, y))) => {
+                (Some(&(i, x)), Some(&(_, y))) => {
                     a.next();
                     b.next();
                     if Arc::ptr_eq(x, y) {
@@ -1001,10 +1101,9 @@ impl FileData {
             FileData::Empty => 0,
             FileData::Inline(_) => 1,
             FileData::Pages(t) => t
-                .chunks
-                .values()
-                .filter(|c| Arc::strong_count(c) == 1)
-                .map(|c| {
+                .range(0, u64::MAX)
+                .filter(|(_, c)| Arc::strong_count(c) == 1)
+                .map(|(_, c)| {
                     c.read()
                         .iter()
                         .flatten()
@@ -1036,7 +1135,7 @@ impl FileData {
             FileData::Pages(t) => {
                 let (c0, s0) = split(start);
                 let mut left = max;
-                for (&ci, c) in t.chunks.range(c0..) {
+                for (ci, c) in t.range(c0, u64::MAX) {
                     let slots = c.read();
                     let from = if ci == c0 { s0 } else { 0 };
                     for (s, slot) in slots.iter().enumerate().skip(from) {
@@ -1066,7 +1165,7 @@ impl FileData {
             FileData::Inline(_) => (idx == 0).then_some(0)?,
             FileData::Pages(t) => {
                 let (c0, s0) = split(idx);
-                t.chunks.range(c0..).find_map(|(&ci, c)| {
+                t.range(c0, u64::MAX).find_map(|(ci, c)| {
                     let from = if ci == c0 { s0 } else { 0 };
                     let s = c.read().iter().skip(from).position(Option::is_some)?;
                     Some((ci << CHUNK_SHIFT) + (from + s) as u64)
@@ -1093,7 +1192,7 @@ impl FileData {
             }
             FileData::Pages(t) => loop {
                 let (ci, si) = split(idx);
-                let Some(c) = t.chunks.get(&ci) else { break };
+                let Some(c) = t.get(ci) else { break };
                 let slots = c.read();
                 let run = slots.iter().skip(si).take_while(|s| s.is_some()).count();
                 idx += run as u64;
@@ -1351,7 +1450,7 @@ mod tests {
 
     fn chunk_of(d: &FileData, ci: u64) -> Arc<Chunk> {
         match d {
-            FileData::Pages(t) => t.chunks[&ci].clone(),
+            FileData::Pages(t) => t.get(ci).expect("chunk").clone(),
             _ => panic!("not pages"),
         }
     }
@@ -1404,15 +1503,17 @@ mod tests {
         let slots = |d: &FileData, ci| chunk_of(d, ci).read().len();
         let mut d = FileData::default();
         d.write(0, &[1u8; PAGE_SIZE]);
-        assert_eq!(slots(&d, 0), 1);
+        assert_eq!(slots(&d, 0), 2, "in the chunk itself");
+        d.write(PAGE, b"x");
+        assert_eq!(slots(&d, 0), 2);
         d.write(2 * PAGE, b"x");
-        assert_eq!(slots(&d, 0), 4);
+        assert_eq!(slots(&d, 0), 64);
         d.write((CHUNK_PAGES + 63) * PAGE, b"y");
         assert_eq!(slots(&d, 1), 64);
-        assert_eq!(d.page_count(), 3);
+        assert_eq!(d.page_count(), 4);
         // Punching a chunk's only page drops the chunk.
         assert_eq!(d.punch((CHUNK_PAGES + 63) * PAGE, PAGE), 1);
-        assert!(matches!(&d, FileData::Pages(t) if t.chunks.len() == 1));
+        assert!(matches!(&d, FileData::Pages(t) if t.chunk_count() == 1));
         assert_eq!(d.seek_data(PAGE * 3, PAGE * 200), None);
     }
 
