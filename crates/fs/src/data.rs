@@ -36,9 +36,10 @@
 //! only they hold without it (`Arc::get_mut`). Everything that reads
 //! through `&FileData` takes the chunk's read lock, because a chunk may be
 //! shared with a snapshot's copy, read with no node lock, while its live
-//! holder turns the chunk's owned pages into shared ones ([`Chunk::share_copy`],
-//! under the write lock). Chunk locks are leaves: nothing else is locked
-//! while one is held for writing.
+//! holder (unsharing it) or a clone copying the file ([`FileData::import`])
+//! turns the chunk's owned pages into shared ones ([`Chunk::share_copy`],
+//! under the write lock; the pages do not move). Chunk locks are leaves:
+//! nothing else is locked while one is held for writing.
 
 use crate::types::PAGE_SIZE;
 use parking_lot::RwLock;
