@@ -11,6 +11,10 @@ use memfs_fs::*;
 
 const C: Ctx = Ctx::ROOT;
 
+// The `memfs` binary's allocator, so that the figures are the engine's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let fs = Fs::new(Config {
         capacity: 8 << 30,

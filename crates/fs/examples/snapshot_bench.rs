@@ -2,7 +2,11 @@
 //! of an unchanged snapshot, first writes after one, rollback and clone.
 //!
 //!     flock /tmp/memfs-bench.lock cargo run --release -p memfs-fs \
-//!         --example snapshot_bench -- [FILES] [DATA_MIB] [WRITE_ROUNDS]
+//!         --example snapshot_bench -- [FILES] [DATA_MIB] [WRITE_ROUNDS] [BIG_MIB]
+//!
+//! BIG_MIB (default 1024) is the size of one big file, written last: the
+//! first write to it after a snapshot (which preserves the whole file) and
+//! a rollback restoring it are the O(page table) costs of issue 12.
 //!
 //! `engine_micro` is the no-snapshot comparison with the engine before
 //! snapshots.
@@ -14,6 +18,10 @@ use std::time::{Duration, Instant};
 use memfs_fs::*;
 
 const C: Ctx = Ctx::ROOT;
+
+// The `memfs` binary's allocator, so that the figures are the engine's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
@@ -37,6 +45,7 @@ fn main() {
         .unwrap_or(1_000_000);
     let data_mib: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1024);
     let rounds: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let big_mib: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(1024);
     let fs = Arc::new(Fs::new(Config {
         capacity: 64 << 30,
         max_inodes: 1 << 26,
@@ -268,4 +277,64 @@ fn main() {
     let t = Instant::now();
     fs.snapshot_delete(b"base").unwrap();
     println!("snapshot_delete: {:.1} ms", ms(t.elapsed()));
+    if big_mib > 0 {
+        big_file(&fs, big_mib, rounds);
+    }
+}
+
+/// One file of `mib` MiB: the first 4 KiB write to it after a snapshot
+/// (it preserves the whole file: the write stall), a second write to
+/// another page, and a rollback restoring the file after one page changed.
+fn big_file(fs: &Fs, mib: u64, rounds: usize) {
+    let (a, _) = fs.create(C, ROOT_INO, b"big", 0o644, true).unwrap();
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    let chunk = vec![0x6bu8; 1 << 20];
+    for m in 0..mib {
+        fs.write(C, a.ino, m << 20, &chunk, false).unwrap();
+    }
+    let page = vec![2u8; 4096];
+    let pages = mib * 256;
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for r in 0..rounds.max(1) as u64 {
+        fs.snapshot_create(b"big").unwrap();
+        let t = Instant::now();
+        fs.write(C, a.ino, (r * 7919 % pages) * 4096, &page, false)
+            .unwrap();
+        first.push(ms(t.elapsed()));
+        let t = Instant::now();
+        fs.write(
+            C,
+            a.ino,
+            ((r * 7919 + pages / 2) % pages) * 4096,
+            &page,
+            false,
+        )
+        .unwrap();
+        second.push(ms(t.elapsed()));
+        fs.snapshot_delete(b"big").unwrap();
+    }
+    first.sort_by(f64::total_cmp);
+    second.sort_by(f64::total_cmp);
+    println!(
+        "big file of {mib} MiB, {} rounds: first 4 KiB write after a snapshot median {:.3} ms (min {:.3}, max {:.3}); a second write to another page median {:.3} ms",
+        first.len(),
+        first[first.len() / 2],
+        first[0],
+        first[first.len() - 1],
+        second[second.len() / 2]
+    );
+    fs.snapshot_create(b"bigbase").unwrap();
+    fs.write(C, a.ino, 4096, &page, false).unwrap();
+    let t = Instant::now();
+    let out = fs.rollback_to_snapshot(b"bigbase").unwrap();
+    let took = t.elapsed();
+    let t = Instant::now();
+    fs.snapshot_delete(b"bigbase").unwrap();
+    println!(
+        "rollback restoring the big file after one page changed: {:.3} ms ({} nodes); snapshot_delete after it {:.3} ms",
+        ms(took),
+        out.changed.len(),
+        ms(t.elapsed())
+    );
 }

@@ -1,10 +1,21 @@
 //! Sparse file contents.
 //!
-//! A file is a map from page index to a 4 KiB page. Holes are absent pages, so a
-//! 1 TiB sparse file costs one empty map. A page is exactly one 4096-byte
-//! allocation: a reference count in front of it (`Arc`) pushed each page into
-//! the allocator's next size class and cost 35 % more memory than the data
-//! (measured with `memfs bench memory`, see docs/bench-issue2.md).
+//! A file is a table of *chunks* keyed by chunk index, each chunk the slots
+//! of 64 consecutive 4 KiB pages (256 KiB of data). Holes are absent pages
+//! (and absent chunks), so a 1 TiB sparse file costs one empty table. A
+//! page is exactly one 4096-byte allocation: a reference count in front of
+//! it (`Arc`) pushed each page into the allocator's next size class and
+//! cost 35 % more memory than the data (measured with `memfs bench memory`,
+//! see docs/bench-issue2.md).
+//!
+//! Chunks are what a snapshot shares (`snapshot.rs`). Preserving a file
+//! copies its chunk table, one `Arc` increment per chunk (O(pages / 64),
+//! no page touched), and a rollback restores a file the same way. The
+//! first write to a chunk that another holder shares gives the file a
+//! chunk of its own: O(64) slot copies plus the copy of the page written
+//! (see [`own_chunk`]). Before this, the table was one map of pages, and
+//! sharing a file rebuilt it: O(pages) on the first write after a snapshot
+//! (9 ms for 64 MiB through a mount, docs/snapshots.md).
 //!
 //! Small files are stored inline: a file whose only bytes lie in the first
 //! [`INLINE_MAX`] bytes keeps them in one buffer of their own length instead
@@ -19,8 +30,19 @@
 //! Truncation zeroes the tail of the last page, so growing a file again can never
 //! expose old contents. An inline buffer likewise never holds bytes at or
 //! beyond the file size (truncation shortens it).
+//!
+//! Locking: a chunk's slots sit behind a `RwLock`. Holders of `&mut
+//! FileData` (the live file under its node's write lock) reach a chunk
+//! only they hold without it (`Arc::get_mut`). Everything that reads
+//! through `&FileData` takes the chunk's read lock, because a chunk may be
+//! shared with a snapshot's copy, read with no node lock, while its live
+//! holder (unsharing it) or a clone copying the file ([`FileData::import`])
+//! turns the chunk's owned pages into shared ones ([`Chunk::share_copy`],
+//! under the write lock; the pages do not move). Chunk locks are leaves:
+//! nothing else is locked while one is held for writing.
 
 use crate::types::PAGE_SIZE;
+use parking_lot::RwLock;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -28,17 +50,29 @@ pub(crate) type Page = [u8; PAGE_SIZE];
 
 const PAGE: u64 = PAGE_SIZE as u64;
 
+/// Pages per chunk, as a shift: 64 slots of 16 bytes are 1 KiB of table
+/// per 256 KiB of data (0.4 %), and unsharing a chunk copies 64 slots.
+const CHUNK_SHIFT: u32 = 6;
+const CHUNK_PAGES: u64 = 1 << CHUNK_SHIFT;
+
+/// What a hole reads as, for [`FileData::with_slices`].
+static ZERO_PAGE: Page = [0; PAGE_SIZE];
+
 /// Largest inline file body. Half a page: an inline buffer costs its length
 /// plus a 24-byte header, so up to here it saves at least 2 KiB against a
 /// page, while past it the saving shrinks and every append that crosses it
 /// pays a copy into a page (the figures per size are in docs/engine.md).
 pub const INLINE_MAX: usize = PAGE_SIZE / 2;
 
-type PageMap = BTreeMap<u64, Slot>;
+/// Chunk index and slot of page `idx`.
+fn split(idx: u64) -> (u64, usize) {
+    (idx >> CHUNK_SHIFT, (idx & (CHUNK_PAGES - 1)) as usize)
+}
 
 /// One page of a file: its own, or shared copy-on-write with snapshots
-/// (`snapshot.rs`). Shared pages are the exception (only a snapshot makes
-/// them), so an owned page stays one bare 4096-byte allocation.
+/// (`snapshot.rs`). Shared pages are the exception (only the first write
+/// to a chunk a snapshot shares makes them), so an owned page stays one
+/// bare 4096-byte allocation.
 pub(crate) enum Slot {
     Own(Box<Page>),
     /// The outer `Arc` counts holders in this file system (the live file and
@@ -52,15 +86,7 @@ pub(crate) enum Slot {
     Shared(Arc<Arc<Box<Page>>>),
 }
 
-impl Clone for Slot {
-    /// A deep copy of an owned page, another holder of a shared one.
-    fn clone(&self) -> Slot {
-        match self {
-            Slot::Own(p) => Slot::Own(p.clone()),
-            Slot::Shared(a) => Slot::Shared(a.clone()),
-        }
-    }
-}
+type SharedPage = Arc<Arc<Box<Page>>>;
 
 impl Slot {
     fn page(&self) -> &Page {
@@ -79,12 +105,154 @@ impl Slot {
     }
 }
 
-/// Makes page `idx` (present) the file's own to write: a shared page that
+/// A chunk's slots. A file of one or two pages keeps them in the chunk's
+/// own allocation: a small file then costs the same number of allocations
+/// as with one map of pages (each one more memory to touch when it goes).
+pub(crate) enum Slots {
+    /// Slots 0 and 1; the others are empty.
+    Few([Option<Slot>; 2]),
+    /// All 64 (1 KiB, an allocator size class of its own).
+    All(Box<[Option<Slot>; CHUNK_PAGES as usize]>),
+}
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots::Few([None, None])
+    }
+}
+
+impl std::ops::Deref for Slots {
+    type Target = [Option<Slot>];
+    fn deref(&self) -> &[Option<Slot>] {
+        match self {
+            Slots::Few(a) => a,
+            Slots::All(b) => &b[..],
+        }
+    }
+}
+
+impl std::ops::DerefMut for Slots {
+    fn deref_mut(&mut self) -> &mut [Option<Slot>] {
+        match self {
+            Slots::Few(a) => a,
+            Slots::All(b) => &mut b[..],
+        }
+    }
+}
+
+impl Slots {
+    /// Makes room for slot `need - 1`.
+    fn grow(&mut self, need: usize) {
+        if need > 2
+            && let Slots::Few(few) = self
+        {
+            // Built on the heap: 1 KiB never goes through the stack.
+            let all: Vec<Option<Slot>> = (0..CHUNK_PAGES).map(|_| None).collect();
+            let mut all: Box<[Option<Slot>; CHUNK_PAGES as usize]> =
+                all.into_boxed_slice().try_into().ok().expect("64 slots");
+            all[0] = few[0].take();
+            all[1] = few[1].take();
+            *self = Slots::All(all);
+        }
+    }
+
+    /// The same shape, each slot mapped by `f`.
+    fn map(&self, mut f: impl FnMut(&Option<Slot>) -> Option<Slot>) -> Slots {
+        match self {
+            Slots::Few(a) => Slots::Few([f(&a[0]), f(&a[1])]),
+            Slots::All(b) => {
+                let all: Vec<Option<Slot>> = b.iter().map(f).collect();
+                Slots::All(all.into_boxed_slice().try_into().ok().expect("64 slots"))
+            }
+        }
+    }
+}
+
+/// 64 consecutive pages of a file, shared whole between a file and the
+/// snapshots' copies of it until one of them writes.
+pub(crate) struct Chunk {
+    slots: RwLock<Slots>,
+}
+
+impl Chunk {
+    fn new(slots: Slots) -> Arc<Chunk> {
+        Arc::new(Chunk {
+            slots: RwLock::new(slots),
+        })
+    }
+
+    /// Read access through a shared reference. Recursive: a reader may hold
+    /// one chunk while it reads it again (a [`FileData::with_slices`]
+    /// callback), and a fair read would queue behind a waiting unshare.
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, Slots> {
+        self.slots.read_recursive()
+    }
+
+    /// Turns the chunk's owned pages into shared ones (the page stays where
+    /// it is: its `Box` moves into an `Arc`, no data is copied) and returns
+    /// a copy of the slots made by `wrap`: a new holder of each page. Under
+    /// the write lock: other holders of the chunk may be reading it.
+    fn share_copy(&self, wrap: impl Fn(&SharedPage) -> Slot) -> Slots {
+        let mut slots = self.slots.write();
+        for s in slots.iter_mut() {
+            if matches!(s, Some(Slot::Own(_))) {
+                let Some(Slot::Own(p)) = s.take() else {
+                    unreachable!("owned above")
+                };
+                *s = Some(Slot::Shared(Arc::new(Arc::new(p))));
+            }
+        }
+        slots.map(|s| {
+            s.as_ref().map(|s| match s {
+                Slot::Shared(a) => wrap(a),
+                Slot::Own(_) => unreachable!("shared above"),
+            })
+        })
+    }
+}
+
+/// Pages present in `slots[a..b]` (clipped at the length).
+fn present(slots: &[Option<Slot>], a: usize, b: usize) -> u64 {
+    slots
+        .get(a..b.min(slots.len()))
+        .map_or(0, |s| s.iter().filter(|s| s.is_some()).count() as u64)
+}
+
+/// The chunk's slots, to write: a chunk that another holder shares (a
+/// snapshot's copy of the file) is first replaced by the file's own, whose
+/// slots share every page with the old one (O(64), no page copied; a write
+/// then copies the one page it lands on, see [`own_page`]).
+fn own_chunk(c: &mut Arc<Chunk>) -> &mut Slots {
+    // No `Weak` to a chunk ever exists, so a count of 1 is ownership and
+    // the common case pays one atomic operation (`get_mut` below), not two.
+    // A count that drops to 1 meanwhile only costs a needless copy.
+    if Arc::strong_count(c) > 1 {
+        let copy = c.share_copy(|a| Slot::Shared(a.clone()));
+        // The old chunk goes without `release`: every page it held is held
+        // by the copy too, so it gives back nothing.
+        *c = Chunk::new(copy);
+    }
+    Arc::get_mut(c).expect("own chunk").slots.get_mut()
+}
+
+/// Lets a chunk go; returns the pages that gives back to the file system.
+/// Nothing while another holder shares the chunk: the last one gives back
+/// its pages (`Arc::into_inner` picks exactly one of concurrent droppers).
+fn release_chunk(c: Arc<Chunk>) -> u64 {
+    Arc::into_inner(c).map_or(0, |c| {
+        let mut slots = c.slots.into_inner();
+        slots
+            .iter_mut()
+            .filter_map(|s| s.take()?.release().then_some(()))
+            .count() as u64
+    })
+}
+
+/// Makes the page in `slot` the file's own to write: a shared page that
 /// nobody else holds any more is written in place, else it is copied.
 /// Returns the page and the pages this adds to the file system's usage (1
 /// for a copy of a page that a snapshot keeps).
-fn own_page(pages: &mut PageMap, idx: u64) -> (&mut Page, u64) {
-    let slot = pages.get_mut(&idx).expect("page present");
+fn own_page(slot: &mut Slot) -> (&mut Page, u64) {
     let mut added = 0;
     if let Slot::Shared(a) = slot {
         let unique = Arc::get_mut(a).and_then(Arc::get_mut).is_some();
@@ -106,6 +274,164 @@ fn own_page(pages: &mut PageMap, idx: u64) -> (&mut Page, u64) {
     (page, added)
 }
 
+/// A file's pages: chunks by chunk index. Never holds an empty chunk.
+#[derive(Clone, Default)]
+pub(crate) struct Table {
+    /// Pages present, over all chunks: `st_blocks` reads it on every stat.
+    pages: u64,
+    /// Chunk 0, apart from the map: a file of 256 KiB or less then costs no
+    /// map node.
+    first: Option<Arc<Chunk>>,
+    /// Chunks 1 and up.
+    rest: BTreeMap<u64, Arc<Chunk>>,
+}
+
+impl Table {
+    fn get(&self, ci: u64) -> Option<&Arc<Chunk>> {
+        match ci {
+            0 => self.first.as_ref(),
+            _ => self.rest.get(&ci),
+        }
+    }
+
+    fn get_mut(&mut self, ci: u64) -> Option<&mut Arc<Chunk>> {
+        match ci {
+            0 => self.first.as_mut(),
+            _ => self.rest.get_mut(&ci),
+        }
+    }
+
+    fn remove(&mut self, ci: u64) -> Option<Arc<Chunk>> {
+        match ci {
+            0 => self.first.take(),
+            _ => self.rest.remove(&ci),
+        }
+    }
+
+    /// Chunks `from..=to` that exist, in order.
+    fn range(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
+        let first = self.first.as_ref().filter(|_| from == 0).map(|c| (0, c));
+        let lo = from.max(1);
+        let rest = (lo <= to).then(|| self.rest.range(lo..=to).map(|(&k, c)| (k, c)));
+        first.into_iter().chain(rest.into_iter().flatten())
+    }
+
+    #[cfg(test)]
+    fn chunk_count(&self) -> usize {
+        usize::from(self.first.is_some()) + self.rest.len()
+    }
+
+    /// Takes chunks `from..` out.
+    fn split_off(&mut self, from: u64) -> Vec<Arc<Chunk>> {
+        let mut out = Vec::new();
+        if from == 0 {
+            out.extend(self.first.take());
+        }
+        out.extend(self.rest.split_off(&from.max(1)).into_values());
+        out
+    }
+
+    fn into_chunks(self) -> impl Iterator<Item = Arc<Chunk>> {
+        self.first.into_iter().chain(self.rest.into_values())
+    }
+
+    /// Chunk `ci`'s slots to write, created if absent, covering slot
+    /// `need - 1`.
+    fn slots_mut(&mut self, ci: u64, need: usize) -> &mut Slots {
+        let c = match ci {
+            0 => self
+                .first
+                .get_or_insert_with(|| Chunk::new(Slots::default())),
+            _ => self
+                .rest
+                .entry(ci)
+                .or_insert_with(|| Chunk::new(Slots::default())),
+        };
+        let slots = own_chunk(c);
+        slots.grow(need);
+        slots
+    }
+
+    /// Drops the pages in `[first, end)`; returns the pages that gives back
+    /// to the file system. Whole chunks go without being looked into when
+    /// another holder shares them.
+    fn drop_range(&mut self, first: u64, end: u64) -> u64 {
+        if first >= end {
+            return 0;
+        }
+        let (c0, _) = split(first);
+        let (c1, _) = split(end - 1);
+        let keys: Vec<u64> = self.range(c0, c1).map(|(k, _)| k).collect();
+        let mut freed = 0;
+        for ci in keys {
+            let lo = ci << CHUNK_SHIFT;
+            let a = (first.max(lo) - lo) as usize;
+            let b = (end.min(lo + CHUNK_PAGES) - lo) as usize;
+            let (n, all) = {
+                let slots = self.get(ci).expect("key listed").read();
+                (present(&slots, a, b), present(&slots, 0, slots.len()))
+            };
+            if n == 0 {
+                continue;
+            }
+            self.pages -= n;
+            if all == n {
+                let c = self.remove(ci).expect("key listed");
+                freed += release_chunk(c);
+                continue;
+            }
+            let slots = own_chunk(self.get_mut(ci).expect("key listed"));
+            let b = b.min(slots.len());
+            for s in &mut slots[a..b] {
+                if let Some(slot) = s.take()
+                    && slot.release()
+                {
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+
+    /// Pages present in `[first, last]`.
+    fn present_in(&self, first: u64, last: u64) -> u64 {
+        let mut n = 0;
+        self.each_chunk(first, last, |_, c, a, b| n += present(&c.read(), a, b));
+        n
+    }
+
+    /// Calls `f(ci, chunk, a, b)` for each chunk holding pages of
+    /// `[first, last]`, with the slots `[a, b)` that range covers in it.
+    fn each_chunk<'a>(
+        &'a self,
+        first: u64,
+        last: u64,
+        mut f: impl FnMut(u64, &'a Arc<Chunk>, usize, usize),
+    ) {
+        let (c0, _) = split(first);
+        let (c1, _) = split(last);
+        for (ci, c) in self.range(c0, c1) {
+            let lo = ci << CHUNK_SHIFT;
+            let a = (first.max(lo) - lo) as usize;
+            let b = (last.min(lo + CHUNK_PAGES - 1) - lo) as usize + 1;
+            f(ci, c, a, b);
+        }
+    }
+
+    /// Present page indices, in order (O(pages)).
+    fn indices(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.pages as usize);
+        for (ci, c) in self.range(0, u64::MAX) {
+            for (s, slot) in c.read().iter().enumerate() {
+                if slot.is_some() {
+                    out.push((ci << CHUNK_SHIFT) + s as u64);
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Empty files (most files of metadata-heavy workloads) hold nothing: the
 /// enum is two words, so `Body` stays two words and every inode keeps its
 /// allocation size class.
@@ -120,10 +446,9 @@ pub(crate) enum FileData {
     #[allow(clippy::box_collection)]
     Inline(Box<Vec<u8>>),
     /// Never empty: the last page going away makes the file `Empty`.
-    Pages(Box<PageMap>),
+    /// `Clone` shares the chunks (copy-on-write), it copies no page.
+    Pages(Box<Table>),
 }
-
-static EMPTY: PageMap = BTreeMap::new();
 
 fn zero_page() -> Box<Page> {
     // Zeroed straight from the allocator (calloc), never through the stack.
@@ -139,35 +464,43 @@ fn trimmed_len(data: &[u8]) -> usize {
     data.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)
 }
 
+/// Pushes `[from, to)` of `page` onto a gather list.
+fn push_part<'a>(out: &mut Vec<&'a [u8]>, page: &'a [u8], from: usize, to: usize) {
+    if from < to {
+        out.push(&page[from..to]);
+    }
+}
+
 impl FileData {
-    fn map(&self) -> &PageMap {
+    fn table(&self) -> Option<&Table> {
         match self {
-            FileData::Pages(m) => m,
-            _ => &EMPTY,
+            FileData::Pages(t) => Some(t),
+            _ => None,
         }
     }
 
     /// Turns an inline or empty file into pages (the inline bytes become page 0).
-    fn map_mut(&mut self) -> &mut PageMap {
+    fn table_mut(&mut self) -> &mut Table {
         if !matches!(self, FileData::Pages(_)) {
-            let mut map = PageMap::new();
+            let mut t = Table::default();
             if let FileData::Inline(v) = self {
                 let mut p = zero_page();
                 p[..v.len()].copy_from_slice(v);
-                map.insert(0, Slot::Own(p));
+                t.slots_mut(0, 1)[0] = Some(Slot::Own(p));
+                t.pages = 1;
             }
-            *self = FileData::Pages(Box::new(map));
+            *self = FileData::Pages(Box::new(t));
         }
         match self {
-            FileData::Pages(m) => m,
+            FileData::Pages(t) => t,
             _ => unreachable!("just made pages"),
         }
     }
 
-    /// Gives the map back once the last page is gone.
+    /// Gives the table back once the last page is gone.
     fn shrink(&mut self) {
-        if let FileData::Pages(m) = self
-            && m.is_empty()
+        if let FileData::Pages(t) = self
+            && t.pages == 0
         {
             *self = FileData::Empty;
         }
@@ -178,12 +511,12 @@ impl FileData {
         matches!(self, FileData::Inline(_))
     }
 
-    /// Number of pages allocated.
+    /// Number of pages allocated. O(1).
     pub fn page_count(&self) -> u64 {
         match self {
             FileData::Empty => 0,
             FileData::Inline(_) => 1,
-            FileData::Pages(m) => m.len() as u64,
+            FileData::Pages(t) => t.pages,
         }
     }
 
@@ -192,9 +525,33 @@ impl FileData {
         let present = match self {
             FileData::Empty => 0,
             FileData::Inline(_) => u64::from(first == 0),
-            FileData::Pages(m) => m.range(first..=last).count() as u64,
+            FileData::Pages(t) => t.present_in(first, last),
         };
         (last - first + 1) - present
+    }
+
+    /// What a write to `[first, last]` must reserve: the pages missing
+    /// there plus those shared, each of which a write may copy (every page
+    /// of a chunk another holder shares, and shared pages of the file's own
+    /// chunks).
+    pub fn pages_to_reserve(&self, first: u64, last: u64) -> u64 {
+        let Some(t) = self.table() else {
+            return self.missing_pages(first, last);
+        };
+        let mut present_n = 0;
+        let mut shared = 0;
+        t.each_chunk(first, last, |_, c, a, b| {
+            let slots = c.read();
+            let b = b.min(slots.len());
+            let whole = Arc::strong_count(c) > 1;
+            for s in slots[a.min(b)..b].iter().flatten() {
+                present_n += 1;
+                if whole || matches!(s, Slot::Shared(_)) {
+                    shared += 1;
+                }
+            }
+        });
+        (last - first + 1) - present_n + shared
     }
 
     /// Copies `buf.len()` bytes starting at `off` into `buf`; holes read as zeros.
@@ -203,34 +560,112 @@ impl FileData {
         if buf.is_empty() {
             return;
         }
-        if let FileData::Inline(v) = self {
-            let have = (v.len() as u64).saturating_sub(off).min(buf.len() as u64) as usize;
-            if have > 0 {
-                buf[..have].copy_from_slice(&v[off as usize..off as usize + have]);
+        let t = match self {
+            FileData::Empty => {
+                buf.fill(0);
+                return;
             }
-            buf[have..].fill(0);
-            return;
-        }
+            FileData::Inline(v) => {
+                let have = (v.len() as u64).saturating_sub(off).min(buf.len() as u64) as usize;
+                if have > 0 {
+                    buf[..have].copy_from_slice(&v[off as usize..off as usize + have]);
+                }
+                buf[have..].fill(0);
+                return;
+            }
+            FileData::Pages(t) => t,
+        };
         let end = off + buf.len() as u64;
-        let first = off / PAGE;
-        let last = (end - 1) / PAGE;
+        let (first, last) = (off / PAGE, (end - 1) / PAGE);
         // Walk present pages in order, zero-filling the gaps between them.
         let mut filled = off;
-        for (&idx, page) in self.map().range(first..=last) {
-            let pstart = idx * PAGE;
-            if pstart > filled {
-                buf[(filled - off) as usize..(pstart - off) as usize].fill(0);
-                filled = pstart;
+        t.each_chunk(first, last, |ci, c, a, b| {
+            let slots = c.read();
+            for s in a..b.min(slots.len()) {
+                let Some(slot) = &slots[s] else { continue };
+                let pstart = ((ci << CHUNK_SHIFT) + s as u64) * PAGE;
+                if pstart > filled {
+                    buf[(filled - off) as usize..(pstart - off) as usize].fill(0);
+                    filled = pstart;
+                }
+                let from = filled - pstart;
+                let to = (end - pstart).min(PAGE);
+                let n = (to - from) as usize;
+                let dst = (filled - off) as usize;
+                buf[dst..dst + n].copy_from_slice(&slot.page()[from as usize..to as usize]);
+                filled += n as u64;
             }
-            let from = filled - pstart;
-            let to = (end - pstart).min(PAGE);
-            let n = (to - from) as usize;
-            let dst = (filled - off) as usize;
-            buf[dst..dst + n].copy_from_slice(&page.page()[from as usize..to as usize]);
-            filled += n as u64;
-        }
+        });
         if filled < end {
             buf[(filled - off) as usize..].fill(0);
+        }
+    }
+
+    /// Calls `f` with slices that cover `[off, off + len)` in order: parts
+    /// of the file's pages, and of a static zero page for holes. The
+    /// chunks' read locks are held meanwhile (the caller holds whatever
+    /// keeps the file itself from changing). The caller clamps the range to
+    /// the file size.
+    pub fn with_slices<R>(&self, off: u64, len: usize, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        if len == 0 {
+            return f(&[]);
+        }
+        let end = off + len as u64;
+        let first = off / PAGE;
+        let last = (end - 1) / PAGE;
+        let pages = (last - first + 1) as usize;
+        // The part of page `idx` inside the range.
+        let part = |idx: u64| {
+            let pstart = idx * PAGE;
+            let from = (off.max(pstart) - pstart) as usize;
+            let to = (end.min(pstart + PAGE) - pstart) as usize;
+            (from, to)
+        };
+        match self {
+            FileData::Pages(t) => {
+                let guards: Vec<(u64, parking_lot::RwLockReadGuard<'_, Slots>)> = t
+                    .range(split(first).0, split(last).0)
+                    .map(|(ci, c)| (ci, c.read()))
+                    .collect();
+                let mut out: Vec<&[u8]> = Vec::with_capacity(pages);
+                let mut g = guards.iter().peekable();
+                for idx in first..=last {
+                    let (ci, si) = split(idx);
+                    while g.next_if(|(k, _)| *k < ci).is_some() {}
+                    let page: &[u8] = match g.peek().copied() {
+                        Some((k, slots)) if *k == ci => match slots.get(si) {
+                            Some(Some(slot)) => slot.page(),
+                            _ => &ZERO_PAGE,
+                        },
+                        _ => &ZERO_PAGE,
+                    };
+                    let (from, to) = part(idx);
+                    push_part(&mut out, page, from, to);
+                }
+                f(&out)
+            }
+            FileData::Inline(v) => {
+                let mut out: Vec<&[u8]> = Vec::with_capacity(pages);
+                for idx in first..=last {
+                    let (from, to) = part(idx);
+                    if idx == 0 {
+                        let have = v.len().clamp(from, to);
+                        push_part(&mut out, v, from, have);
+                        push_part(&mut out, &ZERO_PAGE, have, to);
+                    } else {
+                        push_part(&mut out, &ZERO_PAGE, from, to);
+                    }
+                }
+                f(&out)
+            }
+            FileData::Empty => {
+                let mut out: Vec<&[u8]> = Vec::with_capacity(pages);
+                for idx in first..=last {
+                    let (from, to) = part(idx);
+                    push_part(&mut out, &ZERO_PAGE, from, to);
+                }
+                f(&out)
+            }
         }
     }
 
@@ -305,32 +740,40 @@ impl FileData {
         let mut allocated = 0;
         let mut pos = off;
         let mut rest = data;
-        let pages = self.map_mut();
+        let t = self.table_mut();
         while !rest.is_empty() {
-            let idx = pos / PAGE;
-            let in_page = (pos % PAGE) as usize;
-            let n = (PAGE_SIZE - in_page).min(rest.len());
-            let (chunk, tail) = rest.split_at(n);
-            match pages.contains_key(&idx) {
-                true => {
-                    let (page, added) = own_page(pages, idx);
-                    page[in_page..in_page + n].copy_from_slice(chunk);
-                    allocated += added;
+            // One chunk at a time: unshared (if need be) and grown once.
+            let (ci, _) = split(pos / PAGE);
+            let chunk_end = (ci + 1) << CHUNK_SHIFT;
+            let span = ((chunk_end * PAGE - pos) as usize).min(rest.len());
+            let (here, tail) = rest.split_at(span);
+            let (_, last_si) = split((pos + span as u64 - 1) / PAGE);
+            let slots = t.slots_mut(ci, last_si + 1);
+            let mut new_pages = 0;
+            for_each_page(pos, here, |si, in_page, bytes| {
+                match &mut slots[si] {
+                    Some(slot) => {
+                        let (page, added) = own_page(slot);
+                        page[in_page..in_page + bytes.len()].copy_from_slice(bytes);
+                        allocated += added;
+                    }
+                    s @ None => {
+                        let page = if bytes.len() == PAGE_SIZE {
+                            // A whole page: no need to zero it first.
+                            page_from(bytes)
+                        } else {
+                            let mut page = zero_page();
+                            page[in_page..in_page + bytes.len()].copy_from_slice(bytes);
+                            page
+                        };
+                        *s = Some(Slot::Own(page));
+                        allocated += 1;
+                        new_pages += 1;
+                    }
                 }
-                false => {
-                    let page = if n == PAGE_SIZE {
-                        // A whole page: no need to zero it first.
-                        page_from(chunk)
-                    } else {
-                        let mut p = zero_page();
-                        p[in_page..in_page + n].copy_from_slice(chunk);
-                        p
-                    };
-                    pages.insert(idx, Slot::Own(page));
-                    allocated += 1;
-                }
-            }
-            pos += n as u64;
+            });
+            t.pages += new_pages;
+            pos += span as u64;
             rest = tail;
         }
         allocated
@@ -360,19 +803,10 @@ impl FileData {
             return 0;
         }
         let mut freed = 0i64;
-        if first_whole < end_whole {
-            let doomed: Vec<u64> = self
-                .map()
-                .range(first_whole..end_whole)
-                .map(|(&k, _)| k)
-                .collect();
-            if let FileData::Pages(pages) = self {
-                for k in doomed {
-                    if pages.remove(&k).is_some_and(Slot::release) {
-                        freed += 1;
-                    }
-                }
-            }
+        if first_whole < end_whole
+            && let FileData::Pages(t) = self
+        {
+            freed += t.drop_range(first_whole, end_whole) as i64;
             self.shrink();
         }
         // Partial pages at either edge.
@@ -395,18 +829,23 @@ impl FileData {
         if a >= b {
             return 0;
         }
-        if let FileData::Pages(pages) = self
-            && let Some(slot) = pages.get(&idx)
+        let FileData::Pages(t) = self else { return 0 };
+        let (ci, si) = split(idx);
+        let Some(c) = t.get_mut(ci) else {
+            return 0;
+        };
         {
-            if slot.page()[a..b].iter().all(|&x| x == 0) {
-                // Nothing to change: no copy of a shared page.
-                return 0;
+            let slots = c.read();
+            match slots.get(si) {
+                Some(Some(slot)) if slot.page()[a..b].iter().any(|&x| x != 0) => {}
+                // Absent, or nothing to change: no copy of a shared page.
+                _ => return 0,
             }
-            let (page, added) = own_page(pages, idx);
-            page[a..b].fill(0);
-            return added;
         }
-        0
+        let slot = own_chunk(c)[si].as_mut().expect("present above");
+        let (page, added) = own_page(slot);
+        page[a..b].fill(0);
+        added
     }
 
     /// Allocates zeroed pages over `[off, off + len)` where none exist. Returns
@@ -425,13 +864,30 @@ impl FileData {
             }
             FileData::Inline(_) if last == 0 => 0,
             _ => {
+                let t = self.table_mut();
                 let mut allocated = 0;
-                let pages = self.map_mut();
-                for idx in first..=last {
-                    if let std::collections::btree_map::Entry::Vacant(e) = pages.entry(idx) {
-                        e.insert(Slot::Own(zero_page()));
-                        allocated += 1;
+                let (c0, _) = split(first);
+                let (c1, _) = split(last);
+                for ci in c0..=c1 {
+                    let lo = ci << CHUNK_SHIFT;
+                    let a = (first.max(lo) - lo) as usize;
+                    let b = (last.min(lo + CHUNK_PAGES - 1) - lo) as usize + 1;
+                    // A chunk already full there is left alone (not unshared).
+                    if let Some(c) = t.get(ci)
+                        && present(&c.read(), a, b) == (b - a) as u64
+                    {
+                        continue;
                     }
+                    let slots = t.slots_mut(ci, b);
+                    let mut n = 0;
+                    for s in &mut slots[a..b] {
+                        if s.is_none() {
+                            *s = Some(Slot::Own(zero_page()));
+                            n += 1;
+                        }
+                    }
+                    t.pages += n;
+                    allocated += n;
                 }
                 allocated
             }
@@ -453,33 +909,46 @@ impl FileData {
                 }
                 0
             }
-            FileData::Pages(pages) => {
+            FileData::Pages(t) => {
                 let keep = size.div_ceil(PAGE);
-                let doomed = pages.split_off(&keep);
-                let mut freed = doomed
-                    .into_values()
-                    .filter_map(|s| s.release().then_some(()))
-                    .count() as i64;
+                let mut freed = 0i64;
+                // Whole chunks past the end in one split (a truncate to 0 of
+                // a big file is O(chunks)), then the boundary chunk's tail.
+                let (kc, ks) = split(keep);
+                let first_whole = if ks == 0 { kc } else { kc + 1 };
+                for c in t.split_off(first_whole) {
+                    t.pages -= present(&c.read(), 0, CHUNK_PAGES as usize);
+                    freed += release_chunk(c) as i64;
+                }
+                if ks != 0 {
+                    freed += t.drop_range(keep, first_whole << CHUNK_SHIFT) as i64;
+                }
                 if size % PAGE != 0 {
                     let idx = size / PAGE;
                     freed -= self.zero_in_page(idx, size, (idx + 1) * PAGE) as i64;
                 }
                 self.shrink();
                 // Cut down to a small file: back to inline, giving the page back.
-                if let FileData::Pages(pages) = self
+                if let FileData::Pages(t) = self
                     && size <= INLINE_MAX as u64
-                    && pages.len() == 1
-                    && let Some(p) = pages.get(&0)
+                    && t.pages == 1
+                    && let Some(c) = t.get(0)
                 {
-                    let bytes = p.page()[..size as usize].to_vec();
-                    let FileData::Pages(mut pages) =
-                        std::mem::replace(self, FileData::Inline(Box::new(bytes)))
-                    else {
-                        unreachable!("pages above")
+                    let bytes = match c.read().first() {
+                        Some(Some(p)) => Some(p.page()[..size as usize].to_vec()),
+                        _ => None,
                     };
-                    // The inline buffer counts as page 0 from now on.
-                    if !pages.remove(&0).is_some_and(Slot::release) {
-                        freed -= 1;
+                    if let Some(bytes) = bytes {
+                        let FileData::Pages(mut t) =
+                            std::mem::replace(self, FileData::Inline(Box::new(bytes)))
+                        else {
+                            unreachable!("pages above")
+                        };
+                        // The inline buffer counts as page 0 from now on.
+                        let c = t.remove(0).expect("chunk 0 above");
+                        if release_chunk(c) == 0 {
+                            freed -= 1;
+                        }
                     }
                 }
                 freed
@@ -487,85 +956,65 @@ impl FileData {
         }
     }
 
-    /// Makes every page shared (no data is copied) and returns a copy of
-    /// the file that shares them: what a snapshot keeps. An inline file is
+    /// A copy of the file that shares its pages: what a snapshot keeps.
+    /// O(chunks): the chunk table is copied, no page is touched (a chunk is
+    /// unshared by the first write to it, [`own_chunk`]). An inline file is
     /// copied (at most [`INLINE_MAX`] bytes). Returns the copy and the pages
     /// it adds to the file system's usage (1 for an inline copy).
     pub fn share(&mut self) -> (FileData, u64) {
-        self.make_shared();
         self.clone_shared()
     }
 
-    /// Turns owned pages into shared ones, without copying any data.
-    pub fn make_shared(&mut self) {
-        if let FileData::Pages(pages) = self
-            && pages.values().any(|s| matches!(s, Slot::Own(_)))
-        {
-            // Rebuilt from the sorted pairs in one pass (no page is copied).
-            let old = std::mem::take(&mut **pages);
-            **pages = old
-                .into_iter()
-                .map(|(k, s)| match s {
-                    Slot::Own(p) => (k, Slot::Shared(Arc::new(Arc::new(p)))),
-                    shared => (k, shared),
-                })
-                .collect();
-        }
-    }
-
-    /// Another holder of a file whose pages are shared: owned pages (there
-    /// should be none) and inline bytes are copied. Returns the copy and the
-    /// pages it adds to the file system's usage.
+    /// [`FileData::share`] through a shared reference (a rollback restoring
+    /// a snapshot's copy).
     pub fn clone_shared(&self) -> (FileData, u64) {
         let added = match self {
-            FileData::Empty => 0,
             FileData::Inline(_) => 1,
-            FileData::Pages(m) => m.values().filter(|s| matches!(s, Slot::Own(_))).count() as u64,
+            _ => 0,
         };
         (self.clone(), added)
     }
 
     /// A copy for another file system (a clone): it shares the pages' memory
     /// but counts them as its own. Returns the copy; it holds
-    /// [`FileData::page_count`] pages of the other file system.
+    /// [`FileData::page_count`] pages of the other file system. O(pages):
+    /// the copy's chunks are its own, each page under an outer `Arc` of the
+    /// clone's.
     pub fn import(&self) -> FileData {
         match self {
-            FileData::Pages(m) => FileData::Pages(Box::new(
-                m.iter()
-                    .map(|(&k, s)| {
-                        let s = match s {
-                            Slot::Own(p) => Slot::Own(p.clone()),
-                            Slot::Shared(a) => Slot::Shared(Arc::new((**a).clone())),
-                        };
-                        (k, s)
-                    })
-                    .collect(),
-            )),
+            FileData::Pages(t) => {
+                let import = |c: &Arc<Chunk>| {
+                    Chunk::new(c.share_copy(|a| Slot::Shared(Arc::new((**a).clone()))))
+                };
+                FileData::Pages(Box::new(Table {
+                    pages: t.pages,
+                    first: t.first.as_ref().map(import),
+                    rest: t.rest.iter().map(|(&ci, c)| (ci, import(c))).collect(),
+                }))
+            }
             other => other.clone(),
         }
     }
 
     /// Lets the contents go; returns the pages that gives back to the file
-    /// system (shared pages a snapshot still holds stay counted).
+    /// system (pages a snapshot still holds stay counted).
     pub fn release(self) -> u64 {
         match self {
             FileData::Empty => 0,
             FileData::Inline(_) => 1,
-            FileData::Pages(m) => m
-                .into_values()
-                .filter_map(|s| s.release().then_some(()))
-                .count() as u64,
+            FileData::Pages(t) => t.into_chunks().map(release_chunk).sum(),
         }
     }
 
     /// The pages whose contents may differ between `self` and `other`, as
     /// runs `(first page, pages)` in order, adjacent pages merged; `None`
     /// past `max_runs` runs (the caller then treats the whole file as
-    /// changed). A page both hold through the same shared slot is the same
-    /// page (what a rollback restores shares the snapshot's pages, and a
-    /// page the live file has not written since still shares them);
-    /// anything else (an own page, a page only one side has, inline bytes)
-    /// counts as changed, which may overstate, never miss. O(pages).
+    /// changed). A chunk or a page both hold through the same `Arc` is the
+    /// same (what a rollback restores shares the snapshot's chunks, and a
+    /// chunk or page the live file has not written since still shares
+    /// them); anything else (a page only one side has, pages of different
+    /// chunks not shared, inline bytes) counts as changed, which may
+    /// overstate, never miss. O(chunks + pages of chunks not shared).
     pub fn changed_runs(&self, other: &FileData, max_runs: usize) -> Option<Vec<(u64, u64)>> {
         let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut push = |idx: u64| -> bool {
@@ -580,11 +1029,13 @@ impl FileData {
             }
             true
         };
-        let same = |a: &Slot, b: &Slot| matches!((a, b), (Slot::Shared(x), Slot::Shared(y)) if Arc::ptr_eq(x, y));
         if let (FileData::Inline(_), _) | (_, FileData::Inline(_)) = (self, other) {
             // At most page 0 and whatever pages the other side has.
-            let (a, b) = (self.map(), other.map());
-            let mut pages: Vec<u64> = a.keys().chain(b.keys()).copied().collect();
+            let mut pages: Vec<u64> = [self, other]
+                .iter()
+                .filter_map(|d| d.table())
+                .flat_map(Table::indices)
+                .collect();
             pages.push(0);
             pages.sort_unstable();
             pages.dedup();
@@ -595,66 +1046,78 @@ impl FileData {
             }
             return Some(runs);
         }
-        let (mut a, mut b) = (self.map().iter().peekable(), other.map().iter().peekable());
+        fn chunks(d: &FileData) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
+            d.table().into_iter().flat_map(|t| t.range(0, u64::MAX))
+        }
+        let (mut a, mut b) = (chunks(self).peekable(), chunks(other).peekable());
+        let same = |x: &Option<Slot>, y: &Option<Slot>| match (x, y) {
+            (None, None) => true,
+            (Some(Slot::Shared(x)), Some(Slot::Shared(y))) => Arc::ptr_eq(x, y),
+            _ => false,
+        };
         loop {
-            let idx = match (a.peek(), b.peek()) {
+            let (ci, x, y) = match (a.peek(), b.peek()) {
                 (None, None) => break,
-                (Some(&(&i, _)), None) => {
+                (Some(&(i, x)), Some(&(j, _))) if i < j => {
                     a.next();
-                    i
+                    (i, Some(x), None)
                 }
-                (None, Some(&(&j, _))) => {
+                (Some(&(i, x)), None) => {
+                    a.next();
+                    (i, Some(x), None)
+                }
+                (Some(&(i, _)), Some(&(j, y))) if j < i => {
                     b.next();
-                    j
+                    (j, None, Some(y))
                 }
-                (Some(&(&i, x)), Some(&(&j, y))) => {
-                    if i < j {
-                        a.next();
-                        i
-                    } else if j < i {
-                        b.next();
-                        j
-                    } else {
-                        let unchanged = same(x, y);
-                        a.next();
-                        b.next();
-                        if unchanged {
-                            continue;
-                        }
-                        i
+                (None, Some(&(j, y))) => {
+                    b.next();
+                    (j, None, Some(y))
+                }
+                (Some(&(i, x)), Some(&(_, y))) => {
+                    a.next();
+                    b.next();
+                    if Arc::ptr_eq(x, y) {
+                        continue;
                     }
+                    (i, Some(x), Some(y))
                 }
             };
-            if !push(idx) {
-                return None;
+            let gx = x.map(|c| c.read());
+            let gy = y.map(|c| c.read());
+            let none: &[Option<Slot>] = &[];
+            let sx: &[Option<Slot>] = gx.as_deref().map_or(none, |s| &s[..]);
+            let sy: &[Option<Slot>] = gy.as_deref().map_or(none, |s| &s[..]);
+            for s in 0..sx.len().max(sy.len()) {
+                let (p, q) = (sx.get(s).unwrap_or(&None), sy.get(s).unwrap_or(&None));
+                if !same(p, q) && !push((ci << CHUNK_SHIFT) + s as u64) {
+                    return None;
+                }
             }
         }
         Some(runs)
     }
 
-    /// Pages in `[first, last]` that are shared, each of which a write may copy.
-    pub fn shared_pages(&self, first: u64, last: u64) -> u64 {
-        match self {
-            FileData::Pages(m) => m
-                .range(first..=last)
-                .filter(|(_, s)| matches!(s, Slot::Shared(_)))
-                .count() as u64,
-            _ => 0,
-        }
-    }
-
-    /// Pages held by this copy alone (for a snapshot's size estimate).
+    /// Pages held by this copy alone (for a snapshot's size estimate): none
+    /// of a chunk another holder shares.
     pub fn unique_pages(&self) -> u64 {
         match self {
             FileData::Empty => 0,
             FileData::Inline(_) => 1,
-            FileData::Pages(m) => m
-                .values()
-                .filter(|s| match s {
-                    Slot::Own(_) => true,
-                    Slot::Shared(a) => Arc::strong_count(a) == 1,
+            FileData::Pages(t) => t
+                .range(0, u64::MAX)
+                .filter(|(_, c)| Arc::strong_count(c) == 1)
+                .map(|(_, c)| {
+                    c.read()
+                        .iter()
+                        .flatten()
+                        .filter(|s| match s {
+                            Slot::Own(_) => true,
+                            Slot::Shared(a) => Arc::strong_count(a) == 1,
+                        })
+                        .count() as u64
                 })
-                .count() as u64,
+                .sum(),
         }
     }
 
@@ -663,20 +1126,36 @@ impl FileData {
     /// a checkpoint copy a big file in slices, dropping the lock in between.
     /// An inline file shows as its page 0.
     pub fn pages_from(&self, start: u64, max: usize, mut f: impl FnMut(u64, &Page)) -> Option<u64> {
-        if let FileData::Inline(v) = self {
-            if start == 0 && max > 0 {
-                let mut page = [0u8; PAGE_SIZE];
-                page[..v.len()].copy_from_slice(v);
-                f(0, &page);
+        match self {
+            FileData::Empty => None,
+            FileData::Inline(v) => {
+                if start == 0 && max > 0 {
+                    let mut page = [0u8; PAGE_SIZE];
+                    page[..v.len()].copy_from_slice(v);
+                    f(0, &page);
+                }
+                None
             }
-            return None;
+            FileData::Pages(t) => {
+                let (c0, s0) = split(start);
+                let mut left = max;
+                for (ci, c) in t.range(c0, u64::MAX) {
+                    let slots = c.read();
+                    let from = if ci == c0 { s0 } else { 0 };
+                    for (s, slot) in slots.iter().enumerate().skip(from) {
+                        if let Some(slot) = slot {
+                            let idx = (ci << CHUNK_SHIFT) + s as u64;
+                            if left == 0 {
+                                return Some(idx);
+                            }
+                            f(idx, slot.page());
+                            left -= 1;
+                        }
+                    }
+                }
+                None
+            }
         }
-        let mut it = self.map().range(start..);
-        for _ in 0..max {
-            let (&k, p) = it.next()?;
-            f(k, p.page());
-        }
-        it.next().map(|(&k, _)| k)
     }
 
     /// The first offset at or after `off` that is in data (`SEEK_DATA`), given the file size.
@@ -686,8 +1165,16 @@ impl FileData {
         }
         let idx = off / PAGE;
         let k = match self {
+            FileData::Empty => return None,
             FileData::Inline(_) => (idx == 0).then_some(0)?,
-            _ => *self.map().range(idx..).next()?.0,
+            FileData::Pages(t) => {
+                let (c0, s0) = split(idx);
+                t.range(c0, u64::MAX).find_map(|(ci, c)| {
+                    let from = if ci == c0 { s0 } else { 0 };
+                    let s = c.read().iter().skip(from).position(Option::is_some)?;
+                    Some((ci << CHUNK_SHIFT) + (from + s) as u64)
+                })?
+            }
         };
         let pos = (k * PAGE).max(off);
         (pos < size).then_some(pos)
@@ -700,19 +1187,39 @@ impl FileData {
             return None;
         }
         let mut idx = off / PAGE;
-        if self.is_inline() {
-            if idx == 0 {
-                idx = 1;
+        match self {
+            FileData::Empty => {}
+            FileData::Inline(_) => {
+                if idx == 0 {
+                    idx = 1;
+                }
             }
-        } else {
-            for (&k, _) in self.map().range(idx..) {
-                if k != idx {
+            FileData::Pages(t) => loop {
+                let (ci, si) = split(idx);
+                let Some(c) = t.get(ci) else { break };
+                let slots = c.read();
+                let run = slots.iter().skip(si).take_while(|s| s.is_some()).count();
+                idx += run as u64;
+                if si + run < CHUNK_PAGES as usize {
                     break;
                 }
-                idx += 1;
-            }
+            },
         }
         Some((idx * PAGE).max(off).min(size))
+    }
+}
+
+/// Calls `f(slot, offset in page, bytes)` for each page `data` (written at
+/// `pos`, within one chunk) touches.
+fn for_each_page(mut pos: u64, mut data: &[u8], mut f: impl FnMut(usize, usize, &[u8])) {
+    while !data.is_empty() {
+        let (_, si) = split(pos / PAGE);
+        let in_page = (pos % PAGE) as usize;
+        let n = (PAGE_SIZE - in_page).min(data.len());
+        let (here, rest) = data.split_at(n);
+        f(si, in_page, here);
+        pos += n as u64;
+        data = rest;
     }
 }
 
@@ -943,5 +1450,95 @@ mod tests {
         assert_eq!(&buf, b"\0q\0\0");
         f.read(PAGE + 7, &mut buf);
         assert_eq!(buf, [0; 4]);
+    }
+
+    fn chunk_of(d: &FileData, ci: u64) -> Arc<Chunk> {
+        match d {
+            FileData::Pages(t) => t.get(ci).expect("chunk").clone(),
+            _ => panic!("not pages"),
+        }
+    }
+
+    fn page_ptr(d: &FileData, idx: u64) -> *const u8 {
+        let (ci, si) = split(idx);
+        let c = chunk_of(d, ci);
+        let slots = c.read();
+        slots[si].as_ref().expect("present").page().as_ptr()
+    }
+
+    #[test]
+    fn first_write_to_a_shared_chunk_copies_one_page_and_shares_the_rest() {
+        let mut live = FileData::default();
+        let n = 3 * CHUNK_PAGES;
+        live.write(0, &vec![3u8; n as usize * PAGE_SIZE]);
+        let (snap, added) = live.share();
+        assert_eq!(added, 0);
+        for ci in 0..3 {
+            assert!(Arc::ptr_eq(&chunk_of(&live, ci), &chunk_of(&snap, ci)));
+        }
+        let before: Vec<_> = (0..n).map(|i| page_ptr(&snap, i)).collect();
+        let w = CHUNK_PAGES + 6;
+        assert_eq!(live.write(w * PAGE + 1, b"new"), 1, "one page copied");
+        assert!(Arc::ptr_eq(&chunk_of(&live, 0), &chunk_of(&snap, 0)));
+        assert!(Arc::ptr_eq(&chunk_of(&live, 2), &chunk_of(&snap, 2)));
+        assert!(!Arc::ptr_eq(&chunk_of(&live, 1), &chunk_of(&snap, 1)));
+        for i in 0..n {
+            assert_eq!(page_ptr(&snap, i), before[i as usize]);
+            assert_eq!(page_ptr(&live, i) == before[i as usize], i != w, "page {i}");
+        }
+        assert_eq!(
+            &contents(&snap, (w as usize + 1) * PAGE_SIZE)[w as usize * PAGE_SIZE..][..4],
+            &[3u8; 4]
+        );
+        assert_eq!(
+            &contents(&live, (w as usize + 1) * PAGE_SIZE)[w as usize * PAGE_SIZE..][..4],
+            b"\x03new"
+        );
+        assert_eq!(live.changed_runs(&snap, 8), Some(vec![(w, 1)]));
+        assert_eq!(snap.unique_pages(), 1);
+        assert_eq!(live.page_count(), n);
+        // Each side gives back what only it holds, the last one the rest.
+        assert_eq!(live.release(), 1);
+        assert_eq!(snap.release(), n);
+    }
+
+    #[test]
+    fn slots_grow_with_the_pages() {
+        let slots = |d: &FileData, ci| chunk_of(d, ci).read().len();
+        let mut d = FileData::default();
+        d.write(0, &[1u8; PAGE_SIZE]);
+        assert_eq!(slots(&d, 0), 2, "in the chunk itself");
+        d.write(PAGE, b"x");
+        assert_eq!(slots(&d, 0), 2);
+        d.write(2 * PAGE, b"x");
+        assert_eq!(slots(&d, 0), 64);
+        d.write((CHUNK_PAGES + 63) * PAGE, b"y");
+        assert_eq!(slots(&d, 1), 64);
+        assert_eq!(d.page_count(), 4);
+        // Punching a chunk's only page drops the chunk.
+        assert_eq!(d.punch((CHUNK_PAGES + 63) * PAGE, PAGE), 1);
+        assert!(matches!(&d, FileData::Pages(t) if t.chunk_count() == 1));
+        assert_eq!(d.seek_data(PAGE * 3, PAGE * 200), None);
+    }
+
+    #[test]
+    fn pages_from_crosses_chunks() {
+        let mut d = FileData::default();
+        for idx in [1, 63, 64, 130, 1000] {
+            d.write(idx * PAGE, b"p");
+        }
+        let mut seen = Vec::new();
+        assert_eq!(d.pages_from(0, 2, |i, _| seen.push(i)), Some(64));
+        assert_eq!(d.pages_from(64, 2, |i, _| seen.push(i)), Some(1000));
+        assert_eq!(d.pages_from(1000, 5, |i, _| seen.push(i)), None);
+        assert_eq!(seen, vec![1, 63, 64, 130, 1000]);
+        assert_eq!(d.pages_from(2, 0, |_, _| panic!("none asked")), Some(63));
+        assert_eq!(d.missing_pages(0, 127), 125);
+        let (s, _) = d.share();
+        assert_eq!(d.pages_to_reserve(60, 70), 11 - 2 + 2);
+        assert_eq!(d.pages_to_reserve(0, 2000), 2001);
+        drop(s);
+        assert_eq!(d.pages_to_reserve(0, 2000), 2001 - 5);
+        assert_eq!(d.pages_to_reserve(60, 70), 11 - 2);
     }
 }

@@ -1667,6 +1667,42 @@ impl Fs {
 
     /// [`Fs::read`] with the mount's atime policy.
     pub fn read_atime(&self, ino: u64, off: u64, buf: &mut [u8], mode: AtimeMode) -> Result<usize> {
+        self.read_in(ino, off, buf.len(), mode, |data, n| {
+            data.read(off, &mut buf[..n]);
+            n
+        })
+    }
+
+    /// Reads up to `len` bytes at `off` without copying them: calls `f`
+    /// with slices that cover `[off, off + n)` in order, `n` clipped at the
+    /// end of file (no slice at all past it). Holes read from a shared
+    /// static page of zeros. The file's lock is held shared while `f` runs,
+    /// so the bytes cannot change under it: `f` must not write to this file
+    /// (that would wait for itself). The access time and errors are those
+    /// of [`Fs::read_atime`] (EISDIR for a directory, EINVAL for other
+    /// non-files; permissions are the caller's, as there).
+    pub fn read_with<R>(
+        &self,
+        ino: u64,
+        off: u64,
+        len: usize,
+        mode: AtimeMode,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
+        self.read_in(ino, off, len, mode, |data, n| data.with_slices(off, n, f))
+    }
+
+    /// A read of up to `len` bytes at `off`: `f` gets the file and the
+    /// count clipped at the end of file, under the node's read lock; then
+    /// the access time moves as the mount's policy says.
+    fn read_in<R>(
+        &self,
+        ino: u64,
+        off: u64,
+        len: usize,
+        mode: AtimeMode,
+        f: impl FnOnce(&FileData, usize) -> R,
+    ) -> Result<R> {
         let inode = self.get(ino)?;
         let st = inode.state.read();
         let data = match &st.body {
@@ -1675,10 +1711,10 @@ impl Fs {
             _ => return Err(Errno::EINVAL),
         };
         if off >= st.meta.size {
-            return Ok(0);
+            return Ok(f(data, 0));
         }
-        let n = ((st.meta.size - off) as usize).min(buf.len());
-        data.read(off, &mut buf[..n]);
+        let n = ((st.meta.size - off) as usize).min(len);
+        let out = f(data, n);
         // relatime, as Linux's relatime_need_update: the access is news when
         // the last one is not later than the last change, or a day old.
         let stale = |m: &Meta| {
@@ -1704,7 +1740,7 @@ impl Fs {
                 }
             }
         }
-        Ok(n)
+        Ok(out)
     }
 
     /// Whether a read moved an access time since the last call (or since
@@ -1765,7 +1801,7 @@ impl Fs {
         }
         let (first, last) = (off / PAGE, (end - 1) / PAGE);
         // A page a snapshot shares costs a copy on its first write.
-        let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+        let reserved = file.pages_to_reserve(first, last);
         self.reserve_pages(reserved)?;
         let allocated = file.write(off, data);
         debug_assert!(allocated <= reserved);
@@ -1866,7 +1902,7 @@ impl Fs {
             // they keep their reservation: only absent pages need capacity,
             // and shared ones (a snapshot keeps the old page).
             let (first, last) = (off / PAGE, (end - 1) / PAGE);
-            let reserved = file.missing_pages(first, last) + file.shared_pages(first, last);
+            let reserved = file.pages_to_reserve(first, last);
             self.reserve_pages(reserved)?;
             let mut net = 0i64;
             if mode.zero_range {

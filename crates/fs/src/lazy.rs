@@ -109,7 +109,7 @@ impl Core {
         if self.gone.lock().contains(&ino) {
             return Err(Errno::ENOENT);
         }
-        let got = b.core.snap_node(b.id, ino, true, |kind, m, body| {
+        let got = b.core.snap_node(b.id, ino, |kind, m, body| {
             let body = match body {
                 Body::File(d) => Body::File(d.import()),
                 other => other.clone(),

@@ -143,7 +143,7 @@ pub(crate) struct Snap {
     epoch: u64,
     /// Nodes changed after this snapshot and before the next one, as they
     /// were. A node changed after several snapshots is kept once, in the
-    /// newest of them; older snapshots find it there (see [`Fs::snap_node`]).
+    /// newest of them; older snapshots find it there (see [`Core::snap_node`]).
     map: Mutex<Preserved>,
     /// Lazy clones still reading this snapshot (`lazy.rs`): deleting it
     /// first makes them whole.
@@ -247,14 +247,13 @@ fn entry_changes(ino: u64, old: &Body, new: &Body, out: &mut Vec<(u64, Vec<u8>)>
 }
 
 impl Core {
-    /// [`Fs::with_snap_node`]; with `share_live`, a live file's pages are
-    /// first made shared (under its write lock: no change a snapshot can
-    /// see), so that a clone can share them too.
+    /// [`Fs::with_snap_node`]. A clone's copy of a file
+    /// ([`crate::data::FileData::import`]) makes its pages shared itself,
+    /// under each chunk's lock, so a live node is only read here.
     pub(crate) fn snap_node<R>(
         &self,
         snap: u64,
         ino: u64,
-        share_live: bool,
         f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
     ) -> Result<R> {
         // Recursive: `f` may call back into snapshot views (a readdirplus
@@ -278,16 +277,6 @@ impl Core {
                 }
             }
             let node = self.get(ino)?;
-            if share_live && node.kind == FileType::RegularFile {
-                let mut st = node.state.write();
-                if st.epoch <= epoch {
-                    if let Body::File(d) = &mut st.body {
-                        d.make_shared();
-                    }
-                    return f(node.kind, &st.meta, &st.body);
-                }
-                continue;
-            }
             let st = node.state.read();
             if st.epoch <= epoch {
                 return f(node.kind, &st.meta, &st.body);
@@ -348,8 +337,8 @@ impl Fs {
             && st.epoch <= newest.epoch
             && !newest.map.lock().contains_key(&inode.ino)
         {
-            // Copied outside the map's lock (a big file's page table takes a
-            // while); nobody else can add this node meanwhile: its lock is
+            // Copied outside the map's lock (a big file's chunk table, or a
+            // big directory, takes a while); nobody else can add this node meanwhile: its lock is
             // held here, and deletions wait for the list.
             let frozen = Arc::new(self.freeze(inode.kind, st));
             newest.map.lock().insert(inode.ino, Some(frozen));
@@ -357,8 +346,9 @@ impl Fs {
         st.epoch = epoch;
     }
 
-    /// The node's state as a snapshot keeps it: file pages become shared
-    /// (no data copied); a directory's entries, a symlink's target and the
+    /// The node's state as a snapshot keeps it: a file's chunk table is
+    /// copied, its chunks shared (O(pages / 64), no page touched; the live
+    /// file's first write to a chunk unshares it); a directory's entries, a symlink's target and the
     /// xattrs are copied (a directory costs O(entries) once per snapshot
     /// that sees it change).
     fn freeze(&self, kind: FileType, st: &mut State) -> Frozen {
@@ -389,17 +379,7 @@ impl Fs {
         ino: u64,
         f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
     ) -> Result<R> {
-        self.snap_node(snap, ino, false, f)
-    }
-
-    pub(crate) fn snap_node<R>(
-        &self,
-        snap: u64,
-        ino: u64,
-        share_live: bool,
-        f: impl FnOnce(FileType, &Meta, &Body) -> Result<R>,
-    ) -> Result<R> {
-        self.core.snap_node(snap, ino, share_live, f)
+        self.core.snap_node(snap, ino, f)
     }
 
     /// Freezes the tree as it is now under `name`: O(1), no copy. Every
@@ -583,18 +563,35 @@ impl Fs {
 
     /// Reads file `ino` of snapshot `snap`; returns the count (0 at its end).
     pub fn snap_read(&self, snap: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+        self.snap_read_with(snap, ino, off, buf.len(), |parts| {
+            let mut n = 0;
+            for p in parts {
+                buf[n..n + p.len()].copy_from_slice(p);
+                n += p.len();
+            }
+            n
+        })
+    }
+
+    /// [`Fs::read_with`] on file `ino` of snapshot `snap`: `f` gets slices
+    /// covering up to `len` bytes at `off` (clipped at the snapshot's end of
+    /// file), with no copy; nothing can change them meanwhile.
+    pub fn snap_read_with<R>(
+        &self,
+        snap: u64,
+        ino: u64,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
         self.with_snap_node(snap, ino, |_, m, b| {
             let data = match b {
                 Body::File(d) => d,
                 Body::Dir(_) => return Err(Errno::EISDIR),
                 _ => return Err(Errno::EINVAL),
             };
-            if off >= m.size {
-                return Ok(0);
-            }
-            let n = ((m.size - off) as usize).min(buf.len());
-            data.read(off, &mut buf[..n]);
-            Ok(n)
+            let n = (m.size.saturating_sub(off) as usize).min(len);
+            Ok(data.with_slices(off, n, f))
         })
     }
 

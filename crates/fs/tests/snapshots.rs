@@ -581,7 +581,9 @@ fn op() -> impl Strategy<Value = Op> {
         (p(), 0..3usize, any::<u16>(), any::<u8>()).prop_map(|((d, n), pg, len, b)| Op::Write(
             d,
             n,
-            pg as u16 * 2048 + len % 97,
+            // x64 in `apply`: near 0, 128 KiB and 256 KiB, so that writes
+            // cross the page table's chunk boundary (64 pages).
+            pg as u16 * 2047 + len % 97,
             b,
             (len % 7) as u8
         )),
@@ -611,7 +613,7 @@ fn apply(fs: &Fs, op: &Op) {
         Op::Write(d, n, off, b, pages) => {
             if let Ok(i) = ino(d, n) {
                 let len = 1 + pages as usize * 3000;
-                let _ = fs.write(C, i, off as u64 * 3, &vec![b; len], false);
+                let _ = fs.write(C, i, off as u64 * 64, &vec![b; len], false);
             }
         }
         Op::Truncate(d, n, s) => {
@@ -620,7 +622,8 @@ fn apply(fs: &Fs, op: &Op) {
                     C,
                     i,
                     &SetAttr {
-                        size: Some(s as u64),
+                        // Up to 300 KB: across the first chunk boundary.
+                        size: Some(s as u64 * 25),
                         ..Default::default()
                     },
                 );
