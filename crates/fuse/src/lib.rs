@@ -453,6 +453,22 @@ thread_local! {
     static READ_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Answers a READ with `pages` gathered in one `writev`. Up to four slices
+/// (every read of 8 KiB or less) need no allocation.
+fn reply_pages(reply: ReplyData, pages: &[&[u8]]) {
+    const INLINE: usize = 4;
+    if pages.len() <= INLINE {
+        let mut iov = [io::IoSlice::new(&[]); INLINE];
+        for (v, p) in iov.iter_mut().zip(pages) {
+            *v = io::IoSlice::new(p);
+        }
+        reply.data_vectored(&iov[..pages.len()]);
+    } else {
+        let iov: Vec<io::IoSlice<'_>> = pages.iter().map(|p| io::IoSlice::new(p)).collect();
+        reply.data_vectored(&iov);
+    }
+}
+
 /// Kernel lock owners and flock ids are distinct spaces; memfs keeps POSIX
 /// record locks in the engine and lets the kernel emulate flock locally (the
 /// FUSE library in use cannot tell a flock request from a record lock).
@@ -1004,27 +1020,36 @@ impl Filesystem for MemFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let backed = self.backed(ino.0);
-        READ_BUF.with_borrow_mut(|buf| {
-            if buf.len() < size as usize {
-                buf.resize(size as usize, 0);
+        // The engine's pages (and a snapshot's) go to the kernel as a gather
+        // list, under the file's read lock: no copy into a buffer first.
+        let mut reply = Some(reply);
+        let mut send = |pages: &[&[u8]]| {
+            if let Some(reply) = reply.take() {
+                reply_pages(reply, pages);
             }
-            let buf = &mut buf[..size as usize];
-            let r = match (snapdir::classify(ino.0), &backed) {
-                (Node::Snap { slot, ino }, _) => self.snap_read(slot, ino, offset, buf),
-                (Node::SnapDir, _) => Err(Errno::EISDIR),
-                (_, Some(b)) => b.read_at(offset, buf),
-                (_, None) => self
-                    .fs
-                    .get()
-                    .read_atime(ino.0, offset, buf, self.atime)
-                    .map_err(stale),
-            };
-            match r {
-                Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(err(e)),
+        };
+        let r = match (snapdir::classify(ino.0), self.backed(ino.0)) {
+            (Node::Snap { slot, ino }, _) => {
+                self.snap_read_with(slot, ino, offset, size as usize, send)
             }
-        });
+            (Node::SnapDir, _) => Err(Errno::EISDIR),
+            // A backing file's bytes are the kernel's: read into a buffer.
+            (_, Some(b)) => READ_BUF.with_borrow_mut(|buf| {
+                if buf.len() < size as usize {
+                    buf.resize(size as usize, 0);
+                }
+                let buf = &mut buf[..size as usize];
+                b.read_at(offset, buf).map(|n| send(&[&buf[..n]]))
+            }),
+            (_, None) => self
+                .fs
+                .get()
+                .read_with(ino.0, offset, size as usize, self.atime, send)
+                .map_err(stale),
+        };
+        if let (Err(e), Some(reply)) = (r, reply) {
+            reply.error(err(e));
+        }
     }
 
     fn write(

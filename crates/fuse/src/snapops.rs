@@ -140,9 +140,18 @@ impl MemFuse {
         }
     }
 
-    pub(crate) fn snap_read(&self, slot: u64, ino: u64, off: u64, buf: &mut [u8]) -> Result<usize> {
+    /// A snapshot's pages as slices, under its node's read lock (see
+    /// [`Fs::read_with`]).
+    pub(crate) fn snap_read_with<R>(
+        &self,
+        slot: u64,
+        ino: u64,
+        off: u64,
+        len: usize,
+        f: impl FnOnce(&[&[u8]]) -> R,
+    ) -> Result<R> {
         let (fs, id) = self.snap_at(slot)?;
-        fs.snap_read(id, ino, off, buf)
+        fs.snap_read_with(id, ino, off, len, f)
     }
 
     pub(crate) fn snap_readlink(&self, slot: u64, ino: u64) -> Result<Vec<u8>> {
