@@ -225,6 +225,19 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
         }
     }
     let _ = writeln!(out, "lag at ClientDone (from the marks): {hist:?}");
+    // The writer's count steps up at its publication, before the client has
+    // the reply: the lag just after `Published` is the sawtooth's true peak
+    // (the sample at `ClientDone` gives the follower that gap more).
+    let mut at_pub: BTreeMap<u64, usize> = BTreeMap::new();
+    for (&q, e) in &by {
+        let Some(t) = e[pos(Stage::Published)] else {
+            continue;
+        };
+        let n = applied.partition_point(|&(at, _)| at <= t);
+        let done = applied[..n].iter().map(|&(_, s)| s).max().unwrap_or(0);
+        *at_pub.entry(q.saturating_sub(done)).or_default() += 1;
+    }
+    let _ = writeln!(out, "lag at Published (from the marks): {at_pub:?}");
     let _ = writeln!(
         out,
         "when lag >= 2, the last stage the previous event had reached: {behind:?}"
