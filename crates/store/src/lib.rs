@@ -1797,7 +1797,8 @@ mod tests {
     /// new undo buffer, though each shard's share of a block varies. (Before,
     /// a recycled buffer a little too short for its new shard was grown by
     /// realloc and the freed one given back to the kernel: perf showed the
-    /// kernel zeroing those pages again as a third of a follower's apply.)
+    /// kernel zeroing those pages again in a quarter of a follower's apply
+    /// thread's samples, docs/store.md.)
     #[test]
     fn undo_buffers_are_reused_once_the_window_is_full() {
         let tmp = tempfile::tempdir().unwrap();
