@@ -269,7 +269,10 @@ struct Writer {
     snapshot: Option<JoinHandle<Result<u64>>>,
     hashes: Vec<u64>,
     by_shard: Vec<Vec<u32>>,
+    /// Undo buffers to reuse (see [`spare_limit`]).
     spare: Vec<Vec<u8>>,
+    /// The journal form of a block given as pairs, reused.
+    redo: Vec<u8>,
     /// Entry offsets of a block given in the encoded form ([`Store::set_encoded`]).
     offsets: Vec<u32>,
 }
@@ -451,6 +454,7 @@ impl Store {
             hashes: Vec::new(),
             by_shard: vec![Vec::new(); opts.shards],
             spare: Vec::new(),
+            redo: Vec::new(),
             offsets: Vec::new(),
             opts: opts.clone(),
         };
@@ -669,7 +673,8 @@ impl Store {
         // does not depend on applying them: encode it first, then write it
         // while the tables are updated. In `sync` mode the fsync overlaps the
         // in-memory work instead of following it.
-        let mut redo = w.spare.pop().unwrap_or_default();
+        let mut redo = std::mem::take(&mut w.redo);
+        redo.clear();
         if encoded.is_none() {
             redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
             for i in 0..ops.len() {
@@ -686,7 +691,7 @@ impl Store {
         let reserved = match w.journal.reserve((header.len() + entries.len()) as u64) {
             Ok(n) => n,
             Err(e) => {
-                recycle(w, vec![redo]);
+                w.redo = redo;
                 let e = StoreError::from(e);
                 if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
                     self.shared.fail(&e);
@@ -746,7 +751,7 @@ impl Store {
             }
             stages::mark(*id, journal_stage);
         }
-        recycle(w, vec![redo]);
+        w.redo = redo;
         if let Err(e) = res {
             drop(gate);
             let e = StoreError::from(e);
@@ -756,7 +761,8 @@ impl Store {
         self.shared.current.store(block, Ordering::Release);
         let undo = Arc::new(UndoBlock { block, parts: undo });
         let limit = w.opts.rollback_window;
-        push_window(&mut gate, limit, undo.clone(), &mut w.spare);
+        let keep = spare_limit(self.shared.shards.len());
+        push_window(&mut gate, limit, undo.clone(), &mut w.spare, keep);
         drop(gate);
         self.shared.metrics.record_block(ops.len(), t0.elapsed());
         w.blocks_since_snapshot += 1;
@@ -985,7 +991,23 @@ fn join_snapshot(h: JoinHandle<Result<u64>>, shared: &Shared) -> Result<u64> {
     }
 }
 
-fn push_window(g: &mut WindowState, limit: u64, undo: Arc<UndoBlock>, spare: &mut Vec<Vec<u8>>) {
+/// Undo buffers kept for reuse: one block's worth (a buffer per shard)
+/// and some, so that the buffers of the block leaving the window serve the
+/// next block. Freed and allocated again instead, they cost more than the
+/// block's table work: the allocator returns the freed pages to the kernel,
+/// which zeroes them again (2 MiB at a time with huge pages) when they come
+/// back (perf, docs/store.md).
+fn spare_limit(shards: usize) -> usize {
+    64.max(2 * shards + 2)
+}
+
+fn push_window(
+    g: &mut WindowState,
+    limit: u64,
+    undo: Arc<UndoBlock>,
+    spare: &mut Vec<Vec<u8>>,
+    keep: usize,
+) {
     g.bytes += undo.bytes();
     g.window.push_back(undo);
     while g.window.len() as u64 > limit {
@@ -995,20 +1017,11 @@ fn push_window(g: &mut WindowState, limit: u64, undo: Arc<UndoBlock>, spare: &mu
         // Recycle the buffers when nobody else (a snapshot) holds them.
         if let Ok(old) = Arc::try_unwrap(old) {
             for mut p in old.parts {
-                if spare.len() < 64 {
+                if spare.len() < keep {
                     p.clear();
                     spare.push(p);
                 }
             }
-        }
-    }
-}
-
-fn recycle(w: &mut Writer, bufs: Vec<Vec<u8>>) {
-    for mut p in bufs {
-        if w.spare.len() < 64 {
-            p.clear();
-            w.spare.push(p);
         }
     }
 }
@@ -1227,8 +1240,16 @@ fn apply_bucketed<O: Ops>(
             if by_shard[s].is_empty() {
                 Vec::new()
             } else {
+                let need = by_shard[s].len() * (kw + 2 + 8);
                 let mut b = w.spare.pop().unwrap_or_default();
-                b.reserve(by_shard[s].len() * (kw + 2 + 8));
+                if b.capacity() < need {
+                    // Replaced, not grown: growing copies the old
+                    // allocation (realloc does not know it is empty). A
+                    // buffer recycled from another shard's share of an
+                    // older block is often a little short; the headroom
+                    // makes the next reuse fit.
+                    b = Vec::with_capacity(need + need / 4);
+                }
                 b
             }
         })
@@ -1764,4 +1785,74 @@ impl BlockBuilder<'_> {
     }
 
     pub fn abort(self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// The undo buffers of the block leaving the rollback window serve the
+    /// next block: once the window is full, applying blocks allocates no
+    /// new undo buffer, though each shard's share of a block varies. (Before,
+    /// a recycled buffer a little too short for its new shard was grown by
+    /// realloc and the freed one given back to the kernel: perf showed the
+    /// kernel zeroing those pages again in a quarter of a follower's apply
+    /// thread's samples, docs/store.md.)
+    #[test]
+    fn undo_buffers_are_reused_once_the_window_is_full() {
+        let tmp = tempfile::tempdir().unwrap();
+        let window = 6u64;
+        let s = Store::create(
+            tmp.path().join("s"),
+            StoreOptions {
+                shards: 4,
+                threads: 1,
+                durability: Durability::None,
+                rollback_window: window,
+                snapshot_interval: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let buffers = |s: &Store| -> Vec<usize> {
+            let g = s.shared.gate.lock();
+            let last = g.window.back().expect("a block");
+            last.parts.iter().map(|p| p.as_ptr() as usize).collect()
+        };
+        // Until block `window + 1` every block needs new buffers (nothing
+        // has left the window yet); from then on, those of the block that
+        // left.
+        let mut allocated = HashSet::new();
+        let mut next = 0u64;
+        for b in 1..=window * 5 {
+            // 600 inserts and 500 deletes (of keys inserted two blocks
+            // before, or absent at first): the same size of block, but each
+            // shard's share of it differs from block to block.
+            let mut ops: Vec<([u8; 8], Vec<u8>)> = (next..next + 600)
+                .map(|k| (k.to_le_bytes(), k.to_le_bytes().to_vec()))
+                .collect();
+            let old = match next.checked_sub(1200) {
+                Some(o) => o,
+                None => (1 << 40) + next,
+            };
+            ops.extend((old..old + 500).map(|k| (k.to_le_bytes(), Vec::new())));
+            next += 600;
+            s.set(b, &ops).unwrap();
+            let bufs = buffers(&s);
+            assert_eq!(bufs.len(), 4, "block {b} touches every shard");
+            for p in bufs {
+                if b <= window + 1 {
+                    assert!(allocated.insert(p), "block {b} shares a buffer");
+                } else {
+                    assert!(
+                        allocated.contains(&p),
+                        "block {b} allocated a new undo buffer"
+                    );
+                }
+            }
+        }
+        // The spare pool stays bounded.
+        assert!(s.w.lock().spare.len() <= spare_limit(4));
+    }
 }

@@ -127,17 +127,20 @@ fn every_event_passes_every_stage_in_order() {
             "{st:?} missing from the report:\n{report}"
         );
     }
-    // Every ClientDone is one lag sample: BLOCKS of them in the histogram.
-    let hist = report
-        .lines()
-        .find_map(|l| l.strip_prefix("lag at ClientDone (from the marks): "))
-        .expect("a lag line");
-    let samples: usize = hist
-        .trim_matches(|c| c == '{' || c == '}')
-        .split(", ")
-        .map(|kv| kv.split(": ").nth(1).unwrap().parse::<usize>().unwrap())
-        .sum();
-    assert_eq!(samples, BLOCKS as usize, "{report}");
+    // Every ClientDone is one lag sample, and so is every publication:
+    // BLOCKS of them in each histogram.
+    for at in ["ClientDone", "Published"] {
+        let hist = report
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("lag at {at} (from the marks): ")))
+            .unwrap_or_else(|| panic!("no lag line at {at}:\n{report}"));
+        let samples: usize = hist
+            .trim_matches(|c| c == '{' || c == '}')
+            .split(", ")
+            .map(|kv| kv.split(": ").nth(1).unwrap().parse::<usize>().unwrap())
+            .sum();
+        assert_eq!(samples, BLOCKS as usize, "{at}: {report}");
+    }
 
     // Off: another block leaves no mark.
     w.set(BLOCKS + 1, &[(key(1), [1u8; 8])]).unwrap();

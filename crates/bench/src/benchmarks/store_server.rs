@@ -48,6 +48,9 @@ pub struct Args {
     /// threads waits for the slower of them (docs/store.md).
     #[arg(long, default_value_t = 1)]
     follower_threads: usize,
+    /// Durability of the follower's replica (the writer's is `async`).
+    #[arg(long, default_value = "async")]
+    follower_durability: Durability,
     /// Record when each event passes each stage (server, subscription,
     /// follower; `memfs_store::stages`) in the run with a follower, and
     /// print where the time went.
@@ -329,6 +332,7 @@ fn follower_lag(
     name: &str,
     blocks: u64,
     threads: usize,
+    follower_durability: Durability,
     follow: bool,
     stages: bool,
 ) -> Result<Lag> {
@@ -355,7 +359,7 @@ fn follower_lag(
         let cfg = FollowerConfig {
             client: ClientConfig::new(srv.addr.clone(), Role::Follow),
             dir: fdir,
-            durability: async_()?,
+            durability: follower_durability,
             threads,
             max_backoff: Duration::from_millis(200),
             on_caught_up: None,
@@ -434,8 +438,9 @@ fn follower_lag(
 
 fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
     // The writer alone first, then with a follower, in fresh directories.
-    let alone = follower_lag(tmp, "alone", a.blocks, a.follower_threads, false, false)?;
-    let l = follower_lag(tmp, "lag", a.blocks, a.follower_threads, true, a.stages)?;
+    let (t, d) = (a.follower_threads, a.follower_durability);
+    let alone = follower_lag(tmp, "alone", a.blocks, t, d, false, false)?;
+    let l = follower_lag(tmp, "lag", a.blocks, t, d, true, a.stages)?;
     println!(
         "writer alone, 10k inserts + 9k deletes per block: {:.1} blocks/s ({:.2} ms per set)",
         alone.blocks_per_sec, alone.writer_ms

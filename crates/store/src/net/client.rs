@@ -123,8 +123,6 @@ pub struct Client {
     inbuf: Vec<u8>,
     start: usize,
     end: usize,
-    /// `[type][body]` of the last frame received, in `inbuf`.
-    last_frame: (usize, usize),
 }
 
 const PIPELINE_CHUNK: usize = 128;
@@ -139,7 +137,6 @@ impl Client {
             inbuf: vec![0u8; 64 << 10],
             start: 0,
             end: 0,
-            last_frame: (0, 0),
         };
         c.reconnect()?;
         Ok(c)
@@ -722,15 +719,15 @@ impl Subscription {
         self.c.s.as_ref().and_then(|s| s.tcp().try_clone().ok())
     }
 
-    /// Receives the next stream frame, checks it as [`Subscription::next_event`]
-    /// does, and copies its type and body into `frame` (`[type][body]`), so
-    /// that it can be handed to another thread; decode it there with
-    /// [`decode_event`].
+    /// Receives the next stream frame and copies its type and body into
+    /// `frame` (`[type][body]`), so that it can be handed to another
+    /// thread. Only the framing is checked here (an ERROR frame is returned
+    /// as the error): decode and check the body with [`decode_event`],
+    /// once, where it is used.
     pub fn next_frame(&mut self, frame: &mut Vec<u8>) -> Result<()> {
-        self.next_event()?;
-        let (start, end) = self.c.last_frame;
+        let (_, body) = self.c.recv()?;
         frame.clear();
-        frame.extend_from_slice(&self.c.inbuf[start..end]);
+        frame.extend_from_slice(&self.c.inbuf[body.start - 1..body.end]);
         Ok(())
     }
 
@@ -739,7 +736,6 @@ impl Subscription {
     pub fn next_event(&mut self) -> Result<Event<'_>> {
         let (ty, body) = self.c.recv()?;
         let kw = self.c.welcome.key_width as usize;
-        self.c.last_frame = (body.start - 1, body.end);
         decode_event(ty, &self.c.inbuf[body], kw)
     }
 }
