@@ -894,3 +894,390 @@ fn io_uring_transport_serves_requests_or_falls_back() {
     }
     m.unmount();
 }
+
+/// Linux native AIO through its system calls (what libaio wraps; fstests'
+/// generic/451 uses it): writes the kernel queues and completes later.
+mod aio {
+    use std::os::fd::RawFd;
+
+    /// `struct iocb` of linux/aio_abi.h (x86-64 and other little-endian).
+    #[repr(C)]
+    #[derive(Default)]
+    struct Iocb {
+        data: u64,
+        key: u32,
+        rw_flags: i32,
+        opcode: u16,
+        reqprio: i16,
+        fildes: u32,
+        buf: u64,
+        nbytes: u64,
+        offset: i64,
+        reserved2: u64,
+        flags: u32,
+        resfd: u32,
+    }
+
+    /// `struct io_event`.
+    #[repr(C)]
+    #[derive(Default, Clone, Copy)]
+    struct Event {
+        data: u64,
+        obj: u64,
+        res: i64,
+        res2: i64,
+    }
+
+    const IOCB_CMD_PWRITE: u16 = 1;
+
+    pub struct Ctx(libc::c_ulong);
+
+    impl Ctx {
+        pub fn new(depth: usize) -> Ctx {
+            let mut id: libc::c_ulong = 0;
+            // SAFETY: io_setup writes the context id into `id`, which we own.
+            let r = unsafe { libc::syscall(libc::SYS_io_setup, depth as libc::c_long, &mut id) };
+            assert_eq!(r, 0, "io_setup: {}", std::io::Error::last_os_error());
+            Ctx(id)
+        }
+
+        /// Submits every write at once, waits for all; the results in order.
+        pub fn pwrite(&self, fd: RawFd, writes: &[(&[u8], u64)]) -> Vec<i64> {
+            let mut cbs: Vec<Iocb> = writes
+                .iter()
+                .enumerate()
+                .map(|(i, (b, off))| Iocb {
+                    data: i as u64,
+                    opcode: IOCB_CMD_PWRITE,
+                    fildes: fd as u32,
+                    buf: b.as_ptr() as u64,
+                    nbytes: b.len() as u64,
+                    offset: *off as i64,
+                    ..Iocb::default()
+                })
+                .collect();
+            let mut ptrs: Vec<*mut Iocb> = cbs.iter_mut().map(|c| c as *mut Iocb).collect();
+            // SAFETY: the control blocks and the buffers they point at live
+            // until every event has been reaped below.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_io_submit,
+                    self.0,
+                    ptrs.len() as libc::c_long,
+                    ptrs.as_mut_ptr(),
+                )
+            };
+            assert_eq!(
+                n,
+                ptrs.len() as libc::c_long,
+                "io_submit: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut evs = vec![Event::default(); ptrs.len()];
+            let mut got = 0;
+            while got < evs.len() {
+                // SAFETY: room for `evs.len() - got` events at `evs[got..]`.
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_io_getevents,
+                        self.0,
+                        1 as libc::c_long,
+                        (evs.len() - got) as libc::c_long,
+                        evs[got..].as_mut_ptr(),
+                        std::ptr::null::<libc::timespec>(),
+                    )
+                };
+                if r < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                assert!(r > 0, "io_getevents: {}", std::io::Error::last_os_error());
+                got += r as usize;
+            }
+            let mut res = vec![0; evs.len()];
+            for e in evs {
+                res[e.data as usize] = e.res;
+            }
+            drop(cbs);
+            res
+        }
+    }
+
+    impl Drop for Ctx {
+        fn drop(&mut self) {
+            // SAFETY: our context; nothing is in flight once `pwrite` returned.
+            unsafe { libc::syscall(libc::SYS_io_destroy, self.0) };
+        }
+    }
+}
+
+/// A 4 KiB-aligned slice of `v` of `len` bytes (O_DIRECT buffers), filled.
+fn aligned(v: &mut Vec<u8>, len: usize, fill: u8) -> &mut [u8] {
+    v.resize(len + 4096, 0);
+    let at = v.as_ptr().align_offset(4096);
+    let s = &mut v[at..at + len];
+    s.fill(fill);
+    s
+}
+
+/// Runs `work` on its own threads; if it has not finished after a generous
+/// limit (a deadlock in the kernel, never slowness: the work takes seconds),
+/// aborts the FUSE connection so that every blocked request fails and the
+/// threads come back, then fails the test instead of hanging it.
+fn finishes<F>(m: &mut Mount, what: &str, work: Vec<F>) -> Vec<String>
+where
+    F: FnOnce() -> Result<(), String> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = work.len();
+    let handles: Vec<_> = work
+        .into_iter()
+        .map(|w| {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let r = w();
+                let _ = tx.send(());
+                r
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let mut done = 0;
+    while done < n {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(()) => done += 1,
+            Err(_) => {
+                m.abort();
+                for h in handles {
+                    let _ = h.join();
+                }
+                panic!(
+                    "{what}: {} of {n} threads still blocked after 180 s",
+                    n - done
+                );
+            }
+        }
+    }
+    handles
+        .into_iter()
+        .filter_map(|h| h.join().expect("worker panicked").err())
+        .collect()
+}
+
+/// fstests generic/451: an asynchronous O_DIRECT write that has completed is
+/// seen by the next buffered read, while other processes keep reading the
+/// file through the page cache. With FUSE_ASYNC_DIO the kernel skips its
+/// invalidation after such a write; memfs answers it only after invalidating
+/// the pages the readers may have cached meanwhile.
+#[test]
+fn async_direct_writes_are_seen_by_buffered_reads() {
+    const SIZE: usize = 160 * 4096;
+    const ROUNDS: usize = 1500;
+    let mut m = Mount::new();
+    let f = m.p("aio-dio");
+    fs::write(&f, vec![0x55u8; SIZE]).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut work: Vec<Box<dyn FnOnce() -> Result<(), String> + Send>> = Vec::new();
+    for _ in 0..3 {
+        let (f, stop) = (f.clone(), stop.clone());
+        work.push(Box::new(move || {
+            let mut buf = vec![0u8; SIZE];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = File::open(&f).and_then(|h| h.read_exact_at(&mut buf, 0));
+                r.map_err(|e| format!("buffered reader: {e}"))?;
+            }
+            Ok(())
+        }));
+    }
+    let (wf, wstop) = (f.clone(), stop.clone());
+    work.push(Box::new(move || {
+        let _stop_readers = StopOnDrop(wstop);
+        let ctx = aio::Ctx::new(1);
+        let direct = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&wf)
+            .map_err(|e| e.to_string())?;
+        let (mut wbuf, mut rbuf) = (Vec::new(), vec![0u8; SIZE]);
+        for round in 0..ROUNDS {
+            let fill = if round % 2 == 0 { 0xaa } else { 0x55 };
+            let data = aligned(&mut wbuf, SIZE, fill);
+            let res = ctx.pwrite(direct.as_raw_fd(), &[(&*data, 0)]);
+            if res[0] != SIZE as i64 {
+                return Err(format!("round {round}: aio write gave {}", res[0]));
+            }
+            File::open(&wf)
+                .and_then(|h| h.read_exact_at(&mut rbuf, 0))
+                .map_err(|e| e.to_string())?;
+            if let Some(at) = rbuf.iter().position(|&b| b != fill) {
+                return Err(format!(
+                    "round {round}: a buffered read after the direct write completed \
+                     saw {:#x} at byte {at}, not {fill:#x} (stale page cache)",
+                    rbuf[at]
+                ));
+            }
+        }
+        Ok(())
+    }));
+    let errors = finishes(&mut m, "direct writes racing buffered readers", work);
+    assert!(errors.is_empty(), "{errors:#?}");
+    m.unmount();
+}
+
+struct StopOnDrop(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Buffered, direct (synchronous and asynchronous, aligned and not) and
+/// mapped I/O on one file from several threads at once must all finish: a
+/// page cache invalidation that waits for a page lock whose holder waits for
+/// a request memfs does not serve would hang them in the kernel. A watchdog
+/// kills the server rather than hang the test.
+#[test]
+fn buffered_direct_and_mapped_io_on_one_file_finish() {
+    const SIZE: usize = 1 << 20;
+    const OPS: usize = 1500;
+    let mut m = Mount::new();
+    let f = m.p("mixed");
+    fs::write(&f, vec![1u8; SIZE]).unwrap();
+    type Work = Box<dyn FnOnce() -> Result<(), String> + Send>;
+    let open = |f: &Path, flags: i32| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(flags)
+            .open(f)
+            .map_err(|e| e.to_string())
+    };
+    // Offsets from a fixed sequence: the same run every time.
+    let at = |i: usize, seed: usize, align: usize, len: usize| {
+        let x = i
+            .wrapping_mul(2_654_435_761)
+            .wrapping_add(seed.wrapping_mul(40_503))
+            % (SIZE - len);
+        x / align * align
+    };
+    let mut work: Vec<Work> = Vec::new();
+    let path = f.clone();
+    work.push(Box::new(move || {
+        // Asynchronous direct writes, four in flight, 64 KiB each.
+        let fd = open(&path, libc::O_DIRECT)?;
+        let ctx = aio::Ctx::new(4);
+        let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| Vec::new()).collect();
+        for i in 0..OPS / 4 {
+            let mut writes = Vec::new();
+            for (k, b) in bufs.iter_mut().enumerate() {
+                let off = at(4 * i + k, 1, 4096, 65536) as u64;
+                writes.push((&*aligned(b, 65536, (i + k) as u8), off));
+            }
+            for (k, r) in ctx.pwrite(fd.as_raw_fd(), &writes).into_iter().enumerate() {
+                if r != 65536 {
+                    return Err(format!("aio write {i}/{k}: {r}"));
+                }
+            }
+        }
+        Ok(())
+    }));
+    let path = f.clone();
+    work.push(Box::new(move || {
+        // Synchronous direct writes and reads, aligned and not.
+        let fd = open(&path, libc::O_DIRECT)?;
+        let mut v = Vec::new();
+        for i in 0..OPS {
+            let (len, align) = if i % 3 == 0 { (1000, 1) } else { (4096, 4096) };
+            let off = at(i, 2, align, len) as u64;
+            let buf = aligned(&mut v, len, i as u8);
+            if i % 2 == 0 {
+                fd.write_all_at(buf, off)
+            } else {
+                fd.read_exact_at(buf, off)
+            }
+            .map_err(|e| format!("direct op {i} at {off}: {e}"))?;
+        }
+        Ok(())
+    }));
+    for seed in [3, 4] {
+        let path = f.clone();
+        work.push(Box::new(move || {
+            // Buffered reads of unaligned ranges, and small unaligned
+            // buffered writes (a partial page stays locked while its WRITE
+            // is in flight).
+            let fd = open(&path, 0)?;
+            let mut buf = vec![0u8; 20_000];
+            for i in 0..OPS {
+                let len = 100 + (i * 37) % 19_000;
+                let off = at(i, seed, 1, len) as u64;
+                if (i + seed) % 4 == 0 {
+                    fd.write_all_at(&buf[..len.min(300)], off)
+                } else {
+                    fd.read_exact_at(&mut buf[..len], off)
+                }
+                .map_err(|e| format!("buffered op {i} at {off}: {e}"))?;
+            }
+            Ok(())
+        }));
+    }
+    let path = cpath(&f);
+    work.push(Box::new(move || {
+        // Page faults through a shared mapping: READs that fill the cache.
+        // In a child process: after an abort by the watchdog a fault gets
+        // SIGBUS, which must not take the test (and its cleanup) with it.
+        // SAFETY: the child makes only system calls (open, mmap, madvise,
+        // munmap, _exit) and reads its own mapping, within bounds, as
+        // allowed after fork in a multithreaded process; the path was made
+        // before the fork.
+        let pid = unsafe {
+            let pid = libc::fork();
+            if pid == 0 {
+                let fd = libc::open(path.as_ptr(), libc::O_RDONLY);
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    SIZE,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                );
+                if fd < 0 || p == libc::MAP_FAILED {
+                    libc::_exit(1);
+                }
+                for i in 0..OPS * 4 {
+                    std::ptr::read_volatile(p.cast::<u8>().add(at(i, 5, 1, 1)));
+                    if i % 64 == 0 {
+                        // Drop the mapped pages so that later touches fault again.
+                        libc::madvise(p, SIZE, libc::MADV_DONTNEED);
+                    }
+                }
+                libc::munmap(p, SIZE);
+                libc::_exit(0);
+            }
+            pid
+        };
+        if pid < 0 {
+            return Err(format!("fork: {}", std::io::Error::last_os_error()));
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+            return Err(format!("waitpid: {}", std::io::Error::last_os_error()));
+        }
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+            return Err(format!("the mmap reader ended with status {status:#x}"));
+        }
+        Ok(())
+    }));
+    let errors = finishes(&mut m, "mixed buffered, direct and mapped I/O", work);
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(fs::metadata(&f).unwrap().len(), SIZE as u64);
+    // And the result is coherent: a direct write is seen by buffered reads.
+    let fd = open(&f, libc::O_DIRECT).unwrap();
+    let mut v = Vec::new();
+    fd.write_all_at(aligned(&mut v, SIZE, 0x77), 0).unwrap();
+    assert!(fs::read(&f).unwrap().iter().all(|&b| b == 0x77));
+    drop(fd);
+    m.unmount();
+}

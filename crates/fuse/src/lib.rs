@@ -11,6 +11,7 @@
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 mod caller;
+mod dio;
 pub mod mounts;
 pub mod passthrough;
 pub mod snapdir;
@@ -55,6 +56,12 @@ pub const CACHE_TIMEOUT: Duration = Duration::from_secs(86_400);
 /// can be in flight at once (each entry holds a request buffer of up to
 /// 1 MiB, resident once touched).
 const URING_QUEUE_DEPTH: usize = 8;
+
+/// O_DIRECT writes whose replies may wait at once for the page cache
+/// invalidation (dio.rs): well under `max_background` (64), which every
+/// direct write and readahead READ shares, and under half of an io_uring
+/// queue, whose entries they hold.
+const MAX_HELD_DIRECT_WRITES: usize = 16;
 
 /// How the file system is presented to the kernel.
 #[derive(Clone, Debug)]
@@ -277,6 +284,14 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         no_opendir: AtomicBool::new(false),
         data_path: opts.data_path,
         backing,
+        dio: dio::DirectWrites::new(
+            notifier.clone(),
+            if opts.io_uring {
+                MAX_HELD_DIRECT_WRITES.min(URING_QUEUE_DEPTH / 2)
+            } else {
+                MAX_HELD_DIRECT_WRITES
+            },
+        ),
         notifier: notifier.clone(),
         slots: slots.clone(),
         snapdir_name: opts.snapdir_name.clone(),
@@ -344,6 +359,8 @@ pub struct MemFuse {
     backing: Option<Arc<Backing>>,
     /// Set once the session exists; see [`MemFuse::privileges_may_drop`].
     notifier: Arc<OnceLock<fuser::Notifier>>,
+    /// Page cache invalidation after O_DIRECT writes (xfstests generic/451).
+    dio: dio::DirectWrites,
     /// Which snapshot each slot of the node id space shows (snapdir.rs).
     slots: Arc<snapdir::Slots>,
     snapdir_name: Vec<u8>,
@@ -734,6 +751,8 @@ impl Filesystem for MemFuse {
             return;
         }
         self.fs.get().forget(ino.0, nlookup);
+        // The kernel forgets an inode when it evicts it, pages and all.
+        self.dio.forget(ino.0);
         if let Some(b) = &self.backing {
             b.maybe_drop(&self.fs.get(), ino.0);
         }
@@ -1016,10 +1035,15 @@ impl Filesystem for MemFuse {
         _fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // Before the engine is read: a page cache READ serving old data
+        // must be seen by a direct write applied after it (dio.rs).
+        if flags.0 & libc::O_DIRECT == 0 && snapdir::classify(ino.0) == Node::Live(ino.0) {
+            self.dio.note_cached(ino.0);
+        }
         // The engine's pages (and a snapshot's) go to the kernel as a gather
         // list, under the file's read lock: no copy into a buffer first.
         let mut reply = Some(reply);
@@ -1070,6 +1094,11 @@ impl Filesystem for MemFuse {
         if let Err(e) = self.writable(ino.0) {
             return reply.error(err(e));
         }
+        let direct = flags.0 & libc::O_DIRECT != 0;
+        if !direct {
+            // Write-through leaves these bytes in the page cache (dio.rs).
+            self.dio.note_cached(ino.0);
+        }
         // The caller's ids once per request: under allow_idmap each
         // ctx() may read /proc.
         let caller = ctx(req);
@@ -1096,7 +1125,12 @@ impl Filesystem for MemFuse {
                 if drops {
                     self.attributes_changed(ino.0);
                 }
-                reply.written(n as u32)
+                if direct {
+                    let at = (!append).then_some(offset);
+                    self.dio.written(ino.0, at, n as u32, reply)
+                } else {
+                    reply.written(n as u32)
+                }
             }
             Err(e) => reply.error(err(e)),
         }

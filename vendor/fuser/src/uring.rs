@@ -65,6 +65,9 @@ const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// The user data of the eventfd poll that stops a ring thread.
 const STOP: u64 = u64::MAX;
+/// The user data of the eventfd poll by which another thread asks the ring
+/// thread to submit a commit it queued.
+const KICK: u64 = u64::MAX - 1;
 
 /// `struct fuse_uring_ent_in_out`.
 #[repr(C)]
@@ -241,6 +244,13 @@ pub(crate) struct Ring {
     entries: Vec<Entry>,
     dev: Channel,
     stop_fd: OwnedFd,
+    /// Written by a thread that queued a commit (a reply sent later): the
+    /// ring thread wakes and submits it itself. The task that submits a
+    /// COMMIT_AND_FETCH is the one the kernel later runs that entry's
+    /// task work on (copying the next request in); a thread that may block
+    /// uninterruptibly (the page cache invalidator, waiting for a page lock
+    /// that only that next request's reply releases) must never be it.
+    kick_fd: OwnedFd,
     stopping: AtomicBool,
 }
 
@@ -279,7 +289,7 @@ impl UringSender {
         // SAFETY: Direct mode: the request is no longer borrowing the payload
         // (or never did), and the kernel waits for our commit.
         unsafe { e.write_reply(data) };
-        self.ring.commit(self.idx, st.commit_id, true)
+        self.ring.commit(self.idx, st.commit_id)
     }
 }
 
@@ -288,7 +298,7 @@ impl Ring {
         let slots = qids.len() * depth;
         let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .setup_cqsize(2 * (slots as u32 + 1))
-            .build(slots as u32 + 1)?;
+            .build(slots as u32 + 2)?;
         let mut entries = Vec::with_capacity(slots);
         for &q in qids {
             for _ in 0..depth {
@@ -302,12 +312,20 @@ impl Ring {
         }
         // SAFETY: a fresh descriptor we own.
         let stop_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let kick_fd = unsafe { OwnedFd::from_raw_fd(fd) };
         Ok(Ring {
             uring,
             sq: Mutex::new(()),
             entries,
             dev,
             stop_fd,
+            kick_fd,
             stopping: AtomicBool::new(false),
         })
     }
@@ -348,15 +366,26 @@ impl Ring {
         Ok(())
     }
 
-    /// Hands an entry back with its reply; `submit` enters the kernel now
-    /// (a reply from outside the ring thread), otherwise the ring thread's
-    /// next wait submits it with the others.
-    fn commit(&self, idx: u32, commit_id: u64, submit: bool) -> io::Result<()> {
+    /// Hands an entry back with its reply. The ring thread always submits
+    /// it (with its next wait): another thread only queues it and kicks
+    /// the ring thread awake (see `kick_fd` for why).
+    fn commit(&self, idx: u32, commit_id: u64) -> io::Result<()> {
         self.push(&self.cmd(idx, CMD_COMMIT_AND_FETCH, commit_id))?;
-        if submit && !ON_RING.with(|r| std::ptr::eq(r.get(), self)) {
-            self.uring.submitter().submit()?;
+        if !ON_RING.with(|r| std::ptr::eq(r.get(), self)) {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes to our eventfd.
+            if unsafe { libc::write(self.kick_fd.as_raw_fd(), one.as_ptr().cast(), 8) } != 8 {
+                return Err(io::Error::last_os_error());
+            }
         }
         Ok(())
+    }
+
+    fn kick_poll(&self) -> io::Result<()> {
+        let poll = opcode::PollAdd::new(types::Fd(self.kick_fd.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(KICK);
+        self.push(&poll.into())
     }
 
     pub(crate) fn stop(&self) {
@@ -492,13 +521,14 @@ fn serve<FS: Filesystem>(
             .build()
             .user_data(STOP);
         ring.push(&poll.into())?;
+        ring.kick_poll()?;
         ring.uring.submitter().submit()?;
         // A register that fails completes at once (ENOTCONN, EOPNOTSUPP...);
         // one that succeeded completes only with a request, kept for below.
         // SAFETY: only this thread reads the completion queue.
         let cq = unsafe { ring.uring.completion_shared() };
         for c in cq {
-            if c.result() < 0 && c.user_data() != STOP {
+            if c.result() < 0 && c.user_data() != STOP && c.user_data() != KICK {
                 return Err(io::Error::from_raw_os_error(-c.result()));
             }
             early.push((c.user_data(), c.result()));
@@ -533,12 +563,23 @@ fn serve<FS: Filesystem>(
             if ud == STOP || ring.stopping.load(Ordering::Acquire) {
                 return;
             }
+            if ud == KICK {
+                // The commits queued by other threads go out with the next
+                // wait; drain the counter and watch for the next kick.
+                let mut b = [0u8; 8];
+                // SAFETY: reading 8 bytes from our non-blocking eventfd.
+                unsafe { libc::read(ring.kick_fd.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+                if res >= 0 && ring.kick_poll().is_err() {
+                    error!("io_uring: cannot watch for replies from other threads");
+                }
+                continue;
+            }
             let idx = ud as u32;
             if res < 0 {
                 match -res {
                     libc::EINTR | libc::EAGAIN => {
                         let st = ring.entries[idx as usize].state.lock();
-                        let _ = ring.commit(idx, st.commit_id, false);
+                        let _ = ring.commit(idx, st.commit_id);
                     }
                     libc::ENOTCONN => {
                         dead += 1;
@@ -619,7 +660,7 @@ fn handle<FS: Filesystem>(ring: &Arc<Ring>, se: &SessionEventLoop<FS>, idx: u32)
         if let Some(v) = staged {
             // SAFETY: the request's borrow of the payload ended with dispatch.
             unsafe { e.write_reply(&[IoSlice::new(&v)]) };
-            let _ = ring.commit(idx, st.commit_id, false);
+            let _ = ring.commit(idx, st.commit_id);
         }
     }
 }

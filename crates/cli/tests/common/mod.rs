@@ -147,6 +147,37 @@ impl Mount {
         assert!(!is_mount_point(&path), "the dead mount is still attached");
     }
 
+    /// The FUSE connection's number (the minor of the mount's device), read
+    /// from mountinfo: no request to the server, which may be stuck.
+    pub fn connection(&self) -> Option<u32> {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let want = self.dir.path().to_string_lossy().into_owned();
+        let line = info.lines().find(|l| l.split(' ').nth(4) == Some(&*want))?;
+        line.split(' ').nth(2)?.split(':').nth(1)?.parse().ok()
+    }
+
+    /// Aborts the FUSE connection (fusectl, mounted if needed; root only)
+    /// so that every request in flight fails with ENOTCONN, then kills the
+    /// server and detaches the mount. For a deadlock in the kernel: a killed
+    /// server whose threads wait for page locks cannot exit, and its
+    /// /dev/fuse is only closed when it does.
+    pub fn abort(&mut self) {
+        let ctl = Path::new("/sys/fs/fuse/connections");
+        if let Some(conn) = self.connection() {
+            if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
+                let _ = nix::mount::mount(
+                    Some("fusectl"),
+                    ctl,
+                    Some("fusectl"),
+                    nix::mount::MsFlags::empty(),
+                    None::<&str>,
+                );
+            }
+            let _ = std::fs::write(ctl.join(conn.to_string()).join("abort"), "1");
+        }
+        self.kill();
+    }
+
     /// Unmounts and checks that the server exits by itself, cleanly.
     pub fn unmount(mut self) {
         let path = self.path();
