@@ -10,21 +10,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::{Mount, disk_dir, failed, memfs, ok, poll_until, tree_dump as dump};
-
-fn xattr_set(p: &Path, name: &str, v: &[u8]) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
-    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(
-        r,
-        0,
-        "setxattr {}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    );
-}
+use common::{Mount, disk_dir, failed, memfs, ok, poll_until, tree_dump as dump, xattr_set};
 
 /// A tree with what a rebuild must get right: directories, a file of many
 /// pages, a symlink, a hard link, an xattr, odd permissions, an empty file.

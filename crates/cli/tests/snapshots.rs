@@ -15,7 +15,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use common::{Mount, failed, memfs, ok, tree_dump as dump, xattr_get};
+use common::{Mount, failed, memfs, ok, tree_dump as dump, xattr_get, xattr_set};
 
 fn snap(m: &Mount, args: &[&str]) -> String {
     let mp = m.path();
@@ -54,20 +54,6 @@ fn build_tree(root: &Path) {
     std::os::unix::fs::symlink("../one", root.join("a/b/link")).unwrap();
     fs::hard_link(root.join("a/one"), root.join("a/b/c/one-again")).unwrap();
     xattr_set(&root.join("a/one"), "user.color", b"blue");
-}
-
-fn xattr_set(p: &Path, name: &str, v: &[u8]) {
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-    let n = std::ffi::CString::new(name).unwrap();
-    // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
-    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
-    assert_eq!(
-        r,
-        0,
-        "setxattr {}: {}",
-        p.display(),
-        std::io::Error::last_os_error()
-    );
 }
 
 fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> std::process::Output {

@@ -356,6 +356,21 @@ impl Drop for Snapshotter {
     }
 }
 
+/// Sets xattr `name` of `p` to `v`, or panics.
+pub fn xattr_set(p: &Path, name: &str, v: &[u8]) {
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
+    // SAFETY: valid NUL-terminated strings and a buffer of v.len() bytes.
+    let r = unsafe { libc::setxattr(c.as_ptr(), n.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+    assert_eq!(
+        r,
+        0,
+        "setxattr {}: {}",
+        p.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
 /// The value of xattr `name` of `p` (at most 256 bytes).
 pub fn xattr_get(p: &Path, name: &str) -> std::io::Result<Vec<u8>> {
     let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
