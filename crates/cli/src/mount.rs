@@ -915,6 +915,9 @@ fn wait_for_data_dir(dir: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// How long `memfs umount` retries a mount that is busy (see [`unmount`]).
+const BUSY_RETRY: Duration = Duration::from_millis(500);
+
 fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
     if is_root() {
         let flags = if lazy {
@@ -922,13 +925,25 @@ fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
         } else {
             nix::mount::MntFlags::empty()
         };
-        return nix::mount::umount2(mp, flags).map_err(|e| match e {
-            nix::errno::Errno::EBUSY => anyhow::anyhow!(
-                "{} is busy (files are open or a process is inside it); close them or use --lazy",
-                mp.display()
-            ),
-            e => anyhow::anyhow!("cannot unmount {}: {e}", mp.display()),
-        });
+        // A path walk through the mount point by any process (a `stat`, a
+        // `findmnt --target`) holds the mount for an instant and makes
+        // umount2 fail with EBUSY: retry for a short while before calling
+        // the mount busy. Open files and working directories stay busy.
+        let deadline = std::time::Instant::now() + BUSY_RETRY;
+        loop {
+            match nix::mount::umount2(mp, flags) {
+                Err(nix::errno::Errno::EBUSY) if std::time::Instant::now() < deadline => {
+                    // Another process's transient reference: nothing to wait on.
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(nix::errno::Errno::EBUSY) => bail!(
+                    "{} is busy (files are open or a process is inside it); close them or use --lazy",
+                    mp.display()
+                ),
+                Err(e) => bail!("cannot unmount {}: {e}", mp.display()),
+                Ok(()) => return Ok(()),
+            }
+        }
     }
     let mut cmd = Command::new("fusermount3");
     cmd.arg("-u");

@@ -813,6 +813,22 @@ fn background_mount_returns_when_usable_and_umount_stops_it() {
     assert_eq!(fs::read(path.join("now")).unwrap(), b"ready");
     let st = nix::sys::statvfs::statvfs(&path).unwrap();
     assert_eq!(st.blocks() * st.fragment_size(), 64 << 20);
+    // An open file keeps the mount busy (after the short retry for
+    // transient references), and the mount keeps serving.
+    let held = File::open(path.join("now")).unwrap();
+    let busy = std::process::Command::new(common::memfs_bin())
+        .arg("umount")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!busy.status.success());
+    assert!(
+        String::from_utf8_lossy(&busy.stderr).contains("is busy"),
+        "{}",
+        String::from_utf8_lossy(&busy.stderr)
+    );
+    assert_eq!(fs::read(path.join("now")).unwrap(), b"ready");
+    drop(held);
     let st = std::process::Command::new(common::memfs_bin())
         .arg("umount")
         .arg(&path)
