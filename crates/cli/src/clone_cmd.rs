@@ -74,29 +74,10 @@ pub fn run_clone(a: CloneArgs) -> anyhow::Result<()> {
 /// The clone's mount point, canonical: an existing directory that is not a
 /// mount point yet (checked again by whoever mounts).
 fn check_target(t: &Path) -> anyhow::Result<PathBuf> {
-    let md = std::fs::metadata(t).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => anyhow::anyhow!(
-            "mount point {} does not exist (create it with mkdir -p)",
-            t.display()
-        ),
-        _ => anyhow::anyhow!("cannot access mount point {}: {e}", t.display()),
-    })?;
-    if !md.is_dir() {
-        bail!("mount point {} is not a directory", t.display());
-    }
-    let canon = t
-        .canonicalize()
-        .with_context(|| format!("cannot resolve {}", t.display()))?;
+    let canon = crate::mount::mount_point(t)?;
     // The control protocol is one line per request.
     if canon.to_string_lossy().contains('\n') {
         bail!("mount point {} has a newline in its name", canon.display());
-    }
-    if memfs_fuse::mounts::is_mounted(&canon) {
-        bail!(
-            "{} is already a mount point (unmount it first: memfs umount {})",
-            canon.display(),
-            canon.display()
-        );
     }
     Ok(canon)
 }

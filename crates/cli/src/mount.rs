@@ -391,8 +391,9 @@ fn find_in_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Everything that can be checked before mounting, with messages a user can act on.
-fn preflight(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+/// A mount point as `memfs mount` and `memfs clone` take it, canonical: an
+/// existing directory that is not a mount point yet.
+pub(crate) fn mount_point(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     let meta = std::fs::metadata(mountpoint).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => {
             anyhow::anyhow!(
@@ -415,6 +416,12 @@ fn preflight(mountpoint: &Path) -> anyhow::Result<PathBuf> {
             canon.display()
         );
     }
+    Ok(canon)
+}
+
+/// Everything that can be checked before mounting, with messages a user can act on.
+fn preflight(mountpoint: &Path) -> anyhow::Result<PathBuf> {
+    let canon = mount_point(mountpoint)?;
     match std::fs::metadata("/dev/fuse") {
         Ok(m) if m.file_type().is_char_device() => {}
         _ => bail!(
