@@ -250,14 +250,19 @@ fn release_chunk(c: Arc<Chunk>) -> u64 {
 
 /// Makes the page in `slot` the file's own to write: a shared page that
 /// nobody else holds any more is written in place, else it is copied.
-/// Returns the page and the pages this adds to the file system's usage (1
-/// for a copy of a page that a snapshot keeps).
-fn own_page(slot: &mut Slot) -> (&mut Page, u64) {
+/// `whole` is set when the caller overwrites the entire page: then the old
+/// bytes are not copied first (the caller's copy is the only one).
+/// Returns the page, the pages this adds to the file system's usage (1
+/// for a copy of a page that a snapshot keeps) and whether the page already
+/// holds `whole`.
+fn own_page<'a>(slot: &'a mut Slot, whole: Option<&[u8]>) -> (&'a mut Page, u64, bool) {
     let mut added = 0;
+    let mut filled = false;
     if let Slot::Shared(a) = slot {
         let unique = Arc::get_mut(a).and_then(Arc::get_mut).is_some();
         if !unique {
-            let copy = page_from(&a[..]);
+            filled = whole.is_some();
+            let copy = page_from(whole.unwrap_or(&a[..]));
             // Another holder may have let go meanwhile: then this was the
             // last holder here and the copy replaces it in the count.
             if !std::mem::replace(slot, Slot::Own(copy)).release() {
@@ -271,7 +276,7 @@ fn own_page(slot: &mut Slot) -> (&mut Page, u64) {
             .and_then(Arc::get_mut)
             .expect("unique above"),
     };
-    (page, added)
+    (page, added, filled)
 }
 
 /// A file's pages: chunks by chunk index. Never holds an empty chunk.
@@ -753,8 +758,11 @@ impl FileData {
             for_each_page(pos, here, |si, in_page, bytes| {
                 match &mut slots[si] {
                     Some(slot) => {
-                        let (page, added) = own_page(slot);
-                        page[in_page..in_page + bytes.len()].copy_from_slice(bytes);
+                        let whole = (bytes.len() == PAGE_SIZE).then_some(bytes);
+                        let (page, added, filled) = own_page(slot, whole);
+                        if !filled {
+                            page[in_page..in_page + bytes.len()].copy_from_slice(bytes);
+                        }
                         allocated += added;
                     }
                     s @ None => {
@@ -843,7 +851,7 @@ impl FileData {
             }
         }
         let slot = own_chunk(c)[si].as_mut().expect("present above");
-        let (page, added) = own_page(slot);
+        let (page, added, _) = own_page(slot, None);
         page[a..b].fill(0);
         added
     }
@@ -1500,6 +1508,32 @@ mod tests {
         // Each side gives back what only it holds, the last one the rest.
         assert_eq!(live.release(), 1);
         assert_eq!(snap.release(), n);
+    }
+
+    #[test]
+    fn a_whole_page_written_over_a_shared_page_replaces_it() {
+        let mut live = FileData::default();
+        live.write(0, &vec![3u8; 2 * PAGE_SIZE]);
+        let (snap, _) = live.share();
+        let old = page_ptr(&snap, 1);
+        // Shared with the snapshot: a new page made from the written bytes.
+        assert_eq!(live.write(PAGE, &[7u8; PAGE_SIZE]), 1);
+        assert_eq!(page_ptr(&snap, 1), old);
+        assert_eq!(
+            contents(&snap, 2 * PAGE_SIZE)[PAGE_SIZE..],
+            [3u8; PAGE_SIZE]
+        );
+        assert_eq!(
+            contents(&live, 2 * PAGE_SIZE)[PAGE_SIZE..],
+            [7u8; PAGE_SIZE]
+        );
+        // The snapshot gone, page 0 is still a shared slot held only here:
+        // written in place, nothing added.
+        assert_eq!(snap.release(), 1);
+        let p0 = page_ptr(&live, 0);
+        assert_eq!(live.write(0, &[9u8; PAGE_SIZE]), 0);
+        assert_eq!(page_ptr(&live, 0), p0);
+        assert_eq!(contents(&live, PAGE_SIZE), [9u8; PAGE_SIZE]);
     }
 
     #[test]
