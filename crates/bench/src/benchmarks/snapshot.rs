@@ -212,7 +212,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     //    page, so what fresh memory costs on this machine right now is
     //    measured beside it (on a VM that hands freed memory back to its
     //    host, several times what a copy costs: docs/snapshots.md).
-    let fresh_us = fresh_memory_us_per_page();
+    let fresh_us = fresh_memory_us_per_page(data);
     let after_rate = randwrite()?;
 
     // 5. Reading the snapshot against reading the live tree.
@@ -354,21 +354,23 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Microseconds per 4 KiB page to touch 256 MiB of memory fresh from the
+/// Microseconds per 4 KiB page to touch `bytes` of memory fresh from the
 /// kernel (never written by this process). A VM whose guest hands freed
 /// pages back to its host (free page reporting) pays a host fault per page
-/// on top of the zeroing.
-fn fresh_memory_us_per_page() -> f64 {
-    const BYTES: usize = 256 << 20;
+/// on top of the zeroing, but only for pages the host took back: the guest
+/// may still have some that are backed, so the mean is taken over as much
+/// memory as the writes after a snapshot are likely to need.
+fn fresh_memory_us_per_page(bytes: u64) -> f64 {
+    let bytes = bytes.clamp(64 << 20, 1 << 30) as usize;
     // Zeroed by the allocator with a fresh mapping (calloc of a size this
     // large): no page is touched until the loop below.
-    let mut v = vec![0u8; BYTES];
+    let mut v = vec![0u8; bytes];
     let started = Instant::now();
-    for i in (0..BYTES).step_by(4096) {
+    for i in (0..bytes).step_by(4096) {
         v[i] = 1;
     }
     std::hint::black_box(&v);
-    started.elapsed().as_secs_f64() * 1e6 / (BYTES / 4096) as f64
+    started.elapsed().as_secs_f64() * 1e6 / (bytes / 4096) as f64
 }
 
 /// The clone's mount point: unmounted (if `memfs umount` did not) and
