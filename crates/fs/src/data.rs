@@ -250,18 +250,18 @@ fn release_chunk(c: Arc<Chunk>) -> u64 {
 
 /// Makes the page in `slot` the file's own to write: a shared page that
 /// nobody else holds any more is written in place, else it is copied.
-/// `whole` is set when the caller overwrites the entire page: then the old
-/// bytes are not copied first (the caller's copy is the only one).
-/// Returns the page, the pages this adds to the file system's usage (1
-/// for a copy of a page that a snapshot keeps) and whether the page already
-/// holds `whole`.
-fn own_page<'a>(slot: &'a mut Slot, whole: Option<&[u8]>) -> (&'a mut Page, u64, bool) {
+/// With `whole` (the caller overwrites the entire page) the returned page
+/// already holds those bytes, and a shared page is replaced by a page made
+/// from them, not copied first and then overwritten.
+/// Returns the page and the pages this adds to the file system's usage (1
+/// for a copy of a page that a snapshot keeps).
+fn own_page<'a>(slot: &'a mut Slot, whole: Option<&[u8]>) -> (&'a mut Page, u64) {
     let mut added = 0;
-    let mut filled = false;
+    let mut fresh = false;
     if let Slot::Shared(a) = slot {
         let unique = Arc::get_mut(a).and_then(Arc::get_mut).is_some();
         if !unique {
-            filled = whole.is_some();
+            fresh = true;
             let copy = page_from(whole.unwrap_or(&a[..]));
             // Another holder may have let go meanwhile: then this was the
             // last holder here and the copy replaces it in the count.
@@ -276,7 +276,12 @@ fn own_page<'a>(slot: &'a mut Slot, whole: Option<&[u8]>) -> (&'a mut Page, u64,
             .and_then(Arc::get_mut)
             .expect("unique above"),
     };
-    (page, added, filled)
+    if let Some(w) = whole
+        && !fresh
+    {
+        page.copy_from_slice(w);
+    }
+    (page, added)
 }
 
 /// A file's pages: chunks by chunk index. Never holds an empty chunk.
@@ -759,8 +764,8 @@ impl FileData {
                 match &mut slots[si] {
                     Some(slot) => {
                         let whole = (bytes.len() == PAGE_SIZE).then_some(bytes);
-                        let (page, added, filled) = own_page(slot, whole);
-                        if !filled {
+                        let (page, added) = own_page(slot, whole);
+                        if whole.is_none() {
                             page[in_page..in_page + bytes.len()].copy_from_slice(bytes);
                         }
                         allocated += added;
@@ -851,7 +856,7 @@ impl FileData {
             }
         }
         let slot = own_chunk(c)[si].as_mut().expect("present above");
-        let (page, added, _) = own_page(slot, None);
+        let (page, added) = own_page(slot, None);
         page[a..b].fill(0);
         added
     }
