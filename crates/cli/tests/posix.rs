@@ -430,6 +430,12 @@ fn capacity_and_inode_limits_give_enospc() {
     let st = nix::sys::statvfs::statvfs(&m.path()).unwrap();
     assert!(st.blocks_free() < 16);
     fs::remove_file(m.p("big")).unwrap();
+    // The server lets `big` go when the kernel forgets it, a message the
+    // kernel sends after the unlink has returned (over io_uring possibly on
+    // the other CPU's queue, later still).
+    common::poll_until("the unlinked file's inode to be freed", || {
+        nix::sys::statvfs::statvfs(&m.path()).unwrap().files_free() == 19
+    });
     // Inodes: the root and `big` (gone) leave 19 for new files.
     let mut created = 0;
     let err = loop {
