@@ -864,6 +864,28 @@ fn uring_switches(pid: u32) -> u64 {
 }
 
 #[test]
+fn the_mount_reads_ahead_one_whole_request() {
+    let m = Mount::new();
+    // A file inside shows the mount's device; its bdi is named after it.
+    fs::write(m.p("f"), b"x").unwrap();
+    let dev = fs::metadata(m.p("f")).unwrap().dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let knob = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    let kb: u64 = fs::read_to_string(&knob)
+        .unwrap_or_else(|e| panic!("{knob}: {e}"))
+        .trim()
+        .parse()
+        .unwrap();
+    if nix::unistd::geteuid().is_root() {
+        // One READ of max_write (1 MiB) instead of eight of 128 KiB.
+        assert_eq!(kb, 1024, "{knob}");
+    } else {
+        // Without root the kernel's default stays.
+        assert!(kb > 0, "{knob}");
+    }
+}
+
+#[test]
 fn io_uring_transport_serves_requests_or_falls_back() {
     // Offered: the fuse module has it on, and io_uring is not disabled.
     let offered = fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
