@@ -1692,9 +1692,15 @@ impl Fs {
         self.read_in(ino, off, len, mode, |data, n| data.with_slices(off, n, f))
     }
 
-    /// A read of up to `len` bytes at `off`: `f` gets the file and the
-    /// count clipped at the end of file, under the node's read lock; then
-    /// the access time moves as the mount's policy says.
+    /// A read of up to `len` bytes at `off`: the access time moves as the
+    /// mount's policy says, then `f` gets the file and the count clipped at
+    /// the end of file, under the node's read lock.
+    ///
+    /// The access time moves first because `f` may be the reply itself (the
+    /// FUSE READ): once the kernel has it, it drops its cached atime, and a
+    /// `stat` right after the read may be answered by another worker before
+    /// a later update, and then cached stale (seen once in 25 runs of
+    /// `atime_policy_at_mount_time`).
     fn read_in<R>(
         &self,
         ino: u64,
@@ -1703,32 +1709,36 @@ impl Fs {
         mode: AtimeMode,
         f: impl FnOnce(&FileData, usize) -> R,
     ) -> Result<R> {
-        let inode = self.get(ino)?;
-        let st = inode.state.read();
-        let data = match &st.body {
-            Body::File(d) => d,
-            Body::Dir(_) => return Err(Errno::EISDIR),
-            _ => return Err(Errno::EINVAL),
-        };
-        if off >= st.meta.size {
-            return Ok(f(data, 0));
-        }
-        let n = ((st.meta.size - off) as usize).min(len);
-        let out = f(data, n);
         // relatime, as Linux's relatime_need_update: the access is news when
         // the last one is not later than the last change, or a day old.
         let stale = |m: &Meta| {
             m.atime <= m.mtime || m.atime <= m.ctime || Timespec::now().sec - m.atime.sec >= 86_400
         };
-        // The noatime inode flag (chattr +A) wins over any mount policy.
-        let needs_atime = match mode {
-            _ if st.meta.noatime() => false,
-            AtimeMode::Never => false,
-            AtimeMode::Strict => true,
-            AtimeMode::Relative => stale(&st.meta),
-        };
-        drop(st);
-        if needs_atime {
+        let inode = self.get(ino)?;
+        let mut atime_done = false;
+        loop {
+            let st = inode.state.read();
+            let data = match &st.body {
+                Body::File(d) => d,
+                Body::Dir(_) => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            };
+            if off >= st.meta.size {
+                return Ok(f(data, 0));
+            }
+            // The noatime inode flag (chattr +A) wins over any mount policy.
+            let needs_atime = !atime_done
+                && match mode {
+                    _ if st.meta.noatime() => false,
+                    AtimeMode::Never => false,
+                    AtimeMode::Strict => true,
+                    AtimeMode::Relative => stale(&st.meta),
+                };
+            if !needs_atime {
+                let n = ((st.meta.size - off) as usize).min(len);
+                return Ok(f(data, n));
+            }
+            drop(st);
             let now = Timespec::now();
             let mut st = self.write_state(&inode);
             if mode == AtimeMode::Strict || stale(&st.meta) {
@@ -1739,8 +1749,10 @@ impl Fs {
                     self.unrecorded_atimes.store(true, Ordering::Release);
                 }
             }
+            drop(st);
+            // Once per read: the data is read under a fresh read lock.
+            atime_done = true;
         }
-        Ok(out)
     }
 
     /// Whether a read moved an access time since the last call (or since
