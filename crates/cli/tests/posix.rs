@@ -778,6 +778,25 @@ fn mount_errors_are_clear() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown mount option"));
+    // A poll longer than the limit, or not a number, is refused before mounting.
+    for bad in [
+        &["--poll-us", "1001"][..],
+        &["-o", "poll_us=5000"][..],
+        &["-o", "poll_us=-1"][..],
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("mount")
+            .arg(dir.path())
+            .args(bad)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("expected microseconds from 0 to 1000"),
+            "{bad:?}: {err}"
+        );
+    }
     // Already mounted.
     let m = Mount::new();
     let out = std::process::Command::new(bin)

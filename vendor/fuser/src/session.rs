@@ -293,6 +293,13 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        // memfs patch: one poller shared by the workers (see `Config::spin_poll`).
+        let spin = match config.spin_poll {
+            Some(d) if !d.is_zero() && !uring && config.clone_fd => {
+                Some(Arc::new(crate::channel::Poller::new(&ch, d)?))
+            }
+            _ => None,
+        };
         let channels_first = Some(ch.clone());
         channels.push(ch);
 
@@ -306,6 +313,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                spin: spin.clone(),
             };
             threads.push(
                 thread::Builder::new()
@@ -471,8 +479,8 @@ impl<FS: Filesystem> Session<FS> {
 
             // Remember the ABI version supported by kernel and mark the session initialized.
             self.proto_version = Some(v);
-            self.uring = (init.capabilities() & config.requested)
-                .contains(InitFlags::FUSE_OVER_IO_URING);
+            self.uring =
+                (init.capabilities() & config.requested).contains(InitFlags::FUSE_OVER_IO_URING);
             // memfs patch: with FUSE_ALLOW_IDMAP a request that creates no
             // node carries uid -1, and one that does, through an idmapped
             // mount, the mapped ids: neither is the owner's uid, so the
@@ -570,6 +578,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// memfs patch: the workers' shared poller, when `Config::spin_poll` is set.
+    pub(crate) spin: Option<Arc<crate::channel::Poller>>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -578,16 +588,33 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        // memfs patch: how long the last request took to serve (`Poller::pays_after`).
+        let mut last_work = std::time::Duration::ZERO;
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+            // memfs patch: poll first (see `Config::spin_poll`); a polled
+            // request is answered on the poller's channel.
+            let polled = self
+                .spin
+                .as_ref()
+                .filter(|p| p.pays_after(last_work))
+                .and_then(|p| Some((p.poll(buf)?, p.channel())));
+            let (received, ch) = match polled {
+                Some(got) => got,
+                None => (self.ch.receive_retrying(buf), &self.ch),
+            };
+            match received {
+                Ok(size) => match RequestWithSender::new(ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
+                        } else if self.spin.is_some() {
+                            let started = std::time::Instant::now();
+                            req.dispatch(self);
+                            last_work = started.elapsed();
                         } else {
                             req.dispatch(self)
                         }

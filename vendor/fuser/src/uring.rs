@@ -196,9 +196,8 @@ impl Entry {
         let mut pos = 0;
         // SAFETY: per the contract the payload is ours and not borrowed;
         // it spans `payload_cap` bytes after HEADROOM.
-        let payload = unsafe {
-            std::slice::from_raw_parts_mut(self.buf.add(HEADROOM), self.payload_cap())
-        };
+        let payload =
+            unsafe { std::slice::from_raw_parts_mut(self.buf.add(HEADROOM), self.payload_cap()) };
         let fits = total >= OUT_HEADER_SZ && total - OUT_HEADER_SZ <= payload.len();
         if fits {
             for s in data {
@@ -482,6 +481,7 @@ pub(crate) fn start<FS: Filesystem + 'static>(
             ch: dev.clone(),
             allowed,
             session_owner,
+            spin: None,
         };
         let tx = tx.clone();
         handles.push(
@@ -546,8 +546,8 @@ fn serve<FS: Filesystem>(
     loop {
         if done.is_empty() {
             if let Err(e) = ring.uring.submitter().submit_and_wait(1) {
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY) => continue,
+                match e.raw_os_error() {
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::EBUSY) => continue,
                     _ => {
                         error!("io_uring wait failed: {e}");
                         return;
@@ -626,7 +626,8 @@ fn handle<FS: Filesystem>(ring: &Arc<Ring>, se: &SessionEventLoop<FS>, idx: u32)
         ring: ring.clone(),
         idx,
     };
-    let valid = len >= IN_HEADER_SZ + payload_sz && op_sz <= OP_IN_SZ && payload_sz <= e.payload_cap();
+    let valid =
+        len >= IN_HEADER_SZ + payload_sz && op_sz <= OP_IN_SZ && payload_sz <= e.payload_cap();
     if valid {
         let start = HEADROOM - IN_HEADER_SZ - op_sz;
         // SAFETY: the headroom is ours (only requests live there) and does

@@ -22,6 +22,13 @@ pub struct Config {
     /// negotiated (the file system requests `FUSE_OVER_IO_URING` in `init`).
     /// None: 8.
     pub uring_queue_depth: Option<usize>,
+    /// memfs patch: after serving a request on `/dev/fuse`, one worker at a
+    /// time keeps reading the device without blocking for this long before
+    /// it sleeps. A request that arrives meanwhile is taken without waking a
+    /// sleeping thread on another CPU (an inter-processor interrupt, and on
+    /// a VM a halt exit). None or zero: never (fuser's behaviour). Not used
+    /// over io_uring, where `/dev/fuse` carries only FORGET and INTERRUPT.
+    pub spin_poll: Option<std::time::Duration>,
 }
 
 /// Mount options accepted by the FUSE filesystem type
