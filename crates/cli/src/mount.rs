@@ -59,7 +59,8 @@ pub struct MountArgs {
     #[arg(long)]
     pub io_uring: bool,
     /// Microseconds that one worker keeps polling /dev/fuse for the next
-    /// request after a short one, before it sleeps (default 50; 0: never).
+    /// request after a short one, before it sleeps (default 50, at most
+    /// 1000; 0: never).
     /// Saves waking a worker on another, halted CPU per round trip; costs
     /// CPU only while requests keep coming.
     #[arg(long, value_name = "MICROS")]
