@@ -949,6 +949,75 @@ fn io_uring_transport_serves_requests_or_falls_back() {
     m.unmount();
 }
 
+/// The server's `/dev/fuse` descriptors: how many, and how many of them
+/// were opened non-blocking (`flags:` in /proc/PID/fdinfo is octal).
+fn dev_fuse_fds(pid: u32) -> (usize, usize) {
+    let (mut all, mut nonblocking) = (0, 0);
+    for fd in fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        if fs::read_link(fd.path()).is_ok_and(|t| t == Path::new("/dev/fuse")) {
+            all += 1;
+            let info = fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|f| u32::from_str_radix(f.trim(), 8).ok())
+                .unwrap_or(0);
+            if flags & libc::O_NONBLOCK as u32 != 0 {
+                nonblocking += 1;
+            }
+        }
+    }
+    (all, nonblocking)
+}
+
+#[test]
+fn one_worker_polls_a_nonblocking_clone_of_the_device() {
+    if common::extra_mount_args()
+        .iter()
+        .any(|a| a.contains("io-uring") || a.contains("io_uring"))
+    {
+        // Over io_uring nothing polls /dev/fuse (it carries only FORGET
+        // and INTERRUPT); the io_uring test covers that transport.
+        return;
+    }
+    // Three workers, each reading its own clone, and the poller's clone:
+    // the only one opened non-blocking, so that no worker switches its
+    // descriptor's mode per request.
+    let m = Mount::with_args(&["--threads", "3"]);
+    fs::write(m.p("f"), b"polled").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"polled");
+    let pid = m.pid();
+    common::poll_until("the poller's descriptor", || dev_fuse_fds(pid).1 == 1);
+    let (all, nonblocking) = dev_fuse_fds(pid);
+    assert!(
+        all >= 4,
+        "{all} /dev/fuse descriptors for 3 workers and a poller"
+    );
+    assert_eq!(nonblocking, 1);
+    // Requests keep being answered whichever descriptor read them.
+    for i in 0..500 {
+        fs::write(m.p(&format!("f{i}")), i.to_string()).unwrap();
+        assert_eq!(
+            fs::read_to_string(m.p(&format!("f{i}"))).unwrap(),
+            i.to_string()
+        );
+        fs::remove_file(m.p(&format!("f{i}"))).unwrap();
+    }
+    m.unmount();
+    // --poll-us 0: no poller, no non-blocking descriptor.
+    let m = Mount::with_args(&["--poll-us", "0"]);
+    fs::write(m.p("f"), b"slept").unwrap();
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"slept");
+    let (all, nonblocking) = dev_fuse_fds(m.pid());
+    assert!(all >= 2, "{all}");
+    assert_eq!(nonblocking, 0);
+    m.unmount();
+}
+
 /// Linux native AIO through its system calls (what libaio wraps; fstests'
 /// generic/451 uses it): writes the kernel queues and completes later.
 mod aio {
