@@ -177,12 +177,15 @@ impl Poller {
         if self.busy.swap(true, Ordering::Acquire) {
             return None;
         }
-        let deadline = Instant::now() + self.budget;
+        // The clock is read only once the device was found empty: under a
+        // deep queue the first read finds a request.
+        let mut deadline = None;
         let polled = loop {
             match self.ch.receive(buffer) {
                 Ok(size) => break Some(Ok(size)),
                 Err(Errno::EAGAIN) => {
-                    if Instant::now() >= deadline {
+                    let now = Instant::now();
+                    if now >= *deadline.get_or_insert(now + self.budget) {
                         break None;
                     }
                     // Yield to whatever else wants this CPU (a woken
