@@ -172,8 +172,8 @@ impl std::str::FromStr for LockMode {
 /// request that finds every worker asleep wakes one on another CPU, which on
 /// an idle VM has halted: 10-20 µs of wake-up per round trip. Measured
 /// (docs/fuse.md, "Polling before sleeping"): 50 µs halves a lookup's round
-/// trip and lifts fio's buffered 4 KiB figure by half; 20 µs gained less,
-/// 200 µs no more.
+/// trip and lifts creates, unlinks and fio's buffered 4 KiB figure by a
+/// fifth to a half; 20 µs gained less, 200 µs no more.
 pub const DEFAULT_POLL: Duration = Duration::from_micros(50);
 
 /// One worker per CPU, at least two. Measured (docs/fuse.md): on an idle
