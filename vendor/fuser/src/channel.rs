@@ -51,17 +51,12 @@ impl Channel {
         }
     }
 
-    /// memfs patch: switches this descriptor between blocking and
-    /// non-blocking reads (`/dev/fuse` honours `O_NONBLOCK` per open file).
-    fn set_nonblocking(&self, on: bool) -> nix::Result<()> {
+    /// memfs patch: makes reads of this descriptor non-blocking
+    /// (`/dev/fuse` honours `O_NONBLOCK` per open file, not `RWF_NOWAIT`).
+    fn set_nonblocking(&self) -> nix::Result<()> {
         use nix::fcntl::{FcntlArg, OFlag, fcntl};
         let flags = OFlag::from_bits_truncate(fcntl(&self.0, FcntlArg::F_GETFL)?);
-        let flags = if on {
-            flags | OFlag::O_NONBLOCK
-        } else {
-            flags - OFlag::O_NONBLOCK
-        };
-        fcntl(&self.0, FcntlArg::F_SETFL(flags)).map(drop)
+        fcntl(&self.0, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK)).map(drop)
     }
 
     /// Returns a sender object for this channel. The sender object can be
@@ -142,7 +137,7 @@ pub(crate) struct Poller {
 impl Poller {
     pub(crate) fn new(ch: &Channel, budget: Duration) -> io::Result<Self> {
         let ch = ch.clone_fd()?;
-        ch.set_nonblocking(true)?;
+        ch.set_nonblocking()?;
         Ok(Self::with_channel(ch, budget))
     }
 
@@ -218,7 +213,7 @@ mod test {
     fn poller(budget: Duration) -> (Poller, std::os::fd::OwnedFd) {
         let (r, w) = nix::unistd::pipe().unwrap();
         let ch = Channel::new(Arc::new(DevFuse(File::from(r))));
-        ch.set_nonblocking(true).unwrap();
+        ch.set_nonblocking().unwrap();
         (Poller::with_channel(ch, budget), w)
     }
 
