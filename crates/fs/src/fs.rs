@@ -2186,13 +2186,14 @@ impl Fs {
             };
         }
         let mut stored = acl.as_ref().map(Acl::to_xattr);
+        let mut new_perm = None;
         if access && let Some(a) = &acl {
             let (bits, equiv) = a.equiv_mode();
             let mut perm = (st.meta.perm & !0o777) | bits;
             if ctx.uid != 0 && ctx.gid != st.meta.gid && !in_group(st.meta.gid) {
                 perm &= !(libc::S_ISGID as u16);
             }
-            st.meta.perm = perm;
+            new_perm = Some(perm);
             if equiv {
                 stored = None;
             }
@@ -2208,7 +2209,13 @@ impl Fs {
         if xs.is_empty() {
             st.meta.xattrs = None;
         }
+        // The mode changes only with the ACL: an ACL refused for want of
+        // xattr space (ENOSPC) leaves the mode as it was (xfstests
+        // generic/449), as Linux's `set_posix_acl` does.
         r?;
+        if let Some(perm) = new_perm {
+            st.meta.perm = perm;
+        }
         st.meta.ctime = Timespec::now();
         let attr = st.attr(ino, inode.kind);
         match &stored {

@@ -159,6 +159,53 @@ fn access_acl_sets_mode_and_equivalent_acl_is_only_the_mode() {
 }
 
 #[test]
+fn an_acl_refused_for_want_of_xattr_space_leaves_the_mode() {
+    let fs = fs();
+    let f = file(&fs, ROOT, ROOT_INO, "f", 0o700, 0);
+    // Fill the node's xattr name list (XATTR_LIST_MAX) with long names,
+    // then with short ones, as xfstests generic/449 does, until less room
+    // is left than the ACL's 24-byte name needs.
+    for width in [240, 1] {
+        let mut i = 0;
+        loop {
+            let name = format!("trusted.{width}.{i:0>width$}");
+            match fs.setxattr(f.ino, name.as_bytes(), b"", XattrMode::Create) {
+                Ok(()) => i += 1,
+                Err(e) => {
+                    assert_eq!(e, Errno::ENOSPC);
+                    break;
+                }
+            }
+        }
+    }
+    // `setfacl -m m:r`: u::rwx g::--- m::r-- o::---, which needs storing.
+    let a = Acl {
+        entries: vec![
+            e(Tag::UserObj, 7),
+            e(Tag::GroupObj, 0),
+            e(Tag::Mask, 4),
+            e(Tag::Other, 0),
+        ],
+    };
+    assert_eq!(a.equiv_mode(), (0o740, false));
+    assert_eq!(
+        fs.setxattr(f.ino, ACL_ACCESS, &a.to_xattr(), XattrMode::Any),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o700);
+    assert_eq!(fs.getxattr(f.ino, ACL_ACCESS), Err(Errno::ENODATA));
+    // An ACL equivalent to a mode needs no space and still applies.
+    fs.setxattr(
+        f.ino,
+        ACL_ACCESS,
+        &Acl::from_mode(0o750).to_xattr(),
+        XattrMode::Any,
+    )
+    .unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().perm, 0o750);
+}
+
+#[test]
 fn only_owner_or_root_sets_acls_and_setgid_is_cleared_outside_the_group() {
     let fs = fs();
     let f = file(&fs, OWNER, ROOT_INO, "f", 0o2770, 0);
