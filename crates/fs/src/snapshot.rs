@@ -198,7 +198,7 @@ pub(crate) struct Snapshots {
 /// exclusive taking every shard. Every change takes it shared; one lock
 /// word shared by all of them bounced between the CPUs on each change:
 /// `memfs bench workload` on 2 threads ran creates and deletes ~20 %
-/// slower than with no gate at all (docs/engine.md "The gate"). Taken
+/// slower than with no gate at all (docs/engine.md "The gate and the benchmark's clock"). Taken
 /// exclusively only to take a snapshot or roll back, where the cost of
 /// taking eight shards does not matter.
 #[derive(Default)]

@@ -186,6 +186,15 @@ fn prepare(target: &Target, ops: usize, threads: usize, shared: bool) -> anyhow:
     }
 }
 
+/// Records the time since `start` as one operation's latency and starts the
+/// next operation's clock where this one's stopped: one clock read per
+/// operation (see [`Prepared::run_thread`]).
+fn lap(start: &mut Instant, lat: &mut Vec<u64>) {
+    let end = Instant::now();
+    lat.push(end.duration_since(*start).as_nanos() as u64);
+    *start = end;
+}
+
 impl Prepared {
     fn threads(&self) -> usize {
         match self {
@@ -234,9 +243,7 @@ impl Prepared {
                             }),
                         _ => fs.unlink(*dir, name),
                     };
-                    let end = Instant::now();
-                    lat.push(end.duration_since(start).as_nanos() as u64);
-                    start = end;
+                    lap(&mut start, lat);
                     r.map_err(|e| {
                         anyhow::anyhow!("{} {}: {e}", PHASES[phase], String::from_utf8_lossy(name))
                     })?;
@@ -265,9 +272,7 @@ impl Prepared {
                         }),
                         _ => std::fs::remove_file(path),
                     };
-                    let end = Instant::now();
-                    lat.push(end.duration_since(start).as_nanos() as u64);
-                    start = end;
+                    lap(&mut start, lat);
                     r.with_context(|| format!("{} {}", PHASES[phase], path.display()))?;
                 }
             }
