@@ -792,6 +792,74 @@ impl FileData {
         allocated
     }
 
+    /// Writes the first `len` bytes held by `pages` (page `i` holds bytes
+    /// `[i * PAGE_SIZE, (i + 1) * PAGE_SIZE)`, the caller has checked that
+    /// each is present) at `off`. At a page-aligned offset every whole page
+    /// is taken into the file as it is, with no copy: the caller read the
+    /// bytes into these allocations for that (the FUSE adapter, which would
+    /// otherwise copy each WRITE out of its request buffer). A page of the
+    /// file's own that this replaces takes its place in `pages`, for the
+    /// caller to reuse; one that snapshots share is left to them. Other
+    /// writes copy, as [`FileData::write`]. Returns the pages allocated,
+    /// as `write` does.
+    pub fn write_pages(&mut self, off: u64, len: usize, pages: &mut [Option<Box<Page>>]) -> u64 {
+        let whole = len / PAGE_SIZE;
+        let small = !matches!(self, FileData::Pages(_)) && off + len as u64 <= PAGE;
+        if off % PAGE != 0 || whole == 0 || small {
+            // Unaligned (or kept inline): copied page by page.
+            let mut allocated = 0;
+            let mut pos = off;
+            for (i, p) in pages.iter().enumerate().take(len.div_ceil(PAGE_SIZE)) {
+                let p = p.as_deref().expect("the caller checked every page");
+                let n = (len - i * PAGE_SIZE).min(PAGE_SIZE);
+                allocated += self.write(pos, &p[..n]);
+                pos += n as u64;
+            }
+            return allocated;
+        }
+        let mut allocated = 0;
+        let first = off / PAGE;
+        let t = self.table_mut();
+        let mut i = 0;
+        while i < whole {
+            // One chunk at a time: unshared (if need be) and grown once.
+            let (ci, si) = split(first + i as u64);
+            let n = (CHUNK_PAGES as usize - si).min(whole - i);
+            let slots = t.slots_mut(ci, si + n);
+            let mut new_pages = 0;
+            for (slot, p) in slots[si..si + n].iter_mut().zip(&mut pages[i..i + n]) {
+                let page = p.take().expect("the caller checked every page");
+                match slot.replace(Slot::Own(page)) {
+                    None => {
+                        allocated += 1;
+                        new_pages += 1;
+                    }
+                    // The page this one replaces goes back to the caller to
+                    // read the next write into: an overwrite then costs no
+                    // allocation, no free (often on another thread) and no
+                    // page fault on memory the allocator gave back.
+                    Some(Slot::Own(old)) => *p = Some(old),
+                    // A page a snapshot keeps stays counted: this one is added.
+                    Some(old) => {
+                        if !old.release() {
+                            allocated += 1;
+                        }
+                    }
+                }
+            }
+            t.pages += new_pages;
+            i += n;
+        }
+        let tail = len - whole * PAGE_SIZE;
+        if tail > 0 {
+            let p = pages[whole]
+                .as_deref()
+                .expect("the caller checked every page");
+            allocated += self.write(off + (whole * PAGE_SIZE) as u64, &p[..tail]);
+        }
+        allocated
+    }
+
     /// Zeroes `[off, off + len)`: absent pages already read as zeros, whole
     /// present pages are dropped. Returns the pages this gives back to the
     /// file system, less one for each partial page it had to copy because a

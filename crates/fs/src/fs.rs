@@ -223,6 +223,11 @@ impl Fs {
     }
 
     /// A file system whose every mutation is passed to `recorder`.
+    /// Whether changes are recorded (a durable file system).
+    pub fn records(&self) -> bool {
+        self.recorder.is_some()
+    }
+
     pub fn with_recorder(config: Config, recorder: Option<Arc<dyn Recorder>>) -> Fs {
         let now = Timespec::now();
         let ctx = Ctx::current();
@@ -1797,17 +1802,74 @@ impl Fs {
         data: &[u8],
         append: bool,
     ) -> Result<usize> {
+        self.write_from(ctx, in_group, ino, off, WriteSrc::Bytes(data), append)
+    }
+
+    /// [`Fs::write_as`] of the first `len` bytes held by `pages` (page `i`
+    /// holds bytes `[i * PAGE_SIZE, (i + 1) * PAGE_SIZE)`). At a
+    /// page-aligned offset the file takes each whole page as it is instead
+    /// of copying it: a caller that reads the data into page allocations in
+    /// the first place (the FUSE adapter) then copies it once, not twice.
+    /// A taken page's slot is left `None`, or holds the page of the file
+    /// that it replaced (garbage to the caller, for reading the next write
+    /// into). Every page left in `pages` is the caller's to reuse. EINVAL
+    /// if a page the data needs is missing.
+    // `write_as`'s arguments, with the data as a length and its pages.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_pages_as(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        off: u64,
+        len: usize,
+        pages: &mut [Option<Box<[u8; PAGE_SIZE]>>],
+        append: bool,
+    ) -> Result<usize> {
+        let need = len.div_ceil(PAGE_SIZE);
+        if pages.len() < need || pages[..need].iter().any(Option::is_none) {
+            return Err(Errno::EINVAL);
+        }
+        if self.recorder.is_some() {
+            // The journal records a write as one slice.
+            let mut data = Vec::with_capacity(len);
+            for (i, p) in pages[..need].iter().enumerate() {
+                let p = p.as_deref().expect("checked above");
+                data.extend_from_slice(&p[..(len - i * PAGE_SIZE).min(PAGE_SIZE)]);
+            }
+            return self.write_as(ctx, in_group, ino, off, &data, append);
+        }
+        self.write_from(
+            ctx,
+            in_group,
+            ino,
+            off,
+            WriteSrc::Pages { len, pages },
+            append,
+        )
+    }
+
+    fn write_from(
+        &self,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        ino: u64,
+        off: u64,
+        src: WriteSrc<'_>,
+        append: bool,
+    ) -> Result<usize> {
+        let len = src.len();
         let _gate = self.enter();
-        self.admit(META_RECORD + data.len() as u64)?;
+        self.admit(META_RECORD + len as u64)?;
         let inode = self.get(ino)?;
         let mut st = self.write_state(&inode);
         let (meta, file) = st.file_mut(Errno::EINVAL)?;
         meta.check_write(append)?;
         let off = if append { meta.size } else { off };
-        if data.is_empty() {
+        if len == 0 {
             return Ok(0);
         }
-        let end = off.checked_add(data.len() as u64).ok_or(Errno::EFBIG)?;
+        let end = off.checked_add(len as u64).ok_or(Errno::EFBIG)?;
         if end > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
@@ -1815,7 +1877,15 @@ impl Fs {
         // A page a snapshot shares costs a copy on its first write.
         let reserved = file.pages_to_reserve(first, last);
         self.reserve_pages(reserved)?;
-        let allocated = file.write(off, data);
+        let (allocated, data) = match src {
+            WriteSrc::Bytes(data) => (file.write(off, data), data),
+            WriteSrc::Pages { len, pages } => {
+                // Only without a recorder (`write_pages_as`): nothing
+                // below reads the bytes again.
+                debug_assert!(self.recorder.is_none());
+                (file.write_pages(off, len, pages), &[][..])
+            }
+        };
         debug_assert!(allocated <= reserved);
         self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
@@ -1846,7 +1916,7 @@ impl Fs {
                 name: SECURITY_CAPABILITY,
             })?;
         }
-        Ok(data.len())
+        Ok(len)
     }
 
     /// `fsync`: every change is already in memory; with a recorder, waits
@@ -2533,6 +2603,25 @@ impl DirPair<'_, '_> {
         match self {
             DirPair::Same(s) => s,
             DirPair::Two(_, d) => d,
+        }
+    }
+}
+
+/// A write's bytes: one slice, or pages the file may take as they are
+/// ([`Fs::write_pages_as`]).
+enum WriteSrc<'a> {
+    Bytes(&'a [u8]),
+    Pages {
+        len: usize,
+        pages: &'a mut [Option<Box<[u8; PAGE_SIZE]>>],
+    },
+}
+
+impl WriteSrc<'_> {
+    fn len(&self) -> usize {
+        match self {
+            WriteSrc::Bytes(d) => d.len(),
+            WriteSrc::Pages { len, .. } => *len,
         }
     }
 }
