@@ -73,6 +73,12 @@ pub struct MountArgs {
     /// acknowledged write must be journaled; so does --writeback-cache.
     #[arg(long, value_name = "PATH")]
     pub data_path: Option<String>,
+    /// On the fuse data path, copy each write's data out of the request
+    /// buffer into the file instead of reading it into pages the file
+    /// keeps (the default: one copy per byte instead of two). For
+    /// comparison; durable mounts always copy.
+    #[arg(long)]
+    pub copy_writes: bool,
     /// Whether readdir of the root lists the snapshot directory: hidden
     /// (default; `cd .snapshots` works anyway) or visible.
     #[arg(long, value_name = "hidden|visible")]
@@ -99,7 +105,7 @@ pub struct MountArgs {
     #[arg(long, value_name = "LIMITS")]
     pub retention: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
-    /// writeback_cache, allow_other, allow_idmap, io_uring, poll_us=, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
+    /// writeback_cache, allow_other, allow_idmap, io_uring, copy_writes, poll_us=, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
     /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
@@ -251,6 +257,7 @@ impl MountArgs {
         fuse.allow_other = self.allow_other;
         fuse.allow_idmap = self.allow_idmap;
         fuse.io_uring = self.io_uring;
+        fuse.paged_writes = !self.copy_writes;
         if let Some(us) = self.poll_us {
             fuse.poll = parse_poll_us("--poll-us", &us.to_string())?;
         }
@@ -307,6 +314,7 @@ impl MountArgs {
                 "allow_other" => fuse.allow_other = true,
                 "allow_idmap" => fuse.allow_idmap = true,
                 "io_uring" => fuse.io_uring = true,
+                "copy_writes" => fuse.paged_writes = false,
                 "poll_us" => fuse.poll = parse_poll_us("mount option poll_us", need()?)?,
                 "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
                 "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,

@@ -40,6 +40,7 @@ use fuser::{
     LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyStatfs,
     ReplyStatx, ReplyWrite, ReplyXattr, Request, SessionACL, StatxExtra, TimeOrNow, WriteFlags,
+    WritePages,
 };
 use memfs_fs::{
     AtimeMode, Attr, Ctx, Errno, FallocateMode, FileType, Fs, RenameFlags, SetAttr, SetTime,
@@ -113,6 +114,10 @@ pub struct MountOptions {
     /// idmapped mount the engine's own checks then see the caller's
     /// unmapped ids (the kernel has checked the mapped ones before).
     pub allow_idmap: bool,
+    /// Read each WRITE's data into pages that the engine keeps, one copy
+    /// per byte instead of two (`--copy-writes` turns it off). Durable
+    /// mounts copy either way: the journal records one slice per write.
+    pub paged_writes: bool,
 }
 
 impl Default for MountOptions {
@@ -139,6 +144,7 @@ impl Default for MountOptions {
             snapdir_visible: false,
             snapdir_name: b".snapshots".to_vec(),
             allow_idmap: false,
+            paged_writes: true,
         }
     }
 }
@@ -253,6 +259,9 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     config.clone_fd = true;
     config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
     config.spin_poll = Some(opts.poll);
+    // A recorder journals each write as one slice: pages would only be
+    // gathered again (`Fs::write_pages_as`).
+    config.paged_writes = opts.paged_writes && !fs.records();
     let backing = match opts.data_path {
         DataPath::Fuse => None,
         p if opts.writeback_cache => {
@@ -1133,52 +1142,22 @@ impl Filesystem for MemFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // With writeback caching the kernel places every page itself; honouring
-        // O_APPEND here too would move cached pages to the end of the file.
-        let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
-        if let Err(e) = self.writable(ino.0) {
-            return reply.error(err(e));
-        }
-        let direct = flags.0 & libc::O_DIRECT != 0;
-        if !direct {
-            // Write-through leaves these bytes in the page cache (dio.rs).
-            self.dio.note_cached(ino.0);
-        }
-        // The caller's ids once per request: under allow_idmap each
-        // ctx() may read /proc.
-        let caller = ctx(req);
-        let drops = self.privileges_may_drop(caller, ino.0);
-        let r = match self.backed(ino.0) {
-            Some(b) => (if append { b.size() } else { Ok(offset) })
-                .and_then(|off| b.write_at(off, data))
-                .and_then(|n| self.touch(caller, ino.0).map(|()| n)),
-            None => self
-                .fs
-                .get()
-                .write_as(
-                    caller,
-                    &caller_in_group(caller),
-                    ino.0,
-                    offset,
-                    data,
-                    append,
-                )
-                .map_err(stale),
-        };
-        match self.settled(r) {
-            Ok(n) => {
-                if drops {
-                    self.attributes_changed(ino.0);
-                }
-                if direct {
-                    let at = (!append).then_some(offset);
-                    self.dio.written(ino.0, at, n as u32, reply)
-                } else {
-                    reply.written(n as u32)
-                }
-            }
-            Err(e) => reply.error(err(e)),
-        }
+        self.write_from(req, ino, offset, WriteData::Bytes(data), flags, reply)
+    }
+
+    fn write_pages(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &mut WritePages,
+        _write_flags: WriteFlags,
+        flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.write_from(req, ino, offset, WriteData::Pages(data), flags, reply)
     }
 
     fn flush(
@@ -1826,7 +1805,82 @@ impl Filesystem for MemFuse {
     }
 }
 
+/// A WRITE's data as fuser hands it over: one buffer, or pages the engine
+/// may keep (`Config::paged_writes`).
+enum WriteData<'a> {
+    Bytes(&'a [u8]),
+    Pages(&'a mut WritePages),
+}
+
 impl MemFuse {
+    fn write_from(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        offset: u64,
+        data: WriteData<'_>,
+        flags: OpenFlags,
+        reply: ReplyWrite,
+    ) {
+        // With writeback caching the kernel places every page itself; honouring
+        // O_APPEND here too would move cached pages to the end of the file.
+        let append = !self.writeback && flags.0 & libc::O_APPEND != 0;
+        if let Err(e) = self.writable(ino.0) {
+            return reply.error(err(e));
+        }
+        let direct = flags.0 & libc::O_DIRECT != 0;
+        if !direct {
+            // Write-through leaves these bytes in the page cache (dio.rs).
+            self.dio.note_cached(ino.0);
+        }
+        // The caller's ids once per request: under allow_idmap each
+        // ctx() may read /proc.
+        let caller = ctx(req);
+        let drops = self.privileges_may_drop(caller, ino.0);
+        let in_group = caller_in_group(caller);
+        let r = match (self.backed(ino.0), data) {
+            (Some(b), data) => {
+                let copy;
+                let data = match data {
+                    WriteData::Bytes(d) => d,
+                    WriteData::Pages(p) => {
+                        copy = p.to_vec();
+                        &copy[..]
+                    }
+                };
+                (if append { b.size() } else { Ok(offset) })
+                    .and_then(|off| b.write_at(off, data))
+                    .and_then(|n| self.touch(caller, ino.0).map(|()| n))
+            }
+            (None, WriteData::Bytes(data)) => self
+                .fs
+                .get()
+                .write_as(caller, &in_group, ino.0, offset, data, append)
+                .map_err(stale),
+            (None, WriteData::Pages(p)) => {
+                let len = p.len();
+                self.fs
+                    .get()
+                    .write_pages_as(caller, &in_group, ino.0, offset, len, p.pages_mut(), append)
+                    .map_err(stale)
+            }
+        };
+        match self.settled(r) {
+            Ok(n) => {
+                if drops {
+                    self.attributes_changed(ino.0);
+                }
+                if direct {
+                    let at = (!append).then_some(offset);
+                    self.dio.written(ino.0, at, n as u32, reply)
+                } else {
+                    reply.written(n as u32)
+                }
+            }
+            Err(e) => reply.error(err(e)),
+        }
+    }
+
     /// copy_file_range where either side is a backing file: kernel to kernel
     /// between two backing files, else through a buffer.
     fn copy_backed(

@@ -31,7 +31,7 @@ impl Channel {
     }
 
     /// Receives data up to the capacity of the given buffer (can block).
-    fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
+    pub(crate) fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
         nix::unistd::read(&self.0, buffer)
     }
 
@@ -168,7 +168,17 @@ impl Poller {
     /// Polls for the next request unless another worker polls now. `None`:
     /// nothing came within the budget, or another worker is polling; the
     /// caller then sleeps in a blocking read of its own channel.
+    #[cfg(test)]
     pub(crate) fn poll(&self, buffer: &mut [u8]) -> Option<nix::Result<usize>> {
+        self.poll_with(|ch| ch.receive(buffer))
+    }
+
+    /// [`Poller::poll`] with the read given: `receive` reads one request
+    /// from the channel it is given (non-blocking).
+    pub(crate) fn poll_with<T>(
+        &self,
+        mut receive: impl FnMut(&Channel) -> nix::Result<T>,
+    ) -> Option<nix::Result<T>> {
         if self.busy.swap(true, Ordering::Acquire) {
             return None;
         }
@@ -176,7 +186,7 @@ impl Poller {
         // deep queue the first read finds a request.
         let mut deadline = None;
         let polled = loop {
-            match self.ch.receive(buffer) {
+            match receive(&self.ch) {
                 Ok(size) => break Some(Ok(size)),
                 Err(Errno::EAGAIN) => {
                     let now = Instant::now();

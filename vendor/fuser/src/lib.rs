@@ -57,8 +57,6 @@ pub use crate::open_flags::OpenFlags;
 pub use crate::passthrough::BackingId;
 pub use crate::poll_events::PollEvents;
 pub use crate::rename_flags::RenameFlags;
-pub use crate::reply::ReplyStatx;
-pub use crate::reply::StatxExtra;
 pub use crate::reply::ReplyAttr;
 pub use crate::reply::ReplyBmap;
 pub use crate::reply::ReplyCreate;
@@ -73,14 +71,19 @@ pub use crate::reply::ReplyLseek;
 pub use crate::reply::ReplyOpen;
 pub use crate::reply::ReplyPoll;
 pub use crate::reply::ReplyStatfs;
+pub use crate::reply::ReplyStatx;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
+pub use crate::reply::StatxExtra;
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
 pub use crate::session::SessionACL;
 pub use crate::session::SessionUnmounter;
+pub use crate::write_pages::PAGE_SIZE;
+pub use crate::write_pages::Page;
+pub use crate::write_pages::WritePages;
 
 mod access_flags;
 mod bsd_file_flags;
@@ -104,6 +107,7 @@ mod request_param;
 mod session;
 mod time;
 mod uring;
+mod write_pages;
 
 /// We generally support async reads
 #[cfg(not(target_os = "macos"))]
@@ -648,6 +652,36 @@ pub trait Filesystem: Send + Sync + 'static {
             data.len()
         );
         reply.error(Errno::ENOSYS);
+    }
+
+    /// memfs patch: a WRITE whose data was read into pages
+    /// (`Config::paged_writes`). The file system may take pages it keeps
+    /// (`WritePages::pages_mut`). By default the data is copied into one
+    /// buffer and given to [`Filesystem::write`].
+    fn write_pages(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &mut WritePages,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
+        lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let data = data.to_vec();
+        self.write(
+            req,
+            ino,
+            fh,
+            offset,
+            &data,
+            write_flags,
+            flags,
+            lock_owner,
+            reply,
+        );
     }
 
     /// Flush method.

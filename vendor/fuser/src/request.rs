@@ -39,6 +39,9 @@ pub(crate) struct RequestWithSender<'a> {
     uring: Option<crate::uring::UringSender>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
+    /// memfs patch: a WRITE's data, when it was read into pages
+    /// (`Config::paged_writes`); the parsed request's data is then stale.
+    pages: Option<std::cell::RefCell<&'a mut crate::WritePages>>,
 }
 
 impl<'a> RequestWithSender<'a> {
@@ -56,7 +59,13 @@ impl<'a> RequestWithSender<'a> {
             ch,
             uring: None,
             request,
+            pages: None,
         })
+    }
+
+    /// memfs patch: this WRITE's data is in `pages`, not in the request.
+    pub(crate) fn set_write_pages(&mut self, pages: &'a mut crate::WritePages) {
+        self.pages = Some(std::cell::RefCell::new(pages));
     }
 
     /// memfs patch: a request that came over io_uring; its reply goes back
@@ -271,6 +280,21 @@ impl<'a> RequestWithSender<'a> {
                     x.file_handle(),
                     x.offset()?,
                     x.size(),
+                    x.flags(),
+                    x.lock_owner(),
+                    self.reply(),
+                );
+            }
+            ll::Operation::Write(x) if self.pages.is_some() => {
+                let mut pages = self.pages.as_ref().expect("guarded").borrow_mut();
+                debug_assert_eq!(pages.len(), x.data().len());
+                filesystem.write_pages(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.file_handle(),
+                    x.offset()?,
+                    &mut pages,
+                    x.write_flags(),
                     x.flags(),
                     x.lock_owner(),
                     self.reply(),

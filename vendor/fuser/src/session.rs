@@ -314,6 +314,7 @@ impl<FS: Filesystem> Session<FS> {
                 allowed,
                 session_owner,
                 spin: spin.clone(),
+                paged: config.paged_writes,
             };
             threads.push(
                 thread::Builder::new()
@@ -580,6 +581,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) session_owner: Uid,
     /// memfs patch: the workers' shared poller, when `Config::spin_poll` is set.
     pub(crate) spin: Option<Arc<crate::channel::Poller>>,
+    /// memfs patch: read requests into a header and pages
+    /// (`Config::paged_writes`).
+    pub(crate) paged: bool,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -588,26 +592,50 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        // memfs patch: a WRITE's data is read into these pages when set.
+        let mut pages = self
+            .paged
+            .then(|| crate::write_pages::WritePages::new(buf.len()));
         // memfs patch: how long the last request took to serve (`Poller::pays_after`).
         let mut last_work = std::time::Duration::ZERO;
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             // memfs patch: poll first (see `Config::spin_poll`); a polled
-            // request is answered on the poller's channel.
+            // request is answered on the poller's channel. With pages, a
+            // request is read into the header and the pages (`write_pages.rs`).
+            let mut receive = |ch: &crate::channel::Channel| match pages.as_mut() {
+                Some(p) => p.receive(ch, buf),
+                None => ch.receive(buf).map(|size| (size, false)),
+            };
             let polled = self
                 .spin
                 .as_ref()
                 .filter(|p| p.pays_after(last_work))
-                .and_then(|p| Some((p.poll(buf)?, p.channel())));
+                .and_then(|p| Some((p.poll_with(&mut receive)?, p.channel())));
             let (received, ch) = match polled {
                 Some(got) => got,
-                None => (self.ch.receive_retrying(buf), &self.ch),
+                None => (
+                    loop {
+                        match receive(&self.ch) {
+                            Err(
+                                nix::errno::Errno::ENOENT
+                                | nix::errno::Errno::EINTR
+                                | nix::errno::Errno::EAGAIN,
+                            ) => continue,
+                            r => break r,
+                        }
+                    },
+                    &self.ch,
+                ),
             };
             match received {
-                Ok(size) => match RequestWithSender::new(ch.sender(), &buf[..size]) {
+                Ok((size, paged)) => match RequestWithSender::new(ch.sender(), &buf[..size]) {
                     // Dispatch request
-                    Some(req) => {
+                    Some(mut req) => {
+                        if paged {
+                            req.set_write_pages(pages.as_mut().expect("paged read"));
+                        }
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());

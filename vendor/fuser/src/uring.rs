@@ -482,6 +482,8 @@ pub(crate) fn start<FS: Filesystem + 'static>(
             allowed,
             session_owner,
             spin: None,
+            // A ring entry's payload is one buffer (the kernel's ABI).
+            paged: false,
         };
         let tx = tx.clone();
         handles.push(

@@ -29,6 +29,11 @@ pub struct Config {
     /// a VM a halt exit). None or zero: never (fuser's behaviour). Not used
     /// over io_uring, where `/dev/fuse` carries only FORGET and INTERRUPT.
     pub spin_poll: Option<std::time::Duration>,
+    /// memfs patch: read each request from `/dev/fuse` into its header and
+    /// separate pages, so that a WRITE's data reaches
+    /// `Filesystem::write_pages` in pages the file system may keep instead
+    /// of being copied out of one buffer (`write_pages.rs`).
+    pub paged_writes: bool,
 }
 
 /// Mount options accepted by the FUSE filesystem type
