@@ -76,7 +76,7 @@ pub struct MountArgs {
     /// On the fuse data path, copy each write's data out of the request
     /// buffer into the file instead of reading it into pages the file
     /// keeps (the default: one copy per byte instead of two). For
-    /// comparison; durable mounts always copy.
+    /// comparison.
     #[arg(long)]
     pub copy_writes: bool,
     /// Whether readdir of the root lists the snapshot directory: hidden

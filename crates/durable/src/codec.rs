@@ -76,6 +76,22 @@ pub(crate) fn put_bytes32(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(b);
 }
 
+/// The record of a write of `len` bytes up to its data, which follows it:
+/// what [`encode`] puts before a [`Mutation::Write`]'s data, for a writer
+/// that appends the data from several slices
+/// (`JournalRecorder::record_write`).
+pub fn encode_write_head(attr: &Attr, offset: u64, len: usize, out: &mut Vec<u8>) {
+    out.push(RECORD_VERSION);
+    put_write_head(out, attr, offset, len);
+}
+
+fn put_write_head(out: &mut Vec<u8>, attr: &Attr, offset: u64, len: usize) {
+    out.push(T_WRITE);
+    put_attr(out, attr);
+    out.extend_from_slice(&offset.to_le_bytes());
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+}
+
 /// Encodes `m` as a journal record. Bulk data (a write's bytes) is not
 /// copied here: it is returned as the second part for a vectored commit.
 pub fn encode<'a>(m: &Mutation<'a>, out: &mut Vec<u8>) -> Option<&'a [u8]> {
@@ -136,10 +152,7 @@ pub fn encode<'a>(m: &Mutation<'a>, out: &mut Vec<u8>) -> Option<&'a [u8]> {
             put_attr(out, &attr);
         }
         Mutation::Write { attr, offset, data } => {
-            out.push(T_WRITE);
-            put_attr(out, &attr);
-            out.extend_from_slice(&offset.to_le_bytes());
-            out.extend_from_slice(&(data.len() as u32).to_le_bytes());
+            put_write_head(out, &attr, offset, data.len());
             return Some(data);
         }
         Mutation::Fallocate {

@@ -531,6 +531,43 @@ struct JournalRecorder {
 }
 
 impl JournalRecorder {
+    /// Appends one commit: `encode` fills the record buffer (this thread's,
+    /// reused) and appends it with whatever follows it to the journal,
+    /// using the bytes `admit` reserved.
+    fn append(
+        &self,
+        encode: impl FnOnce(
+            &mut Vec<u8>,
+            &Journal,
+            u64,
+        ) -> memfs_journal::Result<memfs_journal::CommitId>,
+    ) -> std::result::Result<u64, Errno> {
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(Errno(libc::EROFS));
+        }
+        let key = Arc::as_ptr(&self.shared) as usize;
+        let reserved = RESERVED.with(|r| {
+            let (k, n) = r.get();
+            if k == key {
+                r.set((0, 0));
+                n
+            } else {
+                0
+            }
+        });
+        thread_local! {
+            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let r = BUF.with(|b| {
+            let mut buf = b.borrow_mut();
+            buf.clear();
+            encode(&mut buf, &self.shared.journal, reserved)
+        });
+        let id = r.map_err(|e| self.fail("append", e))?;
+        PENDING.with(|p| p.set(id));
+        Ok(id)
+    }
+
     fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
         self.shared.mark_failed(what, &e);
         Errno::EIO
@@ -569,33 +606,30 @@ impl Recorder for JournalRecorder {
     }
 
     fn record(&self, m: &Mutation<'_>) -> std::result::Result<u64, Errno> {
-        if self.shared.closed.load(Ordering::Acquire) {
-            return Err(Errno(libc::EROFS));
-        }
-        let key = Arc::as_ptr(&self.shared) as usize;
-        let reserved = RESERVED.with(|r| {
-            let (k, n) = r.get();
-            if k == key {
-                r.set((0, 0));
-                n
-            } else {
-                0
-            }
-        });
-        thread_local! {
-            static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let r = BUF.with(|b| {
-            let mut buf = b.borrow_mut();
-            buf.clear();
-            match crate::codec::encode(m, &mut buf) {
-                Some(data) => self.shared.journal.append_reserved(&[&buf, data], reserved),
-                None => self.shared.journal.append_reserved(&[&buf], reserved),
-            }
-        });
-        let id = r.map_err(|e| self.fail("append", e))?;
-        PENDING.with(|p| p.set(id));
-        Ok(id)
+        self.append(
+            |buf, journal, reserved| match crate::codec::encode(m, buf) {
+                Some(data) => journal.append_reserved(&[&buf[..], data], reserved),
+                None => journal.append_reserved(&[&buf[..]], reserved),
+            },
+        )
+    }
+
+    fn record_write(
+        &self,
+        attr: &memfs_fs::Attr,
+        offset: u64,
+        parts: &[&[u8]],
+    ) -> std::result::Result<u64, Errno> {
+        let len = parts.iter().map(|p| p.len()).sum();
+        self.append(|buf, journal, reserved| {
+            crate::codec::encode_write_head(attr, offset, len, buf);
+            // The same commit as `record` of the bytes in one slice: the
+            // journal appends the parts as they are.
+            let mut all: Vec<&[u8]> = Vec::with_capacity(parts.len() + 1);
+            all.push(&buf[..]);
+            all.extend_from_slice(parts);
+            journal.append_reserved(&all, reserved)
+        })
     }
 
     fn settle(&self) -> std::result::Result<(), Errno> {

@@ -223,11 +223,6 @@ impl Fs {
     }
 
     /// A file system whose every mutation is passed to `recorder`.
-    /// Whether changes are recorded (a durable file system).
-    pub fn records(&self) -> bool {
-        self.recorder.is_some()
-    }
-
     pub fn with_recorder(config: Config, recorder: Option<Arc<dyn Recorder>>) -> Fs {
         let now = Timespec::now();
         let ctx = Ctx::current();
@@ -300,6 +295,22 @@ impl Fs {
             }
             Some(r) => {
                 let id = r.record(&m())?;
+                self.commit.fetch_max(id, Ordering::AcqRel);
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Fs::log`] of a write whose bytes lie in `parts`
+    /// ([`Recorder::record_write`]).
+    fn log_write(&self, attr: &Attr, offset: u64, parts: &[&[u8]]) -> Result<()> {
+        match &self.recorder {
+            None => {
+                self.commit.fetch_add(1, Ordering::AcqRel);
+                Ok(())
+            }
+            Some(r) => {
+                let id = r.record_write(attr, offset, parts)?;
                 self.commit.fetch_max(id, Ordering::AcqRel);
                 Ok(())
             }
@@ -1813,7 +1824,8 @@ impl Fs {
     /// A taken page's slot is left `None`, or holds the page of the file
     /// that it replaced (garbage to the caller, for reading the next write
     /// into). Every page left in `pages` is the caller's to reuse. EINVAL
-    /// if a page the data needs is missing.
+    /// if a page the data needs is missing. A recorder records the bytes
+    /// from the file's pages ([`Recorder::record_write`]).
     // `write_as`'s arguments, with the data as a length and its pages.
     #[allow(clippy::too_many_arguments)]
     pub fn write_pages_as(
@@ -1829,15 +1841,6 @@ impl Fs {
         let need = len.div_ceil(PAGE_SIZE);
         if pages.len() < need || pages[..need].iter().any(Option::is_none) {
             return Err(Errno::EINVAL);
-        }
-        if self.recorder.is_some() {
-            // The journal records a write as one slice.
-            let mut data = Vec::with_capacity(len);
-            for (i, p) in pages[..need].iter().enumerate() {
-                let p = p.as_deref().expect("checked above");
-                data.extend_from_slice(&p[..(len - i * PAGE_SIZE).min(PAGE_SIZE)]);
-            }
-            return self.write_as(ctx, in_group, ino, off, &data, append);
         }
         self.write_from(
             ctx,
@@ -1878,13 +1881,9 @@ impl Fs {
         let reserved = file.pages_to_reserve(first, last);
         self.reserve_pages(reserved)?;
         let (allocated, data) = match src {
-            WriteSrc::Bytes(data) => (file.write(off, data), data),
-            WriteSrc::Pages { len, pages } => {
-                // Only without a recorder (`write_pages_as`): nothing
-                // below reads the bytes again.
-                debug_assert!(self.recorder.is_none());
-                (file.write_pages(off, len, pages), &[][..])
-            }
+            WriteSrc::Bytes(data) => (file.write(off, data), Some(data)),
+            // The bytes are the file's now: recorded from its pages below.
+            WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
         debug_assert!(allocated <= reserved);
         self.release_pages(reserved - allocated);
@@ -1905,11 +1904,21 @@ impl Fs {
                 }
             }
         }
-        self.log(|| Mutation::Write {
-            attr: st.attr(ino, inode.kind),
-            offset: off,
-            data,
-        })?;
+        match data {
+            Some(data) => self.log(|| Mutation::Write {
+                attr: st.attr(ino, inode.kind),
+                offset: off,
+                data,
+            })?,
+            None => {
+                let attr = st.attr(ino, inode.kind);
+                let Body::File(file) = &st.body else {
+                    unreachable!("written as a file above")
+                };
+                // Under the node's write lock: exactly the bytes just written.
+                file.with_slices(off, len, |parts| self.log_write(&attr, off, parts))?;
+            }
+        }
         if dropped_caps {
             self.log(|| Mutation::RemoveXattr {
                 attr: st.attr(ino, inode.kind),

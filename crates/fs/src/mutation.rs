@@ -132,6 +132,26 @@ pub trait Recorder: Send + Sync {
     /// `EIO`.
     fn record(&self, mutation: &Mutation<'_>) -> Result<u64, crate::Errno>;
 
+    /// Records a write whose bytes lie in several slices (`parts`, in
+    /// order): the same commit as [`Recorder::record`] of a
+    /// [`Mutation::Write`] of their concatenation. By default they are
+    /// gathered into one buffer; a recorder that can append them as they
+    /// are should (a WRITE the FUSE adapter read into pages is then copied
+    /// only into the journal, `Fs::write_pages_as`).
+    fn record_write(
+        &self,
+        attr: &crate::Attr,
+        offset: u64,
+        parts: &[&[u8]],
+    ) -> Result<u64, crate::Errno> {
+        let data = parts.concat();
+        self.record(&Mutation::Write {
+            attr: *attr,
+            offset,
+            data: &data,
+        })
+    }
+
     /// Called before an operation changes anything, with a bound on its
     /// record's size: an error (ENOSPC) fails the operation untouched.
     fn admit(&self, bytes: u64) -> Result<(), crate::Errno> {

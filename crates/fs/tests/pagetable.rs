@@ -662,3 +662,36 @@ fn a_paged_write_past_the_capacity_fails_whole() {
     assert_eq!(fs.getattr(ino).unwrap().size, 0);
     assert_eq!(used(&fs), 0);
 }
+
+/// Keeps the writes a file system records: (offset, bytes, size after).
+#[derive(Default)]
+struct KeepWrites(std::sync::Mutex<Vec<(u64, Vec<u8>, u64)>>);
+
+impl Recorder for KeepWrites {
+    fn record(&self, m: &Mutation<'_>) -> std::result::Result<u64, Errno> {
+        let mut v = self.0.lock().unwrap();
+        if let Mutation::Write { attr, offset, data } = *m {
+            v.push((offset, data.to_vec(), attr.size));
+        }
+        Ok(v.len() as u64 + 1)
+    }
+}
+
+/// With a recorder, a write from pages records exactly its bytes (read
+/// back from the file's pages after it took them) and the size it left.
+#[test]
+fn a_paged_write_records_its_bytes() {
+    let keep = Arc::new(KeepWrites::default());
+    let mut fs = fs();
+    fs.set_recorder(Some(keep.clone()));
+    let ino = file(&fs, "f");
+    let mut want = Vec::new();
+    for (off, len) in [(0u64, 2 * PS + 5), (PS as u64, PS), (3, PS)] {
+        let data = bytes(len, off as u8);
+        let mut pages = paged(&data);
+        fs.write_pages_as(C, &|_| true, ino, off, len, &mut pages, false)
+            .unwrap();
+        want.push((off, data, fs.getattr(ino).unwrap().size));
+    }
+    assert_eq!(*keep.0.lock().unwrap(), want);
+}

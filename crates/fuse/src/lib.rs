@@ -115,8 +115,8 @@ pub struct MountOptions {
     /// unmapped ids (the kernel has checked the mapped ones before).
     pub allow_idmap: bool,
     /// Read each WRITE's data into pages that the engine keeps, one copy
-    /// per byte instead of two (`--copy-writes` turns it off). Durable
-    /// mounts copy either way: the journal records one slice per write.
+    /// per byte instead of two (`--copy-writes` turns it off); a durable
+    /// mount journals the bytes from those pages.
     pub paged_writes: bool,
 }
 
@@ -259,9 +259,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     config.clone_fd = true;
     config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
     config.spin_poll = Some(opts.poll);
-    // A recorder journals each write as one slice: pages would only be
-    // gathered again (`Fs::write_pages_as`).
-    config.paged_writes = opts.paged_writes && !fs.records();
+    config.paged_writes = opts.paged_writes;
     let backing = match opts.data_path {
         DataPath::Fuse => None,
         p if opts.writeback_cache => {
