@@ -301,22 +301,6 @@ impl Fs {
         }
     }
 
-    /// [`Fs::log`] of a write whose bytes lie in `parts`
-    /// ([`Recorder::record_write`]).
-    fn log_write(&self, attr: &Attr, offset: u64, parts: &[&[u8]]) -> Result<()> {
-        match &self.recorder {
-            None => {
-                self.commit.fetch_add(1, Ordering::AcqRel);
-                Ok(())
-            }
-            Some(r) => {
-                let id = r.record_write(attr, offset, parts)?;
-                self.commit.fetch_max(id, Ordering::AcqRel);
-                Ok(())
-            }
-        }
-    }
-
     /// Before an operation changes anything: lets the recorder make sure its
     /// commit (at most `bytes`) can be stored, so that a full disk fails the
     /// operation (ENOSPC) instead of leaving memory ahead of the journal.
@@ -1910,14 +1894,22 @@ impl Fs {
                 offset: off,
                 data,
             })?,
-            None => {
-                let attr = st.attr(ino, inode.kind);
-                let Body::File(file) = &st.body else {
-                    unreachable!("written as a file above")
-                };
-                // Under the node's write lock: exactly the bytes just written.
-                file.with_slices(off, len, |parts| self.log_write(&attr, off, parts))?;
-            }
+            None => match &self.recorder {
+                None => {
+                    self.commit.fetch_add(1, Ordering::AcqRel);
+                }
+                Some(r) => {
+                    let attr = st.attr(ino, inode.kind);
+                    let Body::File(file) = &st.body else {
+                        unreachable!("written as a file above")
+                    };
+                    // Under the node's write lock: exactly the bytes just
+                    // written, from the pages the file took.
+                    let id =
+                        file.with_slices(off, len, |parts| r.record_write(&attr, off, parts))?;
+                    self.commit.fetch_max(id, Ordering::AcqRel);
+                }
+            },
         }
         if dropped_caps {
             self.log(|| Mutation::RemoveXattr {
