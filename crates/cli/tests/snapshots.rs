@@ -617,6 +617,47 @@ fn a_passthrough_mount_refuses_snapshots() {
     assert!(!m.p(".snapshots/s").exists());
 }
 
+/// With `--locks engine`, closing a file in `.snapshots` sends FLUSH like
+/// any close. An ENOSYS answer there once made the kernel stop sending
+/// FLUSH on the whole mount, and then closing a descriptor no longer
+/// dropped its process's record locks on live files.
+#[test]
+fn closing_a_snapshot_file_keeps_flush_for_live_locks() {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let m = Mount::with_args(&["--locks", "engine"]);
+    fs::write(m.p("f"), b"0123456789").unwrap();
+    snap(&m, &["create", "s1"]);
+    assert_eq!(fs::read(m.p(".snapshots/s1/f")).unwrap(), b"0123456789");
+    let lk = |typ: i32| libc::flock {
+        l_type: typ as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 5,
+        l_pid: 0,
+    };
+    let rw = || {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.p("f"))
+            .unwrap()
+    };
+    let (classic, other) = (rw(), rw());
+    fcntl(&classic, FcntlArg::F_SETLK(&lk(libc::F_WRLCK))).unwrap();
+    // An open file description is an owner of its own: it sees the
+    // process's classic lock as a conflict.
+    assert_eq!(
+        fcntl(&other, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK))),
+        Err(nix::errno::Errno::EAGAIN)
+    );
+    // Closing any descriptor of the file drops the process's classic locks,
+    // at once (FLUSH is answered before close returns).
+    drop(fs::File::open(m.p("f")).unwrap());
+    fcntl(&other, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK))).unwrap();
+    drop((classic, other));
+    m.unmount();
+}
+
 fn snapdir_names(m: &Mount) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(m.p(".snapshots"))
         .unwrap()

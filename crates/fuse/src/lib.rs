@@ -1166,10 +1166,16 @@ impl Filesystem for MemFuse {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        if !self.engine_locks || self.writable(ino.0).is_err() {
+        if !self.engine_locks {
             // Nothing to flush (no data is buffered here) and no locks to drop:
             // declining makes the kernel stop sending FLUSH at every close.
             return reply.error(fuser::Errno::ENOSYS);
+        }
+        if self.writable(ino.0).is_err() {
+            // A snapshot's node holds no locks. Not ENOSYS: the kernel takes
+            // that for the whole connection (`fc->no_flush`), and every later
+            // close of a live file would then keep its process's locks.
+            return reply.ok();
         }
         // close(2) by a process drops all of its record locks on the file.
         // Every close sends a FLUSH: skip the engine until anyone has locked.
