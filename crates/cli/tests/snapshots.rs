@@ -658,6 +658,105 @@ fn closing_a_snapshot_file_keeps_flush_for_live_locks() {
     m.unmount();
 }
 
+/// Waits until thread `tid` of this process sits in `fcntl` (x86-64
+/// syscall 72; other architectures: not waited for, the outcome checked
+/// below is the same either way, the wait only makes it likely that the
+/// lock request is parked in the server before the rollback).
+fn await_in_fcntl(tid: i32) {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    common::poll_until("the lock waiter to block in fcntl", || {
+        fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .is_ok_and(|s| s.split(' ').next() == Some("72"))
+    });
+}
+
+/// `F_OFD_SETLKW` on a thread of its own; the thread's id comes back
+/// first, then the outcome.
+fn blocking_lock(f: fs::File, start: i64) -> (i32, std::thread::JoinHandle<nix::Result<()>>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        tx.send(nix::unistd::gettid().as_raw()).unwrap();
+        let lk = libc::flock {
+            l_type: libc::F_WRLCK as i16,
+            l_whence: libc::SEEK_SET as i16,
+            l_start: start,
+            l_len: 1,
+            l_pid: 0,
+        };
+        let r = nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_OFD_SETLKW(&lk)).map(drop);
+        drop(f);
+        r
+    });
+    (rx.recv().unwrap(), t)
+}
+
+/// A durable mount's online rollback serves a new tree built from the
+/// journal. Record locks kept by the engine (`--locks engine`) belong to
+/// processes, not to commits: they stay on the files the target has, their
+/// waiters are granted when the holder unlocks, and a waiter on a file the
+/// target lacks is answered ESTALE (it once got EIO, and held locks were
+/// lost: another process could take them).
+#[test]
+fn engine_locks_survive_a_durable_online_rollback() {
+    use nix::fcntl::{FcntlArg, fcntl};
+    let dir = common::disk_dir("memfs-snaplock-");
+    let m = Mount::with_args(&[
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--locks",
+        "engine",
+    ]);
+    fs::write(m.p("kept"), b"0123456789").unwrap();
+    snap(&m, &["create", "s1"]);
+    fs::write(m.p("later"), b"0123456789").unwrap();
+    let rw = |name: &str| {
+        fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.p(name))
+            .unwrap()
+    };
+    let lk = |typ: i32, start: i64, len: i64| libc::flock {
+        l_type: typ as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    };
+    let holder = rw("kept");
+    fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 5))).unwrap();
+    let later_holder = rw("later");
+    fcntl(
+        &later_holder,
+        FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 5)),
+    )
+    .unwrap();
+    let (kept_tid, kept_waiter) = blocking_lock(rw("kept"), 2);
+    let (later_tid, later_waiter) = blocking_lock(rw("later"), 2);
+    await_in_fcntl(kept_tid);
+    await_in_fcntl(later_tid);
+
+    rollback(&m, "s1");
+    assert!(!m.p("later").exists());
+    // The holder's lock is still held...
+    let probe = rw("kept");
+    assert_eq!(
+        fcntl(&probe, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 0, 1))),
+        Err(nix::errno::Errno::EAGAIN),
+        "a lock held across the rollback must still conflict"
+    );
+    // ...the waiter on the file the target lacks is answered...
+    assert_eq!(later_waiter.join().unwrap(), Err(nix::errno::Errno::ESTALE));
+    // ...and the waiter on the kept file is granted once the holder unlocks.
+    fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_UNLCK, 0, 5))).unwrap();
+    assert_eq!(kept_waiter.join().unwrap(), Ok(()));
+    fcntl(&probe, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 0, 1))).unwrap();
+    drop((holder, later_holder, probe));
+    m.unmount();
+}
+
 fn snapdir_names(m: &Mount) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(m.p(".snapshots"))
         .unwrap()

@@ -2581,6 +2581,65 @@ impl Fs {
         drop(st);
         Self::run_callbacks(done);
     }
+
+    /// Takes every node's record and flock locks (held and waiting) out of
+    /// this tree, for the tree that replaces it ([`Fs::adopt_locks`]): a
+    /// server that swaps trees (a durable mount's online rollback) would
+    /// otherwise lose the locks its processes hold, and leave their waiters
+    /// parked in a tree nobody serves. O(nodes), as the swap is.
+    pub fn take_locks(&self) -> HeldLocks {
+        let mut held = Vec::new();
+        for item in self.core.inodes.iter() {
+            let node = item.value();
+            // Not `write_state`: locks are not part of the tree a snapshot
+            // keeps, so taking them is no change to preserve.
+            if let Some(table) = node.state.write().locks.take() {
+                held.push((node.ino, node.kind, table));
+            }
+        }
+        HeldLocks(held)
+    }
+
+    /// Installs locks taken from the tree this one replaces, on the nodes
+    /// with the same number and type. A node that is gone (the new tree
+    /// does not have the file) takes its locks with it, and its waiters are
+    /// answered ESTALE, as every request that names it is.
+    pub fn adopt_locks(&self, held: HeldLocks) {
+        let mut done = Vec::new();
+        for (ino, kind, table) in held.0 {
+            let node = self
+                .get(ino)
+                .ok()
+                .filter(|n| n.kind == kind && !n.freed.load(Ordering::Acquire));
+            let Some(node) = node else {
+                done.extend(table.abandon(Errno::ESTALE));
+                continue;
+            };
+            let mut st = node.state.write();
+            match st.locks {
+                None => st.locks = Some(table),
+                // A new tree starts without locks; if it has some, they were
+                // taken since, and win.
+                Some(_) => done.extend(table.abandon(Errno::ESTALE)),
+            }
+        }
+        Self::run_callbacks(done);
+    }
+}
+
+/// Locks taken out of one tree for another ([`Fs::take_locks`]). Dropped
+/// unadopted, its waiters are answered EIO by their reply's own drop.
+pub struct HeldLocks(Vec<(u64, FileType, Box<LockTable>)>);
+
+impl HeldLocks {
+    /// How many nodes had locks.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 /// The source and target directories of a rename, locked; one guard when they are the same.

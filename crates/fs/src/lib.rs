@@ -36,7 +36,7 @@ pub use flags::{
     FS_APPEND_FL, FS_FL_SUPPORTED, FS_IMMUTABLE_FL, FS_NOATIME_FL, FS_NODUMP_FL, flags_to_xflags,
     xflags_to_flags,
 };
-pub use fs::{DirEntry, Fs};
+pub use fs::{DirEntry, Fs, HeldLocks};
 pub use locks::LockCallback;
 pub use mutation::{Mutation, Recorder};
 pub use nodes::{FIRST_ENTRY_OFFSET, Node, NodeView};

@@ -160,6 +160,15 @@ impl LockTable {
         });
     }
 
+    /// Drops every lock and answers every waiter with `err`: the file the
+    /// table belonged to is gone.
+    pub fn abandon(self, err: Errno) -> Vec<(LockCallback, Result<()>)> {
+        self.waiters
+            .into_iter()
+            .map(|w| (w.done.into_inner(), Err(err)))
+            .collect()
+    }
+
     /// Withdraws the wait named `token`, returning its callback.
     pub fn cancel(&mut self, token: u64) -> Option<LockCallback> {
         let i = self.waiters.iter().position(|w| w.token == token)?;

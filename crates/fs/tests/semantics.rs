@@ -960,6 +960,42 @@ fn record_locks_split_and_merge() {
     assert_eq!(probe(0, END).typ, libc::F_UNLCK);
 }
 
+/// A server that replaces its tree (a durable mount's online rollback)
+/// carries the locks over: held locks still conflict in the new tree,
+/// waiters are granted there, and a waiter on a file the new tree lacks is
+/// answered ESTALE.
+#[test]
+fn locks_move_to_a_tree_that_replaces_this_one() {
+    let old = fs();
+    let f = mkfile(&old, C, ROOT_INO, "f", 0o644).ino;
+    let g = mkfile(&old, C, ROOT_INO, "g", 0o644).ino;
+    old.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, wf) = waiter();
+    old.setlkw(f, 2, 5, 5, libc::F_WRLCK, 2, 2, cb);
+    old.setlk(g, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
+    let (cb, wg) = waiter();
+    old.setlkw(g, 2, 0, 0, libc::F_WRLCK, 2, 3, cb);
+    // The new tree has f under the same number, not g.
+    let new = fs();
+    assert_eq!(mkfile(&new, C, ROOT_INO, "f", 0o644).ino, f);
+    let held = old.take_locks();
+    assert_eq!(held.len(), 2);
+    assert_eq!(
+        old.getlk(f, 9, 0, 9, libc::F_WRLCK, 9).unwrap().typ,
+        libc::F_UNLCK
+    );
+    new.adopt_locks(held);
+    assert_eq!(wg.try_recv(), Ok(Err(Errno::ESTALE)));
+    assert!(wf.try_recv().is_err(), "still waiting");
+    assert_eq!(new.setlk(f, 3, 0, 0, libc::F_RDLCK, 3), Err(Errno::EAGAIN));
+    // The waiter is answered from the new tree, once.
+    new.release_locks(f, 1);
+    assert_eq!(wf.try_recv(), Ok(Ok(())));
+    let l = new.getlk(f, 9, 5, 5, libc::F_RDLCK, 9).unwrap();
+    assert_eq!((l.pid, l.typ), (2, libc::F_WRLCK));
+    assert!(wf.try_recv().is_err(), "callbacks run exactly once");
+}
+
 #[test]
 fn blocked_waiters_are_granted_on_release_and_cancelled_on_close() {
     let fs = fs();

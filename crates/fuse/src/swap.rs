@@ -322,6 +322,18 @@ impl Swapper {
         let mut names: Vec<Vec<u8>> = cur.snapshot_names().into_iter().map(|(_, n)| n).collect();
         names.extend(self.slots.durable_names());
         let (new, v) = make(&cur)?;
+        // Record locks (`--locks engine`) belong to processes, not to a
+        // commit: they stay on every file the new tree still has, and the
+        // waiters of those it lacks are answered, not left in the old tree.
+        // No request runs meanwhile (the cell is held).
+        let locks = cur.take_locks();
+        if !locks.is_empty() {
+            tracing::info!(
+                "carrying the locks of {} files into the new tree",
+                locks.len()
+            );
+        }
+        new.adopt_locks(locks);
         let old = std::mem::replace(&mut *cur, new);
         // The old tree's snapshots went with it.
         self.slots.forget_all();
