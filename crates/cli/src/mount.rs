@@ -55,7 +55,9 @@ pub struct MountArgs {
     pub locks: Option<String>,
     /// Serve requests through per-CPU io_uring queues (FUSE over io_uring,
     /// Linux 6.14+) when the kernel offers it (root: echo Y >
-    /// /sys/module/fuse/parameters/enable_uring); /dev/fuse otherwise.
+    /// /sys/module/fuse/parameters/enable_uring); /dev/fuse otherwise, and
+    /// always with --locks engine (a blocked lock request would hold a ring
+    /// entry).
     #[arg(long)]
     pub io_uring: bool,
     /// Microseconds that one worker keeps polling /dev/fuse for the next

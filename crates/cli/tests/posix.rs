@@ -895,6 +895,97 @@ fn the_mount_reads_ahead_one_whole_request() {
     }
 }
 
+/// `--io-uring` with `--locks engine` serves /dev/fuse: over the rings a
+/// blocked `F_SETLKW` kept its request's ring entry until granted, and a
+/// CPU has 8 of them, so 8 waiters on one CPU left every later request of
+/// that CPU (the holder's unlock too) waiting for ever. Here 20 waiters,
+/// all blocked first, and the holder share CPU 0, and every waiter gets the
+/// lock.
+#[test]
+fn engine_locks_never_wedge_a_cpu_with_io_uring_asked_for() {
+    use nix::fcntl::{FcntlArg, fcntl};
+    use std::sync::mpsc;
+    const WAITERS: usize = 20;
+    let mut m = Mount::with_args(&["--io-uring", "--locks", "engine"]);
+    assert_eq!(
+        common::uring_threads(m.pid()),
+        0,
+        "engine locks serve /dev/fuse"
+    );
+    fs::write(m.p("f"), b"x").unwrap();
+    fn pin_to_cpu0() {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and
+        // sched_setaffinity(0, ...) only touch this thread's own set.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+    }
+    fn lk(typ: i32) -> libc::flock {
+        libc::flock {
+            l_type: typ as i16,
+            l_whence: libc::SEEK_SET as i16,
+            l_start: 0,
+            l_len: 1,
+            l_pid: 0,
+        }
+    }
+    let rw = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.p("f"))
+            .unwrap()
+    };
+    let holder = rw();
+    fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK))).unwrap();
+    // Opened before any waiter blocks: from here on this thread does
+    // nothing on the mount that a wedged CPU could hold up.
+    let files: Vec<File> = (0..WAITERS).map(|_| rw()).collect();
+    let (done_tx, done) = mpsc::channel();
+    let (tid_tx, tids) = mpsc::channel();
+    for f in files {
+        let (done_tx, tid_tx) = (done_tx.clone(), tid_tx.clone());
+        std::thread::spawn(move || {
+            pin_to_cpu0();
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            let r = fcntl(&f, FcntlArg::F_OFD_SETLKW(&lk(libc::F_WRLCK)))
+                .and_then(|_| fcntl(&f, FcntlArg::F_OFD_SETLK(&lk(libc::F_UNLCK))));
+            done_tx.send(r.map(drop)).unwrap();
+        });
+    }
+    // Every waiter is in fcntl (x86-64 syscall 72) before the unlock.
+    for _ in 0..WAITERS {
+        let tid = tids.recv().unwrap();
+        if cfg!(target_arch = "x86_64") {
+            common::poll_until("a lock waiter to block in fcntl", || {
+                fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+                    .is_ok_and(|s| s.split(' ').next() == Some("72"))
+            });
+        }
+    }
+    // The unlock comes from CPU 0 too, on a thread: wedged, it would never
+    // return, and the wait below fails instead.
+    std::thread::spawn(move || {
+        pin_to_cpu0();
+        fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_UNLCK))).unwrap();
+    });
+    for i in 0..WAITERS {
+        let Ok(r) = done.recv_timeout(std::time::Duration::from_secs(60)) else {
+            // Free the stuck threads (and let this process exit) first.
+            m.abort();
+            panic!("{i} of {WAITERS} lock waiters were granted: the mount is wedged");
+        };
+        assert_eq!(r, Ok(()));
+    }
+    m.unmount();
+}
+
 #[test]
 fn io_uring_transport_serves_requests_or_falls_back() {
     // Offered: the fuse module has it on, and io_uring is not disabled.

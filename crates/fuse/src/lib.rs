@@ -287,6 +287,19 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         },
     };
     snapdir::check_dir_name(&opts.snapdir_name).map_err(io::Error::other)?;
+    let io_uring = opts.io_uring && opts.locks != LockMode::Engine;
+    if opts.io_uring && !io_uring {
+        // A blocked F_SETLKW keeps its request's ring entry until the lock
+        // is granted, and a CPU's queue has URING_QUEUE_DEPTH of them: that
+        // many waiters on one CPU left every later request from it, the
+        // holder's unlock included, waiting for an entry for ever (measured:
+        // 12 waiters pinned to one CPU wedged it). /dev/fuse has no such
+        // bound.
+        tracing::warn!(
+            "--io-uring does not combine with --locks engine (blocked lock requests would hold \
+             the rings' entries): serving /dev/fuse"
+        );
+    }
     let notifier = Arc::new(OnceLock::new());
     let cell = Arc::new(swap::FsCell::new(fs));
     let slots = Arc::new(snapdir::Slots::default());
@@ -298,7 +311,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         entry_ttl: opts.entry_timeout,
         attr_ttl: opts.attr_timeout,
         writeback: opts.writeback_cache,
-        io_uring: opts.io_uring,
+        io_uring,
         engine_locks: opts.locks == LockMode::Engine,
         atime: opts.atime,
         any_locks: AtomicBool::new(false),
@@ -307,7 +320,7 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         backing,
         dio: dio::DirectWrites::new(
             notifier.clone(),
-            if opts.io_uring {
+            if io_uring {
                 MAX_HELD_DIRECT_WRITES.min(URING_QUEUE_DEPTH / 2)
             } else {
                 MAX_HELD_DIRECT_WRITES

@@ -97,7 +97,10 @@ impl Mount {
             }
             is_mount_point(&path)
         });
-        if extra_mount_args().iter().any(|a| a == "--io-uring") {
+        // `--locks engine` serves /dev/fuse by design (a blocked lock
+        // request would hold a ring entry): the rings start without it.
+        let engine_locks = args.windows(2).any(|w| w == ["--locks", "engine"]);
+        if extra_mount_args().iter().any(|a| a == "--io-uring") && !engine_locks {
             // The run is only worth its time if the rings really serve: a
             // silent fallback to /dev/fuse must fail it.
             let pid = m.pid();
