@@ -582,13 +582,7 @@ fn record_locks_across_open_file_descriptions(m: Mount) {
         .write(true)
         .open(m.p("lock"))
         .unwrap();
-    let lk = |typ: i32, start: i64, len: i64| libc::flock {
-        l_type: typ as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: start,
-        l_len: len,
-        l_pid: 0,
-    };
+    let lk = common::range_lock;
     fcntl(&a, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 5))).unwrap();
     assert_eq!(
         nix_errno(fcntl(&b, FcntlArg::F_OFD_SETLK(&lk(libc::F_RDLCK, 4, 2)))),
@@ -926,21 +920,9 @@ fn engine_locks_never_wedge_a_cpu_with_io_uring_asked_for() {
         }
     }
     fn lk(typ: i32) -> libc::flock {
-        libc::flock {
-            l_type: typ as i16,
-            l_whence: libc::SEEK_SET as i16,
-            l_start: 0,
-            l_len: 1,
-            l_pid: 0,
-        }
+        common::range_lock(typ, 0, 1)
     }
-    let rw = || {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(m.p("f"))
-            .unwrap()
-    };
+    let rw = || common::open_rw(&m.p("f"));
     let holder = rw();
     fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK))).unwrap();
     // Opened before any waiter blocks: from here on this thread does

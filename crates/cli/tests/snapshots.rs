@@ -628,20 +628,8 @@ fn closing_a_snapshot_file_keeps_flush_for_live_locks() {
     fs::write(m.p("f"), b"0123456789").unwrap();
     snap(&m, &["create", "s1"]);
     assert_eq!(fs::read(m.p(".snapshots/s1/f")).unwrap(), b"0123456789");
-    let lk = |typ: i32| libc::flock {
-        l_type: typ as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 5,
-        l_pid: 0,
-    };
-    let rw = || {
-        fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(m.p("f"))
-            .unwrap()
-    };
+    let lk = |typ: i32| common::range_lock(typ, 0, 5);
+    let rw = || common::open_rw(&m.p("f"));
     let (classic, other) = (rw(), rw());
     fcntl(&classic, FcntlArg::F_SETLK(&lk(libc::F_WRLCK))).unwrap();
     // An open file description is an owner of its own: it sees the
@@ -678,13 +666,7 @@ fn blocking_lock(f: fs::File, start: i64) -> (i32, std::thread::JoinHandle<nix::
     let (tx, rx) = std::sync::mpsc::channel();
     let t = std::thread::spawn(move || {
         tx.send(nix::unistd::gettid().as_raw()).unwrap();
-        let lk = libc::flock {
-            l_type: libc::F_WRLCK as i16,
-            l_whence: libc::SEEK_SET as i16,
-            l_start: start,
-            l_len: 1,
-            l_pid: 0,
-        };
+        let lk = common::range_lock(libc::F_WRLCK, start, 1);
         let r = nix::fcntl::fcntl(&f, nix::fcntl::FcntlArg::F_OFD_SETLKW(&lk)).map(drop);
         drop(f);
         r
@@ -711,20 +693,8 @@ fn engine_locks_survive_a_durable_online_rollback() {
     fs::write(m.p("kept"), b"0123456789").unwrap();
     snap(&m, &["create", "s1"]);
     fs::write(m.p("later"), b"0123456789").unwrap();
-    let rw = |name: &str| {
-        fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(m.p(name))
-            .unwrap()
-    };
-    let lk = |typ: i32, start: i64, len: i64| libc::flock {
-        l_type: typ as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: start,
-        l_len: len,
-        l_pid: 0,
-    };
+    let rw = |name: &str| common::open_rw(&m.p(name));
+    let lk = common::range_lock;
     let holder = rw("kept");
     fcntl(&holder, FcntlArg::F_OFD_SETLK(&lk(libc::F_WRLCK, 0, 5))).unwrap();
     let later_holder = rw("later");

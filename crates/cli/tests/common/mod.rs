@@ -434,3 +434,26 @@ pub fn tree_dump(root: &Path) -> Vec<String> {
     walk(root, Path::new(""), &mut out);
     out
 }
+
+/// A `struct flock` for `fcntl` over `[start, start + len)` (`len` 0: to the
+/// end of the file), offsets from the file's start.
+#[allow(dead_code)]
+pub fn range_lock(typ: i32, start: i64, len: i64) -> libc::flock {
+    libc::flock {
+        l_type: typ as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    }
+}
+
+/// `path` opened for reading and writing, which must succeed.
+#[allow(dead_code)]
+pub fn open_rw(path: &Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
