@@ -225,21 +225,24 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let line = line.trim();
-    let r = match engine_request(m, line).transpose() {
-        Some(r) => r,
-        None => match &m.durable {
-            None => Err(anyhow::anyhow!(
-                "{} is an in-memory memfs mount: {line:?} needs a data directory (commit history); \
+    let r = match flush_kernel_writeback(m, line) {
+        Err(e) => Err(e),
+        Ok(()) => match engine_request(m, line).transpose() {
+            Some(r) => r,
+            None => match &m.durable {
+                None => Err(anyhow::anyhow!(
+                    "{} is an in-memory memfs mount: {line:?} needs a data directory (commit history); \
                  snapshots of an in-memory mount are memfs snapshot create|list|delete and memfs rollback --to NAME",
-                m.mountpoint.display()
-            )),
-            Some(d) => {
-                let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
-                match line.strip_prefix("rollback ") {
-                    Some(target) => rollback(&mut d, Some(&m.swapper), target),
-                    None => answer(&d, Some(&m.swapper), line),
+                    m.mountpoint.display()
+                )),
+                Some(d) => {
+                    let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+                    match line.strip_prefix("rollback ") {
+                        Some(target) => rollback(&mut d, Some(&m.swapper), target),
+                        None => answer(&d, Some(&m.swapper), line),
+                    }
                 }
-            }
+            },
         },
     };
     let reply = match r {
@@ -254,6 +257,49 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
         Err(e) => format!("error {}\n", format!("{e:#}").replace('\n', " ")),
     };
     (&conn).write_all(reply.as_bytes())?;
+    Ok(())
+}
+
+/// With `--writeback-cache` the kernel holds written data as dirty pages
+/// and sends it later. A snapshot must include every write that returned
+/// before the command: so the requests that take or compare a point in
+/// time first make the kernel write back the whole mount (`syncfs`), and
+/// online rollbacks are refused (below). On this control thread, which holds no lock the FUSE
+/// workers serving those WRITEs need. Without writeback caching every write
+/// reaches memfs before it returns: nothing to do.
+fn flush_kernel_writeback(m: &Mount, line: &str) -> anyhow::Result<()> {
+    let cmd = line.split(' ').next().unwrap_or("");
+    let point_in_time = matches!(
+        cmd,
+        "snap-create" | "snap-rollback" | "snap-diff" | "snapshot-create" | "rollback" | "diff"
+    );
+    if !m.fuse.writeback_cache || !point_in_time {
+        return Ok(());
+    }
+    if matches!(cmd, "snap-rollback" | "rollback") {
+        // The kernel keeps its own size (and mtime) of a cached regular
+        // file with writeback caching and takes no size from memfs while it
+        // holds the inode (fuse_get_cache_mask): after a rollback it would
+        // go on showing the later size, with the rolled-back bytes under it.
+        bail!(
+            "{} caches writes in the kernel (--writeback-cache), which keeps its own file sizes \
+             and would show the later ones after an online rollback: mount without \
+             --writeback-cache to roll back online, or unmount and roll back with --data-dir",
+            m.mountpoint.display()
+        );
+    }
+    let dir = std::fs::File::open(&m.mountpoint).with_context(|| {
+        format!(
+            "cannot open {} to write back its cache",
+            m.mountpoint.display()
+        )
+    })?;
+    nix::unistd::syncfs(&dir).with_context(|| {
+        format!(
+            "cannot write back the kernel's cached writes of {} before {cmd}",
+            m.mountpoint.display()
+        )
+    })?;
     Ok(())
 }
 

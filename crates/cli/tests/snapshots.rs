@@ -646,6 +646,42 @@ fn closing_a_snapshot_file_keeps_flush_for_live_locks() {
     m.unmount();
 }
 
+/// `--writeback-cache`: written data waits in the kernel as dirty pages,
+/// and the kernel keeps its own size of a cached file. A snapshot holds
+/// every write that returned before it (the server has the kernel write
+/// back first); an online rollback is refused, with nothing changed: the
+/// kernel would go on showing the later size (it once did, with the
+/// rolled-back bytes under it and zeros past them).
+#[test]
+fn writeback_cached_writes_are_in_a_snapshot_and_online_rollback_is_refused() {
+    let m = Mount::with_args(&["--writeback-cache"]);
+    let before = vec![b'a'; 100_000];
+    let mut f = fs::File::create(m.p("f")).unwrap();
+    f.write_all(&before).unwrap();
+    snap(&m, &["create", "s1"]);
+    assert!(fs::read(m.p(".snapshots/s1/f")).unwrap() == before);
+    f.write_all(&[b'b'; 1000]).unwrap();
+    let mp = m.path();
+    let e = failed(memfs([
+        "rollback",
+        "--mount",
+        mp.to_str().unwrap(),
+        "--to",
+        "s1",
+        "--yes",
+    ]));
+    assert!(e.contains("--writeback-cache"), "{e}");
+    drop(f);
+    let mut want = before.clone();
+    want.extend_from_slice(&[b'b'; 1000]);
+    assert!(
+        fs::read(m.p("f")).unwrap() == want,
+        "a refused rollback changed the file"
+    );
+    assert!(fs::read(m.p(".snapshots/s1/f")).unwrap() == before);
+    m.unmount();
+}
+
 /// Waits until thread `tid` of this process sits in `fcntl` (x86-64
 /// syscall 72; other architectures: not waited for, the outcome checked
 /// below is the same either way, the wait only makes it likely that the
