@@ -260,23 +260,26 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// With `--writeback-cache` the kernel holds written data as dirty pages
-/// and sends it later. A snapshot must include every write that returned
-/// before the command: so the requests that take or compare a point in
-/// time first make the kernel write back the whole mount (`syncfs`), and
-/// online rollbacks are refused (below). On this control thread, which holds no lock the FUSE
-/// workers serving those WRITEs need. Without writeback caching every write
-/// reaches memfs before it returns: nothing to do.
+/// Written data the kernel still holds as dirty pages (every write with
+/// `--writeback-cache`; stores through a shared writable mapping on any
+/// mount) reaches memfs only at writeback. A snapshot must hold every
+/// write that returned before the command, and a rollback must not get
+/// such pages after it (the kernel writes dirty pages back when a rollback
+/// invalidates them, into the rolled-back tree). So the requests that take
+/// or compare a point in time first make the kernel write back the whole
+/// mount (`syncfs`), on this control thread, which holds no lock the FUSE
+/// workers serving those WRITEs need. With nothing dirty it costs a
+/// SYNCFS round trip.
 fn flush_kernel_writeback(m: &Mount, line: &str) -> anyhow::Result<()> {
     let cmd = line.split(' ').next().unwrap_or("");
     let point_in_time = matches!(
         cmd,
         "snap-create" | "snap-rollback" | "snap-diff" | "snapshot-create" | "rollback" | "diff"
     );
-    if !m.fuse.writeback_cache || !point_in_time {
+    if !point_in_time {
         return Ok(());
     }
-    if matches!(cmd, "snap-rollback" | "rollback") {
+    if m.fuse.writeback_cache && matches!(cmd, "snap-rollback" | "rollback") {
         // The kernel keeps its own size (and mtime) of a cached regular
         // file with writeback caching and takes no size from memfs while it
         // holds the inode (fuse_get_cache_mask): after a rollback it would

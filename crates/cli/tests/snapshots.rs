@@ -682,6 +682,53 @@ fn writeback_cached_writes_are_in_a_snapshot_and_online_rollback_is_refused() {
     m.unmount();
 }
 
+/// Stores through a shared writable mapping stay dirty pages in the kernel
+/// until writeback, on any mount. A snapshot holds the stores made before
+/// it, and a rollback never receives the ones made before it afterwards
+/// (the kernel writes dirty pages back when the rollback invalidates them).
+#[test]
+fn mapped_stores_are_in_a_snapshot_and_never_after_a_rollback() {
+    const LEN: usize = 8192;
+    let m = Mount::new();
+    fs::write(m.p("f"), vec![b'a'; LEN]).unwrap();
+    let f = common::open_rw(&m.p("f"));
+    // SAFETY: a fresh shared mapping of LEN bytes of an open file of LEN
+    // bytes; it is only touched through `map` below and unmapped before `f`
+    // is dropped.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    assert_ne!(map, libc::MAP_FAILED);
+    let map = map.cast::<u8>();
+    // SAFETY: offset 0 is inside the mapping.
+    unsafe { map.write_volatile(b'M') };
+    snap(&m, &["create", "s1"]);
+    let mut want = vec![b'a'; LEN];
+    want[0] = b'M';
+    assert!(
+        fs::read(m.p(".snapshots/s1/f")).unwrap() == want,
+        "a store before the snapshot is missing"
+    );
+    // SAFETY: offset 4096 is inside the mapping.
+    unsafe { map.add(4096).write_volatile(b'N') };
+    rollback(&m, "s1");
+    // SAFETY: the mapping made above, of LEN bytes, unmapped once.
+    assert_eq!(unsafe { libc::munmap(map.cast(), LEN) }, 0);
+    drop(f);
+    assert!(
+        fs::read(m.p("f")).unwrap() == want,
+        "a store from before the rollback landed after it"
+    );
+    m.unmount();
+}
+
 /// Waits until thread `tid` of this process sits in `fcntl` (x86-64
 /// syscall 72; other architectures: not waited for, the outcome checked
 /// below is the same either way, the wait only makes it likely that the
