@@ -78,6 +78,10 @@ pub struct Fs {
     /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
     /// tree holds atimes no commit carries.
     unrecorded_atimes: AtomicBool,
+    /// Set once some node has had a lock table: until then
+    /// [`Fs::take_locks`] has nothing to look for and skips its pass over
+    /// every node (a mount whose kernel keeps the locks never sets it).
+    locked: AtomicBool,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -266,6 +270,7 @@ impl Fs {
             recorder,
             linkable: DashMap::with_hasher(InoHasher::default()),
             unrecorded_atimes: AtomicBool::new(false),
+            locked: AtomicBool::new(false),
         }
     }
 
@@ -2376,6 +2381,9 @@ impl Fs {
     }
 
     fn file_lock_table<'a>(&self, st: &'a mut RwLockWriteGuard<'_, State>) -> &'a mut LockTable {
+        if st.locks.is_none() {
+            self.locked.store(true, Ordering::Release);
+        }
         st.locks.get_or_insert_with(Default::default)
     }
 
@@ -2586,9 +2594,13 @@ impl Fs {
     /// this tree, for the tree that replaces it ([`Fs::adopt_locks`]): a
     /// server that swaps trees (a durable mount's online rollback) would
     /// otherwise lose the locks its processes hold, and leave their waiters
-    /// parked in a tree nobody serves. O(nodes), as the swap is.
+    /// parked in a tree nobody serves. O(nodes) once any lock was ever
+    /// taken (the swap is O(nodes) anyway); nothing before.
     pub fn take_locks(&self) -> HeldLocks {
         let mut held = Vec::new();
+        if !self.locked.load(Ordering::Acquire) {
+            return HeldLocks(held);
+        }
         for item in self.core.inodes.iter() {
             let node = item.value();
             // Not `write_state`: locks are not part of the tree a snapshot
@@ -2617,7 +2629,10 @@ impl Fs {
             };
             let mut st = node.state.write();
             match st.locks {
-                None => st.locks = Some(table),
+                None => {
+                    self.locked.store(true, Ordering::Release);
+                    st.locks = Some(table);
+                }
                 // A new tree starts without locks; if it has some, they were
                 // taken since, and win.
                 Some(_) => done.extend(table.abandon(Errno::ESTALE)),

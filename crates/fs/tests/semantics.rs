@@ -969,6 +969,7 @@ fn locks_move_to_a_tree_that_replaces_this_one() {
     let old = fs();
     let f = mkfile(&old, C, ROOT_INO, "f", 0o644).ino;
     let g = mkfile(&old, C, ROOT_INO, "g", 0o644).ino;
+    assert!(old.take_locks().is_empty(), "nothing locked yet");
     old.setlk(f, 1, 0, 9, libc::F_WRLCK, 1).unwrap();
     let (cb, wf) = waiter();
     old.setlkw(f, 2, 5, 5, libc::F_WRLCK, 2, 2, cb);
