@@ -225,26 +225,7 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let line = line.trim();
-    let r = match flush_kernel_writeback(m, line) {
-        Err(e) => Err(e),
-        Ok(()) => match engine_request(m, line).transpose() {
-            Some(r) => r,
-            None => match &m.durable {
-                None => Err(anyhow::anyhow!(
-                    "{} is an in-memory memfs mount: {line:?} needs a data directory (commit history); \
-                 snapshots of an in-memory mount are memfs snapshot create|list|delete and memfs rollback --to NAME",
-                    m.mountpoint.display()
-                )),
-                Some(d) => {
-                    let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
-                    match line.strip_prefix("rollback ") {
-                        Some(target) => rollback(&mut d, Some(&m.swapper), target),
-                        None => answer(&d, Some(&m.swapper), line),
-                    }
-                }
-            },
-        },
-    };
+    let r = flush_kernel_writeback(m, line).and_then(|()| dispatch(m, line));
     let reply = match r {
         Ok(lines) => {
             let mut s = String::from("ok\n");
@@ -258,6 +239,27 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
     };
     (&conn).write_all(reply.as_bytes())?;
     Ok(())
+}
+
+/// One control request: the engine's, or (durable mounts) the journal's.
+fn dispatch(m: &Mount, line: &str) -> anyhow::Result<Vec<String>> {
+    if let Some(r) = engine_request(m, line).transpose() {
+        return r;
+    }
+    match &m.durable {
+        None => Err(anyhow::anyhow!(
+            "{} is an in-memory memfs mount: {line:?} needs a data directory (commit history); \
+             snapshots of an in-memory mount are memfs snapshot create|list|delete and memfs rollback --to NAME",
+            m.mountpoint.display()
+        )),
+        Some(d) => {
+            let mut d = d.lock().unwrap_or_else(|e| e.into_inner());
+            match line.strip_prefix("rollback ") {
+                Some(target) => rollback(&mut d, Some(&m.swapper), target),
+                None => answer(&d, Some(&m.swapper), line),
+            }
+        }
+    }
 }
 
 /// Written data the kernel still holds as dirty pages (every write with
