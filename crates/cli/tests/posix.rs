@@ -934,22 +934,15 @@ fn engine_locks_never_wedge_a_cpu_with_io_uring_asked_for() {
         let (done_tx, tid_tx) = (done_tx.clone(), tid_tx.clone());
         std::thread::spawn(move || {
             pin_to_cpu0();
-            // SAFETY: gettid has no preconditions.
-            tid_tx.send(unsafe { libc::gettid() }).unwrap();
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
             let r = fcntl(&f, FcntlArg::F_OFD_SETLKW(&lk(libc::F_WRLCK)))
                 .and_then(|_| fcntl(&f, FcntlArg::F_OFD_SETLK(&lk(libc::F_UNLCK))));
             done_tx.send(r.map(drop)).unwrap();
         });
     }
-    // Every waiter is in fcntl (x86-64 syscall 72) before the unlock.
+    // Every waiter is in fcntl before the unlock.
     for _ in 0..WAITERS {
-        let tid = tids.recv().unwrap();
-        if cfg!(target_arch = "x86_64") {
-            common::poll_until("a lock waiter to block in fcntl", || {
-                fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
-                    .is_ok_and(|s| s.split(' ').next() == Some("72"))
-            });
-        }
+        common::await_in_fcntl(tids.recv().unwrap());
     }
     // The unlock comes from CPU 0 too, on a thread: wedged, it would never
     // return, and the wait below fails instead.

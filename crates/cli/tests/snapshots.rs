@@ -729,20 +729,6 @@ fn mapped_stores_are_in_a_snapshot_and_never_after_a_rollback() {
     m.unmount();
 }
 
-/// Waits until thread `tid` of this process sits in `fcntl` (x86-64
-/// syscall 72; other architectures: not waited for, the outcome checked
-/// below is the same either way, the wait only makes it likely that the
-/// lock request is parked in the server before the rollback).
-fn await_in_fcntl(tid: i32) {
-    if !cfg!(target_arch = "x86_64") {
-        return;
-    }
-    common::poll_until("the lock waiter to block in fcntl", || {
-        fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
-            .is_ok_and(|s| s.split(' ').next() == Some("72"))
-    });
-}
-
 /// `F_OFD_SETLKW` on a thread of its own; the thread's id comes back
 /// first, then the outcome.
 fn blocking_lock(f: fs::File, start: i64) -> (i32, std::thread::JoinHandle<nix::Result<()>>) {
@@ -788,8 +774,8 @@ fn engine_locks_survive_a_durable_online_rollback() {
     .unwrap();
     let (kept_tid, kept_waiter) = blocking_lock(rw("kept"), 2);
     let (later_tid, later_waiter) = blocking_lock(rw("later"), 2);
-    await_in_fcntl(kept_tid);
-    await_in_fcntl(later_tid);
+    common::await_in_fcntl(kept_tid);
+    common::await_in_fcntl(later_tid);
 
     rollback(&m, "s1");
     assert!(!m.p("later").exists());

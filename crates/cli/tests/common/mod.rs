@@ -457,3 +457,18 @@ pub fn open_rw(path: &Path) -> std::fs::File {
         .open(path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
 }
+
+/// Waits until thread `tid` of this process sits in `fcntl` (x86-64
+/// syscall 72), e.g. blocked in `F_SETLKW`. Other architectures: not
+/// waited for; callers check an outcome that is the same either way, the
+/// wait only makes it likely that the request is parked in the server.
+#[allow(dead_code)]
+pub fn await_in_fcntl(tid: i32) {
+    if !cfg!(target_arch = "x86_64") {
+        return;
+    }
+    poll_until("a lock waiter to block in fcntl", || {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
+            .is_ok_and(|s| s.split(' ').next() == Some("72"))
+    });
+}
