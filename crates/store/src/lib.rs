@@ -552,6 +552,25 @@ impl Store {
     /// operation: `entries` is indexed in place and written to the journal
     /// as is. A malformed buffer is refused before anything changes.
     pub fn set_encoded(&self, block: u64, entries: &[u8]) -> Result<()> {
+        self.set_encoded_with(block, entries, &|_| {}).map(|_| ())
+    }
+
+    /// [`set_encoded`](Self::set_encoded) that calls `committed(id)` as soon
+    /// as the block is in the journal as its durability mode promises (`id`
+    /// is its commit, as [`last_commit`](Self::last_commit) will give), before
+    /// or while the tables are updated; returns `id`. From that moment the
+    /// block is committed: nothing after it can fail short of the store
+    /// failing, and replay restores it. The network server publishes the
+    /// block to its followers there, so that they apply it while the writer
+    /// does instead of after (issue 13's follower lag). A block that is
+    /// refused never calls `committed`. Readers of this store may still see
+    /// the previous block while `committed` runs.
+    pub fn set_encoded_with(
+        &self,
+        block: u64,
+        entries: &[u8],
+        committed: &(dyn Fn(u64) + Sync),
+    ) -> Result<u64> {
         let t0 = Instant::now();
         let mut w = self.w.lock();
         let mut offsets = std::mem::take(&mut w.offsets);
@@ -561,10 +580,14 @@ impl Store {
                 offsets: &offsets,
                 kw: self.shared.kw,
             };
-            self.apply_locked(&mut w, t0, block, &ops, Some(entries), None)
+            let given = Given {
+                encoded: Some(entries),
+                bucketed: None,
+            };
+            self.apply_locked(&mut w, t0, block, &ops, given, committed)
         });
         w.offsets = offsets;
-        r.map(|_| ())
+        r.map(|(id, _)| id)
     }
 
     /// [`set_encoded`](Self::set_encoded) with entries indexed and hashed
@@ -593,15 +616,12 @@ impl Store {
             kw: self.shared.kw,
         };
         let mut w = self.w.lock();
-        self.apply_locked(
-            &mut w,
-            t0,
-            block,
-            &ops,
-            Some(entries),
-            Some((&prepared.hashes, &prepared.by_shard)),
-        )
-        .map(|_| ())
+        let given = Given {
+            encoded: Some(entries),
+            bucketed: Some((&prepared.hashes, &prepared.by_shard)),
+        };
+        self.apply_locked(&mut w, t0, block, &ops, given, &|_| {})
+            .map(|_| ())
     }
 
     /// Deletes `key` in block `block`, returning its previous value.
@@ -649,20 +669,26 @@ impl Store {
         let t0 = Instant::now();
         self.validate(ops)?;
         let mut w = self.w.lock();
-        self.apply_locked(&mut w, t0, block, &Pairs(ops), None, None)
+        let given = Given {
+            encoded: None,
+            bucketed: None,
+        };
+        self.apply_locked(&mut w, t0, block, &Pairs(ops), given, &|_| {})
+            .map(|(_, undo)| undo)
     }
 
-    /// Applies a validated block with the writer lock held. `encoded` is the
-    /// journal form of `ops` when the caller has it (else it is encoded here).
+    /// Applies a validated block with the writer lock held; `committed`
+    /// gets its journal id as soon as the journal has it.
     fn apply_locked<O: Ops>(
         &self,
         w: &mut Writer,
         t0: Instant,
         block: u64,
         ops: &O,
-        encoded: Option<&[u8]>,
-        bucketed: Option<(&[u64], &[Vec<u32>])>,
-    ) -> Result<Arc<UndoBlock>> {
+        given: Given<'_>,
+        committed: &(dyn Fn(u64) + Sync),
+    ) -> Result<(u64, Arc<UndoBlock>)> {
+        let Given { encoded, bucketed } = given;
         self.shared.check_failed()?;
         let current = self.current_block();
         if block <= current {
@@ -716,9 +742,23 @@ impl Store {
             (stages::Stage::WriterTables, stages::Stage::WriterJournal)
         };
         let mut tables_done = None;
+        // The journal entry does not depend on the tables, so the block is
+        // committed once the journal has it: `committed` runs right then,
+        // and the tables are updated after it (`async`, small blocks) or
+        // while the journal writes (`sync`/`relaxed`, large blocks: there it
+        // runs on the journal's thread). A journal failure fails the store
+        // either way.
+        let commit = || {
+            let r = journal.commit_reserved(&[&header, entries], reserved);
+            if let Ok(id) = &r {
+                stages::mark(*id, journal_stage);
+                committed(*id);
+            }
+            r
+        };
         let (res, undo) = if overlap {
             std::thread::scope(|sc| {
-                let h = sc.spawn(|| journal.commit_reserved(&[&header, entries], reserved));
+                let h = sc.spawn(commit);
                 let undo = match bucketed {
                     Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
                     None => apply_ops(&self.shared, w, ops),
@@ -734,30 +774,34 @@ impl Store {
                 (res, undo)
             })
         } else {
-            let undo = match bucketed {
-                Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
-                None => apply_ops(&self.shared, w, ops),
+            let res = commit();
+            // Nothing to undo when the journal refused the block: the store
+            // fails below and the tables stay at the previous block.
+            let undo = match (&res, bucketed) {
+                (Err(_), _) => Vec::new(),
+                (Ok(_), Some((h, b))) => apply_bucketed(&self.shared, w, ops, h, b),
+                (Ok(_), None) => apply_ops(&self.shared, w, ops),
             };
             if stages::enabled() {
                 tables_done = Some(Instant::now());
             }
-            (journal.commit_reserved(&[&header, entries], reserved), undo)
+            (res, undo)
         };
         if let Ok(id) = &res
-            && stages::enabled()
+            && let Some(t) = tables_done
         {
-            if let Some(t) = tables_done {
-                stages::mark_at(*id, tables_stage, t);
-            }
-            stages::mark(*id, journal_stage);
+            stages::mark_at(*id, tables_stage, t);
         }
         w.redo = redo;
-        if let Err(e) = res {
-            drop(gate);
-            let e = StoreError::from(e);
-            self.shared.fail(&e);
-            return Err(e);
-        }
+        let id = match res {
+            Ok(id) => id,
+            Err(e) => {
+                drop(gate);
+                let e = StoreError::from(e);
+                self.shared.fail(&e);
+                return Err(e);
+            }
+        };
         self.shared.current.store(block, Ordering::Release);
         let undo = Arc::new(UndoBlock { block, parts: undo });
         let limit = w.opts.rollback_window;
@@ -769,7 +813,7 @@ impl Store {
         if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
             self.maybe_start_snapshot(w);
         }
-        Ok(undo)
+        Ok((id, undo))
     }
 
     /// Restores exactly the state after block `target` (which must be inside
@@ -1173,6 +1217,15 @@ fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> 
 
 /// Applies `ops` to the shards. Returns, per touched shard, the undo entries
 /// (`[key][len][old value]`, for the rollback window).
+/// What a caller of `apply_locked` already has of a block besides its
+/// operations: `encoded`, their journal form (else it is encoded there);
+/// `bucketed`, their key hashes and the operations of each shard (else
+/// they are computed there).
+struct Given<'a> {
+    encoded: Option<&'a [u8]>,
+    bucketed: Option<(&'a [u64], &'a [Vec<u32>])>,
+}
+
 fn apply_ops<O: Ops>(shared: &Shared, w: &mut Writer, ops: &O) -> Vec<Vec<u8>> {
     let mut hashes = std::mem::take(&mut w.hashes);
     let mut by_shard = std::mem::take(&mut w.by_shard);

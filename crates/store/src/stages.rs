@@ -19,11 +19,13 @@ pub enum Stage {
     SetReceived,
     /// Server: the write mutex is held.
     WriterLocked,
-    /// Writer's store: the tables are updated (undo recorded).
+    /// Writer's store: the tables are updated (undo recorded). After
+    /// `Published`: the block is committed, and followers sent it, once the
+    /// journal has it. In `sync` and `relaxed` modes a large block's journal
+    /// write (and so its publication) runs while the tables are updated, so
+    /// this may come before those two.
     WriterTables,
-    /// Writer's store: the journal commit returned (per its durability). In
-    /// `sync` and `relaxed` modes a large block's journal write runs while
-    /// the tables are updated, so this is when both are done.
+    /// Writer's store: the journal commit returned (per its durability).
     WriterJournal,
     /// Server: the event is in the history and subscribers are woken.
     Published,
@@ -39,7 +41,8 @@ pub enum Stage {
     FollowerDequeued,
     /// Follower: the replica's write lock is held (readers are off).
     FollowerLocked,
-    /// Follower's store: the tables are updated.
+    /// Follower's store: the tables are updated (after `FollowerJournal`,
+    /// as on the writer).
     FollowerTables,
     /// Follower's store: the journal commit returned.
     FollowerJournal,
@@ -56,9 +59,9 @@ pub const PATH: [Stage; 16] = [
     Stage::ClientSend,
     Stage::SetReceived,
     Stage::WriterLocked,
-    Stage::WriterTables,
     Stage::WriterJournal,
     Stage::Published,
+    Stage::WriterTables,
     Stage::ClientDone,
     Stage::SubscriberTook,
     Stage::SubscriberWritten,
@@ -66,8 +69,8 @@ pub const PATH: [Stage; 16] = [
     Stage::FollowerPrepared,
     Stage::FollowerDequeued,
     Stage::FollowerLocked,
-    Stage::FollowerTables,
     Stage::FollowerJournal,
+    Stage::FollowerTables,
     Stage::FollowerApplied,
 ];
 

@@ -137,6 +137,47 @@ fn malformed_encoded_blocks_change_nothing() {
     assert_eq!(s.len(), 3_002);
 }
 
+/// `set_encoded_with` hands each committed block's journal id to its
+/// callback exactly once, with the id `set_encoded_with` returns and
+/// `last_commit` then gives, small blocks and large (the large ones commit
+/// on the journal's thread in `sync`); a refused block never calls it.
+#[test]
+fn set_encoded_with_reports_each_commit_once() {
+    use std::sync::Mutex;
+    for durability in ["none", "sync"] {
+        let t = tempfile::tempdir().unwrap();
+        let mut o = opts(2);
+        o.durability = durability.parse().unwrap();
+        let s = Store::create(t.path(), o).unwrap();
+        let seen = Mutex::new(Vec::new());
+        let record = |id: u64| seen.lock().unwrap().push(id);
+        for (block, n) in [(1u64, 3usize), (2, 3_000), (3, 1)] {
+            let ops: Vec<(Vec<u8>, Vec<u8>)> = (0..n as u64)
+                .map(|i| ((block * 10_000 + i).to_le_bytes().to_vec(), b"v".to_vec()))
+                .collect();
+            let id = s.set_encoded_with(block, &encode(&ops), &record).unwrap();
+            assert_eq!(id, s.last_commit(), "{durability}");
+            assert_eq!(seen.lock().unwrap().last(), Some(&id), "{durability}");
+            assert_eq!(s.current_block(), block, "{durability}");
+        }
+        let err = s
+            .set_encoded_with(
+                3,
+                &encode(&[(b"aaaaaaaa".to_vec(), b"1".to_vec())]),
+                &record,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(err, StoreError::BlockNotIncreasing { .. }),
+            "{err}"
+        );
+        let err = s.set_encoded_with(9, &[1, 2, 3], &record).unwrap_err();
+        assert!(matches!(err, StoreError::Malformed(_)), "{err}");
+        assert_eq!(*seen.lock().unwrap(), vec![1, 2, 3], "{durability}");
+        assert_eq!(s.len(), 3_004, "{durability}");
+    }
+}
+
 /// `set_prepared` (the follower's path: entries indexed and hashed on its
 /// receiving thread) gives what `set` gives, and refuses a block that was
 /// not prepared, or prepared for another layout, without changing anything.

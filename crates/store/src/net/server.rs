@@ -96,6 +96,10 @@ struct Log {
     last_seq: u64,
     /// Current block after `last_seq`.
     current: u64,
+    /// (last event, current block) that this server's readers are sure to
+    /// see: a SET is published before the writer's tables have it, so this
+    /// trails (`last_seq`, `current`) until the SET returns.
+    visible: (u64, u64),
 }
 
 impl Log {
@@ -190,8 +194,7 @@ impl Shared {
         if self.is_replica() {
             (store.last_commit(), store.current_block())
         } else {
-            let l = self.log.lock();
-            (l.last_seq, l.current)
+            self.log.lock().visible
         }
     }
 }
@@ -277,10 +280,12 @@ impl Server {
             bytes: 0,
             last_seq: 0,
             current: 0,
+            visible: (0, 0),
         };
         if let Backing::Owned(store) = &store {
             log.last_seq = store.last_commit();
             log.current = store.current_block();
+            log.visible = (log.last_seq, log.current);
             seed_log(store, &mut log, &cfg);
         }
         let (block, last_seq) = (log.current, log.last_seq);
@@ -870,17 +875,25 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             let _w = sh.write.lock();
             let locked = stages::enabled().then(Instant::now);
             let prev = store.current_block();
-            match store.set_encoded(block, entries) {
-                Ok(()) => {
-                    let seq = store.last_commit();
-                    if let (Some(r), Some(l)) = (received, locked) {
-                        stages::mark_at(seq, Stage::SetReceived, r);
-                        stages::mark_at(seq, Stage::WriterLocked, l);
-                    }
-                    let mut f = Vec::with_capacity(set_body.len() + 21);
-                    p::put_ev_block(&mut f, seq, prev, set_body);
-                    publish(sh, seq, block, f);
-                    stages::mark(seq, Stage::Published);
+            // Published the moment the journal has the block, before the
+            // writer's tables are updated: a follower then applies it while
+            // the writer does, not after (a follower's work per block equals
+            // the writer's, so in series it could not keep within one block).
+            // This server's own readers see the block (and STATUS its
+            // position) only once `set_encoded_with` returns.
+            let publish_block = |seq: u64| {
+                if let (Some(r), Some(l)) = (received, locked) {
+                    stages::mark_at(seq, Stage::SetReceived, r);
+                    stages::mark_at(seq, Stage::WriterLocked, l);
+                }
+                let mut f = Vec::with_capacity(set_body.len() + 21);
+                p::put_ev_block(&mut f, seq, prev, set_body);
+                publish(sh, seq, block, f, false);
+                stages::mark(seq, Stage::Published);
+            };
+            match store.set_encoded_with(block, entries, &publish_block) {
+                Ok(seq) => {
+                    sh.log.lock().visible = (seq, block);
                     sh.counters.blocks.fetch_add(1, Relaxed);
                     p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
                 }
@@ -900,7 +913,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                     b.extend_from_slice(&0u16.to_le_bytes());
                     let mut f = Vec::new();
                     p::put_ev_block(&mut f, seq, prev, &b);
-                    publish(sh, seq, block, f);
+                    publish(sh, seq, block, f, true);
                     sh.counters.blocks.fetch_add(1, Relaxed);
                     p::put_popped(&mut ss.out, block, seq, old.as_deref());
                 }
@@ -918,7 +931,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                     if seq != seq_before {
                         let mut f = Vec::new();
                         p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
-                        publish(sh, seq, now, f);
+                        publish(sh, seq, now, f, true);
                     }
                     p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
                 }
@@ -959,10 +972,16 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     Next::Continue
 }
 
-fn publish(sh: &Shared, seq: u64, after: u64, frame: Vec<u8>) {
+/// Appends an event to the history and wakes the subscribers. `applied`:
+/// this server's readers already see it (else the caller sets `visible`
+/// once they do).
+fn publish(sh: &Shared, seq: u64, after: u64, frame: Vec<u8>, applied: bool) {
     let mut l = sh.log.lock();
     l.last_seq = seq;
     l.current = after;
+    if applied {
+        l.visible = (seq, after);
+    }
     push_event(
         &mut l,
         &sh.cfg,
