@@ -364,6 +364,20 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
         Ok(())
     };
     Ok(Some(match cmd {
+        // `mount -o remount,...` (mount.rs, `remount_atime`): the options
+        // the atime policy follows, comma-separated, in order.
+        "remount" => {
+            let opts: Vec<&str> = arg.split(',').filter(|o| !o.is_empty()).collect();
+            if let Some(bad) = opts
+                .iter()
+                .find(|o| !crate::mount::REMOUNT_ATIME_OPTIONS.contains(o))
+            {
+                bail!("remount: {bad:?} is not an option the server changes live");
+            }
+            let now = m.fuse.atime.apply(opts.iter().copied());
+            tracing::info!(options = arg, atime = ?now, "remounted");
+            vec![format!("{now:?}")]
+        }
         "kind" => vec![
             if m.durable.is_some() {
                 "durable"
@@ -465,6 +479,9 @@ fn clone(m: &Mount, snap: &str, target: &Path) -> anyhow::Result<()> {
             e => errno(e, &format!("cannot clone snapshot {snap:?}")),
         })?;
     let mut opts = m.fuse.clone();
+    // Its own policy (a remount of one must not change the other's), the
+    // origin's as given; a clone is writable.
+    opts.atime = memfs_fuse::AtimePolicy::new(m.fuse.atime.base());
     // Not the origin's data directory: a clone keeps no journal.
     opts.fsname = "memfs".into();
     let mut mounted = memfs_fuse::mount(Arc::new(fs), &target, &opts)

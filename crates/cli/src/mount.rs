@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use memfs_fs::{AtimeMode, Config, Fs};
+use memfs_fs::{Config, Fs};
 use memfs_fuse::MountOptions;
 use memfs_fuse::mounts::unescape_mount_path;
 pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
@@ -333,31 +333,27 @@ impl MountArgs {
                 "snapdir_name" => fuse.snapdir_name = need()?.as_bytes().to_vec(),
                 // The FUSE kernel never updates atime itself: the policy is
                 // the engine's (noatime is also passed on as the mount flag).
-                "relatime" => fuse.atime = AtimeMode::Relative,
-                "strictatime" => fuse.atime = AtimeMode::Strict,
-                "atime" => {
-                    fuse.atime = AtimeMode::Relative;
-                    fuse.extra.push(opt.to_string())
+                "relatime" | "strictatime" => {
+                    fuse.atime.apply([key]);
                 }
-                "noatime" => {
-                    fuse.atime = AtimeMode::Never;
+                "atime" | "noatime" => {
+                    fuse.atime.apply([key]);
                     fuse.extra.push(opt.to_string())
                 }
                 k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
                 "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "sync"
-                | "async" | "dirsync" => fuse.extra.push(opt.to_string()),
+                | "async" | "dirsync" => {
+                    // Reading a read-only file system records no access
+                    // (generic/003), until a `remount,rw`.
+                    fuse.atime.apply([key]);
+                    fuse.extra.push(opt.to_string())
+                }
                 _ => bail!("unknown mount option {opt:?}"),
             }
         }
         memfs_fuse::snapdir::check_dir_name(&fuse.snapdir_name).map_err(anyhow::Error::msg)?;
         if fuse.threads == 0 {
             bail!("--threads must be at least 1");
-        }
-        // Reading a read-only file system records no access (generic/003).
-        // The policy is fixed for the life of the server: a later
-        // `remount,rw` (mount(2) flags only) does not bring atime back.
-        if fuse.extra.iter().rev().find(|o| *o == "ro" || *o == "rw") == Some(&"ro".to_string()) {
-            fuse.atime = AtimeMode::Never;
         }
         let remount =
             remount.then(|| remount_flags(self.options.iter().flat_map(|o| o.split(','))));
@@ -534,10 +530,39 @@ fn remount(mountpoint: &Path, flags: nix::mount::MsFlags) -> anyhow::Result<()> 
         .with_context(|| format!("cannot remount {}", mountpoint.display()))
 }
 
+/// The other half of `mount -o remount,...`: the kernel does not tell a
+/// FUSE server about a remount, and the server keeps the atime policy
+/// (the kernel never updates a FUSE inode's atime), so the options that
+/// change it (`noatime`, `relatime`, `strictatime`, `atime`, `ro`, `rw`),
+/// in their order, go to the running server through its control socket.
+fn remount_atime(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
+    let opts: Vec<&str> = options
+        .iter()
+        .flat_map(|o| o.split(','))
+        .filter(|o| REMOUNT_ATIME_OPTIONS.contains(o))
+        .collect();
+    if opts.is_empty() {
+        return Ok(());
+    }
+    crate::control::mount_request(mountpoint, &format!("remount {}", opts.join(",")))
+        .with_context(|| {
+            format!(
+                "remounted {}, but its memfs server did not take the new atime policy",
+                mountpoint.display()
+            )
+        })?;
+    Ok(())
+}
+
+/// Mount options that the server's atime policy follows ([`remount_atime`]).
+pub const REMOUNT_ATIME_OPTIONS: [&str; 6] =
+    ["noatime", "relatime", "strictatime", "atime", "ro", "rw"];
+
 pub fn run_mount(args: MountArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
     if let Some(flags) = settings.remount {
-        return remount(&args.mountpoint, flags);
+        remount(&args.mountpoint, flags)?;
+        return remount_atime(&args.mountpoint, &args.options);
     }
     let mountpoint = preflight(&args.mountpoint)?;
     let notify = std::env::var_os(NOTIFY_ENV).is_some();

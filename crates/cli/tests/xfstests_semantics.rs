@@ -488,6 +488,82 @@ fn set_atime(path: &Path, t: std::time::SystemTime) {
         .unwrap();
 }
 
+/// `mount -o remount,...` changes the atime policy of a running mount: the
+/// kernel does not tell a FUSE server about a remount, so the helper sends
+/// the options to the server. Each read below reaches memfs (a partial page
+/// written just before is not cached as up to date).
+#[test]
+fn atime_policy_follows_remount() {
+    use std::time::{Duration, SystemTime};
+    if !is_root() {
+        eprintln!("skipped: remounting needs root");
+        return;
+    }
+    let past = SystemTime::now() - Duration::from_secs(1000);
+    let future = SystemTime::now() + Duration::from_secs(1000);
+    let m = Mount::new();
+    let (mp, f) = (m.path(), m.p("f"));
+    let remount = |opts: &str| {
+        let out = Command::new(memfs_bin())
+            .arg("memfs")
+            .arg(&mp)
+            .args(["-o", &format!("remount,{opts}")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "remount {opts}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "the helper prints nothing");
+    };
+    // A fresh change, then an access before it: relatime would record a read.
+    let fresh = |atime: SystemTime| {
+        std::fs::write(&f, b"data").unwrap();
+        set_atime(&f, atime);
+    };
+
+    remount("noatime");
+    fresh(past);
+    assert_eq!(read_then_atime(&f), past, "remount,noatime records no read");
+
+    remount("strictatime");
+    fresh(future);
+    assert_ne!(
+        read_then_atime(&f),
+        future,
+        "remount,strictatime records a read relatime would not"
+    );
+
+    fresh(past);
+    remount("ro");
+    assert_eq!(
+        read_then_atime(&f),
+        past,
+        "a read-only mount records no read"
+    );
+    remount("rw");
+    fresh(future);
+    assert_ne!(
+        read_then_atime(&f),
+        future,
+        "remount,rw brings back the policy (strictatime)"
+    );
+
+    remount("relatime");
+    fresh(future);
+    assert_eq!(
+        read_then_atime(&f),
+        future,
+        "relatime: a later access stays"
+    );
+    fresh(past);
+    assert!(
+        read_then_atime(&f) > past,
+        "relatime records the first read"
+    );
+}
+
 /// The atime policy given at mount time (generic/003) is the engine's: a
 /// FUSE kernel never updates atime itself. relatime (the default) records a
 /// read when the last access is not later than the last change; strictatime

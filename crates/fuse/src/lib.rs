@@ -10,6 +10,7 @@
 //! durable mount is the same `Fs` with a recorder installed, so this crate
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
+mod atime;
 mod caller;
 mod dio;
 pub mod mounts;
@@ -17,6 +18,7 @@ pub mod passthrough;
 pub mod snapdir;
 mod snapops;
 
+pub use atime::AtimePolicy;
 pub use passthrough::DataPath;
 use passthrough::{Backing, PASSTHROUGH_FH};
 use snapdir::Node;
@@ -98,9 +100,11 @@ pub struct MountOptions {
     pub subtype: String,
     /// Further mount options passed to the kernel as they are.
     pub extra: Vec<String>,
-    /// When reads update atime (`relatime`, `strictatime`, `noatime`): the
-    /// FUSE kernel leaves atime to the server whatever the mount flags say.
-    pub atime: AtimeMode,
+    /// When reads update atime (`relatime`, `strictatime`, `noatime`, and
+    /// never on a read-only mount): the FUSE kernel leaves atime to the
+    /// server whatever the mount flags say. Shared with the running
+    /// adapter: a remount changes it live.
+    pub atime: AtimePolicy,
     /// List `.snapshots` in readdir of the root (`-o snapdir=visible`); it
     /// can be entered by name either way.
     pub snapdir_visible: bool,
@@ -140,7 +144,7 @@ impl Default for MountOptions {
             fsname: "memfs".into(),
             subtype: "memfs".into(),
             extra: Vec::new(),
-            atime: AtimeMode::Relative,
+            atime: AtimePolicy::default(),
             snapdir_visible: false,
             snapdir_name: b".snapshots".to_vec(),
             allow_idmap: false,
@@ -313,7 +317,8 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
         writeback: opts.writeback_cache,
         io_uring,
         engine_locks: opts.locks == LockMode::Engine,
-        atime: opts.atime,
+        strict_opens: opts.atime.effective() == AtimeMode::Strict,
+        atime: opts.atime.clone(),
         any_locks: AtomicBool::new(false),
         no_opendir: AtomicBool::new(false),
         data_path: opts.data_path,
@@ -409,10 +414,16 @@ pub struct MemFuse {
     io_uring: bool,
     /// [`LockMode::Engine`]: locks, opens and closes come to us.
     engine_locks: bool,
-    /// The atime policy of reads. With `Strict`, opens are answered without
-    /// FOPEN_KEEP_CACHE, so that a read after each open reaches us and is
-    /// recorded (reads served from the page cache never are).
-    atime: AtimeMode,
+    /// The atime policy of reads, changed live by remounts. With `Strict`,
+    /// opens are answered without FOPEN_KEEP_CACHE, so that a read after
+    /// each open reaches us and is recorded (reads served from the page
+    /// cache never are).
+    atime: AtimePolicy,
+    /// The mount started with `strictatime`, so OPEN is answered. Fixed at
+    /// start: once OPEN has been declined the kernel never sends it again
+    /// on this connection, so a later `remount,strictatime` records only
+    /// the reads that reach memfs.
+    strict_opens: bool,
     /// Whether any handle ever locked: keeps the map out of the release path until then.
     any_locks: AtomicBool,
     /// The kernel accepted NO_OPENDIR_SUPPORT: OPENDIR is declined.
@@ -697,7 +708,7 @@ impl MemFuse {
     /// kernel's, atimes need no open (not strictatime), and no backing file
     /// must be named in an open reply (not passthrough).
     fn declines_open(&self) -> bool {
-        self.backing.is_none() && !self.engine_locks && self.atime != AtimeMode::Strict
+        self.backing.is_none() && !self.engine_locks && !self.strict_opens
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -705,7 +716,7 @@ impl MemFuse {
         // stale: keep it across opens (except for strictatime, see `atime`).
         // Direct writes to one file may run in parallel: the engine
         // serialises them per inode itself.
-        if self.atime == AtimeMode::Strict {
+        if self.atime.effective() == AtimeMode::Strict {
             FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -1133,7 +1144,7 @@ impl Filesystem for MemFuse {
             (_, None) => self
                 .fs
                 .get()
-                .read_with(ino.0, offset, size as usize, self.atime, send)
+                .read_with(ino.0, offset, size as usize, self.atime.effective(), send)
                 .map_err(stale),
         };
         if let (Err(e), Some(reply)) = (r, reply) {
@@ -1930,11 +1941,12 @@ impl MemFuse {
                     buf.resize((len - done).min(CHUNK) as usize, 0);
                     let n = match b_in {
                         Some(b) => b.read_at(off_in + done, &mut buf)?,
-                        None => {
-                            self.fs
-                                .get()
-                                .read_atime(ino_in, off_in + done, &mut buf, self.atime)?
-                        }
+                        None => self.fs.get().read_atime(
+                            ino_in,
+                            off_in + done,
+                            &mut buf,
+                            self.atime.effective(),
+                        )?,
                     };
                     if n == 0 {
                         break;
