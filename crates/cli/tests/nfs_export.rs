@@ -77,13 +77,18 @@ fn tcp_listening(port: u16) -> bool {
     std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
-/// A port nobody listens on right now, for the NFS service.
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().unwrap().port()
+/// Two distinct ports nobody listens on right now, for the NFS and mount
+/// services (both bound at once, so they differ).
+fn free_ports() -> (u16, u16) {
+    let bind = || std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    let (a, b) = (bind(), bind());
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
 }
 
-fn ganesha_config(dir: &Path, export: &Path, port: u16) -> PathBuf {
+fn ganesha_config(dir: &Path, export: &Path, port: u16, mnt_port: u16) -> PathBuf {
     let conf = dir.join("ganesha.conf");
     std::fs::write(
         &conf,
@@ -91,6 +96,7 @@ fn ganesha_config(dir: &Path, export: &Path, port: u16) -> PathBuf {
             "NFS_CORE_PARAM {{
     Protocols = 3;
     NFS_Port = {port};
+    MNT_Port = {mnt_port};
     Bind_addr = 127.0.0.1;
     Enable_NLM = false;
     Enable_RQUOTA = false;
@@ -162,14 +168,22 @@ fn a_memfs_mount_is_exported_over_nfs_by_file_handles() {
     std::fs::create_dir(m.p("d")).unwrap();
     let tmp = tempfile::tempdir().unwrap();
 
-    // NFSv3 finds the mount and NFS services through rpcbind: use the
-    // machine's if one runs, else one of our own for the test's duration.
+    // ganesha's NFSv3 services register with rpcbind (it exits without
+    // one): use the machine's if one runs, else one of our own for the
+    // test's duration. The client is given both ports, so it never asks
+    // rpcbind and cannot reach another NFS server registered there.
     let _rpcbind =
         (!tcp_listening(111)).then(|| Daemon::start("rpcbind", Command::new("rpcbind").arg("-f")));
     poll_until("rpcbind to listen", || tcp_listening(111));
-    let conf = ganesha_config(tmp.path(), &root, free_port());
+    let (port, mnt_port) = free_ports();
+    let conf = ganesha_config(tmp.path(), &root, port, mnt_port);
     let mut g = start_ganesha(tmp.path(), &conf);
-    let url = |rel: &str| format!("nfs://127.0.0.1{}{rel}", root.display());
+    let url = |rel: &str| {
+        format!(
+            "nfs://127.0.0.1{}{rel}?nfsport={port}&mountport={mnt_port}",
+            root.display()
+        )
+    };
     await_export(&mut g, &url("/"));
 
     // Read what was written on the mount; list the root.
