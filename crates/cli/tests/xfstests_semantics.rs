@@ -309,20 +309,7 @@ fn mount_helper_conventions_and_remount() {
     );
 
     std::fs::write(mp.join("f"), b"data").unwrap();
-    let remount = |opts: &str| {
-        let out = Command::new(memfs_bin())
-            .arg("helper_src")
-            .arg(&mp)
-            .args(["-o", opts])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "remount {opts}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.stdout.is_empty());
-    };
+    let remount = |opts: &str| helper_remount("helper_src", &mp, opts);
     remount("ro,noatime,remount,user_id=0,group_id=0,default_permissions,dev,suid");
     let err = std::fs::write(mp.join("g"), b"x").unwrap_err();
     assert_eq!(
@@ -488,6 +475,26 @@ fn set_atime(path: &Path, t: std::time::SystemTime) {
         .unwrap();
 }
 
+/// Runs memfs as mount(8) runs a mount helper (`SOURCE MOUNTPOINT -o
+/// OPTS`), asserting that it succeeds and prints nothing.
+fn helper_remount(source: &str, mp: &Path, opts: &str) {
+    let out = Command::new(memfs_bin())
+        .arg(source)
+        .arg(mp)
+        .args(["-o", opts])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "remount {opts}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "the helper prints nothing on success"
+    );
+}
+
 /// `mount -o remount,...` changes the atime policy of a running mount: the
 /// kernel does not tell a FUSE server about a remount, so the helper sends
 /// the options to the server. Each read below reaches memfs (a partial page
@@ -503,20 +510,7 @@ fn atime_policy_follows_remount() {
     let future = SystemTime::now() + Duration::from_secs(1000);
     let m = Mount::new();
     let (mp, f) = (m.path(), m.p("f"));
-    let remount = |opts: &str| {
-        let out = Command::new(memfs_bin())
-            .arg("memfs")
-            .arg(&mp)
-            .args(["-o", &format!("remount,{opts}")])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "remount {opts}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.stdout.is_empty(), "the helper prints nothing");
-    };
+    let remount = |opts: &str| helper_remount("memfs", &mp, &format!("remount,{opts}"));
     // A fresh change, then an access before it: relatime would record a read.
     let fresh = |atime: SystemTime| {
         std::fs::write(&f, b"data").unwrap();
