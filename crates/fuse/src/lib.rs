@@ -816,6 +816,24 @@ impl Filesystem for MemFuse {
             Node::Live(p) if self.is_snapdir_name(p, name) => {
                 self.snap_entry(reply, self.snapdir_attr())
             }
+            Node::Live(p) if name == b"." || name == b".." => {
+                // The kernel asks for these only to decode a file handle
+                // (open_by_handle_at, an NFS export) of an inode it no longer
+                // holds, and to reconnect a directory so found to its parent
+                // (fuse_get_dentry, fuse_get_parent): rare, and worth seeing
+                // with MEMFS_LOG=memfs::export=debug.
+                let r = self.fs.get().lookup(p, name);
+                tracing::debug!(
+                    target: "memfs::export",
+                    "file handle: LOOKUP {:?} in inode {p}: {}",
+                    String::from_utf8_lossy(name),
+                    match &r {
+                        Ok(a) => format!("inode {}", a.ino),
+                        Err(e) => format!("{e:?}"),
+                    }
+                );
+                self.entry(reply, r)
+            }
             Node::Live(p) => self.entry(reply, self.fs.get().lookup(p, name)),
             node => self.snap_entry(reply, self.snap_lookup(node, name)),
         }
