@@ -64,6 +64,12 @@ impl Mount {
     /// Like [`Mount::with_args`], with the server's standard error sent to
     /// `stderr` (e.g. a log file: a foreground server reports recovery there).
     pub fn spawn(args: &[&str], stderr: Stdio) -> Mount {
+        Mount::spawn_env(args, stderr, &[])
+    }
+
+    /// Like [`Mount::spawn`], with `env` added to the server's environment
+    /// (e.g. `MEMFS_LOG` for debug messages that a test looks for).
+    pub fn spawn_env(args: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Mount {
         assert!(
             fuse_available(),
             "/dev/fuse is missing: these tests need FUSE"
@@ -83,6 +89,7 @@ impl Mount {
             .arg("--foreground")
             .args(args)
             .args(&extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stderr(stderr)
             .spawn()
