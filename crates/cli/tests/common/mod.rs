@@ -104,6 +104,13 @@ impl Mount {
             }
             is_mount_point(&path)
         });
+        // The mount shows in mountinfo as soon as mount(2) returns, before
+        // the server has answered INIT; what INIT settles (FUSE_ALLOW_IDMAP,
+        // for one) is not in force yet, and mount_setattr, which sends no
+        // request, would see the superblock as it was before (CI saw EINVAL
+        // that way). A GETATTR of the root waits for the handshake: the
+        // kernel holds every request until INIT is answered.
+        std::fs::metadata(&path).expect("stat the new mount's root");
         // `--locks engine` serves /dev/fuse by design (a blocked lock
         // request would hold a ring entry): the rings start without it.
         let engine_locks = args.windows(2).any(|w| w == ["--locks", "engine"]);
