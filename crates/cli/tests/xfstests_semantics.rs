@@ -397,13 +397,27 @@ fn file_handles_survive_cache_drops() {
     assert!(d.metadata().unwrap().is_dir());
     drop(d);
     std::fs::remove_file(m.p("d/f")).unwrap();
-    std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
-    let err = open_by_handle(&mount_fd, &mut hf).unwrap_err();
-    assert_eq!(
-        err.raw_os_error(),
-        Some(libc::ESTALE),
-        "a removed file's handle is stale"
-    );
+    // Once the kernel has let the inode go, the handle is stale. The first
+    // decode above left an anonymous dentry that still holds the inode, and
+    // drop_caches frees what it can at that moment: a dentry used just now
+    // can outlive a pass (seen under load), and while it does the handle
+    // still opens the unlinked file, from the kernel's cache (tmpfs too).
+    // So drop until it has gone; memfs must then answer the LOOKUP of "."
+    // that the decode sends with an error, never with the removed file.
+    poll_until("the removed file's handle to go stale", || {
+        std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
+        match open_by_handle(&mount_fd, &mut hf) {
+            Ok(_) => false,
+            Err(e) => {
+                assert_eq!(
+                    e.raw_os_error(),
+                    Some(libc::ESTALE),
+                    "a removed file's handle is stale: {e}"
+                );
+                true
+            }
+        }
+    });
 }
 
 fn rename_whiteout(from: &Path, to: &Path) -> std::io::Result<()> {

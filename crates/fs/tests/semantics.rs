@@ -1442,6 +1442,15 @@ fn dot_lookup_answers_for_any_inode() {
         Err(Errno::ENOENT),
         "gone once unlinked and forgotten"
     );
+    // Unlinked while the kernel still holds it (its FORGET not yet served):
+    // the node lives on for its holder, but a handle to it is stale, as on
+    // tmpfs (the kernel asks for "." only of an inode it no longer has).
+    let g = mkfile(&fs, C, d, "g", 0o644).ino;
+    assert_eq!(fs.lookup(d, b"g").unwrap().ino, g, "the kernel's reference");
+    fs.unlink(d, b"g").unwrap();
+    assert_eq!(fs.getattr(g).unwrap().nlink, 0);
+    assert_eq!(fs.lookup(g, b".").map(|a| a.ino), Err(Errno::ENOENT));
+    fs.forget(g, 1);
 }
 
 /// Small files are stored inline up to `INLINE_MAX`; every transition at the
