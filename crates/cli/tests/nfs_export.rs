@@ -20,7 +20,7 @@
 
 mod common;
 
-use common::{Mount, have, poll_until};
+use common::{Mount, drop_caches, have, poll_until};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
@@ -265,11 +265,6 @@ EXPORT {{
     )
     .unwrap();
     conf
-}
-
-fn drop_caches() {
-    nix::unistd::sync();
-    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
 }
 
 /// The LOOKUPs of "." and ".." that memfs logged, as (name, inode) pairs.

@@ -12,7 +12,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Mount, memfs_bin, poll_until};
+use common::{Mount, drop_caches, memfs_bin, poll_until};
 
 fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
@@ -390,7 +390,7 @@ fn file_handles_survive_cache_drops() {
     let mut hf = name_to_handle(&m.p("d/f"));
     let mut hd = name_to_handle(&m.p("d"));
     let mount_fd = std::fs::File::open(m.path()).unwrap();
-    std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
+    drop_caches();
     let f = open_by_handle(&mount_fd, &mut hf).expect("file handle after drop_caches");
     assert_eq!(std::io::read_to_string(f).unwrap(), "handle data");
     let d = open_by_handle(&mount_fd, &mut hd).expect("directory handle after drop_caches");
@@ -405,7 +405,7 @@ fn file_handles_survive_cache_drops() {
     // So drop until it has gone; memfs must then answer the LOOKUP of "."
     // that the decode sends with an error, never with the removed file.
     poll_until("the removed file's handle to go stale", || {
-        std::fs::write("/proc/sys/vm/drop_caches", b"3").unwrap();
+        drop_caches();
         match open_by_handle(&mount_fd, &mut hf) {
             Ok(_) => false,
             Err(e) => {

@@ -238,6 +238,14 @@ impl Drop for Mount {
 /// Polls `done` until it holds, failing with `what` after 20 s. For effects the
 /// kernel delivers asynchronously (FUSE RELEASE after close, FORGET after unlink):
 /// the test waits exactly as long as it has to and never longer.
+/// Has the kernel drop its clean caches (pages, dentries, inodes), after
+/// writing back what is dirty. Best effort: what is in use, or was used a
+/// moment ago, can survive a pass, so tests that need an inode gone poll.
+pub fn drop_caches() {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+}
+
 pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !done() {
