@@ -188,6 +188,15 @@ enum Cmd {
         /// Events kept in memory for followers that are behind.
         #[arg(long, default_value_t = 10_000)]
         history: usize,
+        /// Bound how far followers trail: a write's reply waits until every
+        /// follower in sync has applied the event this many before it (1: when
+        /// a set returns, followers hold every earlier block). Off by default.
+        #[arg(long, value_name = "EVENTS")]
+        max_follower_lag: Option<u64>,
+        /// Seconds one write waits for a follower before that follower stops
+        /// holding writes back (until it is within --max-follower-lag again).
+        #[arg(long, default_value_t = 1.0, requires = "max_follower_lag")]
+        follower_wait: f64,
     },
     /// Keep a replica of a served store in DIR up to date (until SIGTERM).
     Follow {
@@ -423,6 +432,8 @@ pub fn run(args: Args) -> Result<()> {
             idle_timeout,
             frame_timeout,
             history,
+            max_follower_lag,
+            follower_wait,
         } => serve(ServeArgs {
             dir: dir.dir,
             listen,
@@ -439,6 +450,8 @@ pub fn run(args: Args) -> Result<()> {
                 idle_timeout: secs(idle_timeout, "--idle-timeout")?,
                 frame_timeout: secs(frame_timeout, "--frame-timeout")?,
                 log_events: history.max(1),
+                max_follower_lag,
+                follower_wait: secs(follower_wait, "--follower-wait")?,
                 ..Default::default()
             },
         })?,

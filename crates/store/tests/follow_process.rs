@@ -358,3 +358,86 @@ fn cli_follower_serves_reads() {
     );
     assert!(f.terminate().success());
 }
+
+/// `GET /metrics` of a server's metrics endpoint: the value of `name`.
+fn metric(addr: &str, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&format!("memfs_store_{name} ")))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
+#[test]
+fn cli_bounded_lag_holds_every_set_until_the_follower_has_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let wdir = tmp.path().join("w");
+    let fdir = tmp.path().join("f");
+    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
+    assert!(
+        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let addr = format!("127.0.0.1:{}", free_port());
+    let maddr = format!("127.0.0.1:{}", free_port());
+    // K = 0: a set returns only once the follower holds it. The wait is
+    // longer than any set takes, so a read of the replica right after each
+    // set must find it.
+    let w = Proc::spawn(&[
+        "store",
+        "serve",
+        "--dir",
+        wdir.to_str().unwrap(),
+        "--listen",
+        &addr,
+        "--metrics",
+        &maddr,
+        "--max-follower-lag",
+        "0",
+        "--follower-wait",
+        "60",
+    ]);
+    w.wait_line("serving", |l| l.starts_with("serving"));
+    let mut f = Proc::spawn(&[
+        "store",
+        "follow",
+        &addr,
+        "--dir",
+        fdir.to_str().unwrap(),
+        "--durability",
+        "none",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let line = f.wait_line("serving the replica", |l| {
+        l.starts_with("serving the replica read-only on ")
+    });
+    let raddr = line.rsplit(' ').next().unwrap().to_string();
+    let t0 = std::time::Instant::now();
+    while metric(&maddr, "followers_in_sync") != Some(1.0) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "follower not in sync"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for b in 1..=5u32 {
+        let kv = format!("01020304050607{b:02x}={b:02x}");
+        let o = run(&["store", "set", "--remote", &addr, &kv]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run(&["store", "get", "--remote", &raddr, &kv[..16]]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(
+            String::from_utf8_lossy(&o.stdout),
+            format!("{}\t{b:02x}\n", &kv[..16]),
+            "block {b} is not on the replica when its set returned"
+        );
+    }
+    assert_eq!(metric(&maddr, "follower_timeouts_total"), Some(0.0));
+    assert!(f.terminate().success());
+}

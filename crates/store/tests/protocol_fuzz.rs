@@ -50,6 +50,7 @@ fn valid_stream(kw: usize) -> Vec<u8> {
     p::put_pop(&mut out, 10, &key);
     p::put_u64s(&mut out, p::op::ROLLBACK, &[3]);
     p::put_u64s(&mut out, p::op::SUBSCRIBE, &[1, 2]);
+    p::put_u64s(&mut out, p::op::ACK, &[4]);
     p::put_value(&mut out, Some(b"abc"));
     p::put_ev_block(&mut out, 1, 0, &{
         let mut b = Vec::new();

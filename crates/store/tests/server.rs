@@ -70,6 +70,9 @@ fn run_model(tls: bool, seed: u64) {
         no(fr.set(1, &[(key(1), b"x")]).unwrap_err()),
         Some(ErrorCode::Forbidden)
     );
+    // Only a follow session reports a follower's position.
+    assert_eq!(no(r.ack(0).unwrap_err()), Some(ErrorCode::Forbidden));
+    assert_eq!(no(w.ack(0).unwrap_err()), Some(ErrorCode::Forbidden));
     for (u, t, role) in [
         ("r", "rtok", Role::Write),
         ("r", "rtok", Role::Follow),

@@ -56,6 +56,11 @@ pub struct Args {
     /// print where the time went.
     #[arg(long)]
     stages: bool,
+    /// Serve the lag runs with `--max-follower-lag K`: the writer's `set`
+    /// returns only once the follower has applied the event K before it
+    /// (bounded lag; the writer waits when the follower falls behind).
+    #[arg(long, value_name = "K")]
+    max_follower_lag: Option<u64>,
 }
 
 /// Whether `prog` can be run (`prog --version`).
@@ -75,9 +80,12 @@ struct Served {
 }
 
 impl Served {
-    fn start(dir: &Path, tls: Option<(&Path, &Path)>) -> Result<Served> {
+    fn start(dir: &Path, tls: Option<(&Path, &Path)>, max_lag: Option<u64>) -> Result<Served> {
         let store = Store::open(dir)?;
-        let mut cfg = ServerConfig::default();
+        let mut cfg = ServerConfig {
+            max_follower_lag: max_lag,
+            ..Default::default()
+        };
         if let Some((c, k)) = tls {
             cfg.tls = Some(memfs_store::net::server_tls(c, k)?);
         }
@@ -303,6 +311,11 @@ struct Lag {
     writer_ms: f64,
     apply_ms: f64,
     idle_ms: f64,
+    /// With a follower-lag bound: writes that waited for the follower, the
+    /// mean wait per block in ms, and waits that ran out.
+    waits: u64,
+    wait_ms: f64,
+    timeouts: u64,
 }
 
 impl Lag {
@@ -327,15 +340,13 @@ impl Lag {
 /// 9,000 deletes of the oldest live keys) through the server as fast as it
 /// can, with a follower subscribed (`follow`) or alone (the writer's own
 /// rate, the baseline for what a follower costs it).
-fn follower_lag(
-    tmp: &Path,
-    name: &str,
-    blocks: u64,
-    threads: usize,
-    follower_durability: Durability,
-    follow: bool,
-    stages: bool,
-) -> Result<Lag> {
+fn follower_lag(tmp: &Path, name: &str, a: &Args, follow: bool) -> Result<Lag> {
+    let (blocks, threads, follower_durability, max_lag) = (
+        a.blocks,
+        a.follower_threads,
+        a.follower_durability,
+        a.max_follower_lag,
+    );
     let wdir = tmp.join(format!("{name}-writer"));
     let fdir = tmp.join(format!("{name}-replica"));
     let async_ = || {
@@ -352,7 +363,7 @@ fn follower_lag(
         },
     )?
     .close()?;
-    let srv = Served::start(&wdir, None)?;
+    let srv = Served::start(&wdir, None, max_lag)?;
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(Progress::default());
     let f = if follow {
@@ -369,13 +380,24 @@ fn follower_lag(
     } else {
         None
     };
+    if follow && max_lag.is_some() {
+        // Bounded lag holds from the first block only once the writer knows
+        // the follower: wait for its first position report.
+        let t1 = Instant::now();
+        while progress.reports.load(Relaxed) == 0 {
+            if t1.elapsed() > Duration::from_secs(30) {
+                bail!("the follower did not report its position within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let mut w = Client::connect(ClientConfig::new(srv.addr.clone(), Role::Write))?;
     let mut next = 0u64;
     let mut live: std::collections::VecDeque<u64> = Default::default();
     let mut samples = Vec::with_capacity(blocks as usize);
     let mut set_time = Duration::ZERO;
     let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
-    let stages = stages && follow;
+    let stages = a.stages && follow;
     if stages {
         memfs_store::stages::enable();
     }
@@ -426,7 +448,11 @@ fn follower_lag(
             memfs_store::stages::report(&memfs_store::stages::take())
         );
     }
+    let c = srv.handle.counters();
     Ok(Lag {
+        waits: c.follower_waits.load(Relaxed),
+        wait_ms: c.follower_wait_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+        timeouts: c.follower_timeouts.load(Relaxed),
         blocks,
         blocks_per_sec: blocks as f64 / elapsed,
         samples,
@@ -438,9 +464,14 @@ fn follower_lag(
 
 fn print_lag(a: &Args, tmp: &Path) -> Result<()> {
     // The writer alone first, then with a follower, in fresh directories.
-    let (t, d) = (a.follower_threads, a.follower_durability);
-    let alone = follower_lag(tmp, "alone", a.blocks, t, d, false, false)?;
-    let l = follower_lag(tmp, "lag", a.blocks, t, d, true, a.stages)?;
+    let alone = follower_lag(tmp, "alone", a, false)?;
+    let l = follower_lag(tmp, "lag", a, true)?;
+    if let Some(k) = a.max_follower_lag {
+        println!(
+            "served with --max-follower-lag {k}: {} of {} writes waited for the follower ({:.2} ms per block on average), {} waits ran out",
+            l.waits, l.blocks, l.wait_ms, l.timeouts
+        );
+    }
     println!(
         "writer alone, 10k inserts + 9k deletes per block: {:.1} blocks/s ({:.2} ms per set)",
         alone.blocks_per_sec, alone.writer_ms
@@ -531,14 +562,14 @@ pub fn run(a: Args) -> Result<()> {
         redis = Some((g, p));
     }
 
-    let plain = Served::start(&dir, None)?;
+    let plain = Served::start(&dir, None, None)?;
     let ours = get_rate(&plain.addr, None, a.keys, a.seconds)?;
     println!("memfs get, 64 conns x 16 pipelined:      {ours:>12.0} /s");
     let (m50, m99) = mget_p99(&plain.addr, a.keys, a.mget_calls)?;
     println!("memfs multi_get 1000 keys:               p50 {m50:.3} ms, p99 {m99:.3} ms");
     drop(plain);
     let (cert, key) = self_signed(tmp.path())?;
-    let tls = Served::start(&dir, Some((&cert, &key)))?;
+    let tls = Served::start(&dir, Some((&cert, &key)), None)?;
     let ours_tls = get_rate(&tls.addr, Some(&cert), a.keys, a.seconds)?;
     drop(tls);
     println!(

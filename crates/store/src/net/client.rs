@@ -151,6 +151,12 @@ impl Client {
         self.s.is_some()
     }
 
+    /// A second handle on the socket, to shut it down from another thread
+    /// (which makes a call blocked on it return an error).
+    pub fn socket(&self) -> Option<TcpStream> {
+        self.s.as_ref().and_then(|s| s.tcp().try_clone().ok())
+    }
+
     fn io(&self, source: io::Error) -> ClientError {
         ClientError::Io {
             addr: self.cfg.addr.clone(),
@@ -585,6 +591,18 @@ impl Client {
             Ok(Frame::Popped { value, .. }) => Ok((!value.is_empty()).then(|| value.to_vec())),
             _ => Err(self.unexpected(ty, "POPPED")),
         }
+    }
+
+    /// Reports (a follow session) that every event up to `seq` is applied
+    /// in this follower's replica; a writer serving with a follower-lag
+    /// bound waits for it. Returns the (current block, last event) the
+    /// writer's readers see. Idempotent, so retried once like a read.
+    pub fn ack(&mut self, seq: u64) -> Result<(u64, u64)> {
+        self.read_retry(|c| {
+            p::put_u64s(&mut c.out, op::ACK, &[seq]);
+            c.send()?;
+            c.done()
+        })
     }
 
     /// Rolls the store back to `target`; returns the block reached.

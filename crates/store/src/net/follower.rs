@@ -12,7 +12,7 @@ use super::client::{Client, ClientConfig, ClientError, Event, Subscription, deco
 use super::protocol::{ErrorCode, Role};
 use crate::stages::{self, Stage};
 use crate::{Durability, PreparedBlock, Store, StoreError, StoreOptions};
-use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, mpsc};
@@ -196,6 +196,23 @@ pub struct Progress {
     /// for the next frame with nothing to apply, in nanoseconds.
     pub apply_nanos: AtomicU64,
     pub idle_nanos: AtomicU64,
+    /// The last event the writer has been told is applied here (ACK), and
+    /// how many such reports it took.
+    pub acked: AtomicU64,
+    pub reports: AtomicU64,
+    /// Wakes the thread that reports the position when `seq` moves.
+    applied: Mutex<()>,
+    applied_cv: Condvar,
+}
+
+impl Progress {
+    fn set_applied(&self, seq: u64) {
+        self.seq.store(seq, Relaxed);
+        // Taken so that the reporter, which checks `seq` under it before it
+        // waits, cannot miss this wake-up.
+        drop(self.applied.lock());
+        self.applied_cv.notify_one();
+    }
 }
 
 fn fatal(e: &ClientError) -> bool {
@@ -233,13 +250,54 @@ pub fn follow_into(
 ) -> Result<(), FollowError> {
     let mut ccfg = cfg.client.clone();
     ccfg.role = Role::Follow;
+    recover_swap(&cfg.dir)?;
+    // The position goes to the writer on a connection of its own: the
+    // subscription's carries events one way only, and a TLS stream cannot
+    // be read and written from two threads.
+    let reporting = AtomicBool::new(true);
+    let report_sock = Mutex::new(None);
+    std::thread::scope(|sc| {
+        let reporter = std::thread::Builder::new()
+            .name("follower-ack".into())
+            .spawn_scoped(sc, || {
+                report_position(
+                    &ccfg,
+                    stop,
+                    &reporting,
+                    &report_sock,
+                    progress,
+                    cfg.max_backoff,
+                )
+            });
+        if let Err(e) = reporter {
+            tracing::warn!(error = %e, "follower: cannot start the thread that reports its position; a writer with --max-follower-lag will not wait for it");
+        }
+        let r = follow_loop(&cfg, &ccfg, replica, stop, progress);
+        // End the reporter without waiting for a report in flight: the flag
+        // first, then its socket (see `report_position`).
+        reporting.store(false, Relaxed);
+        if let Some(s) = report_sock.lock().take() {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        drop(progress.applied.lock());
+        progress.applied_cv.notify_one();
+        r
+    })
+}
+
+fn follow_loop(
+    cfg: &FollowerConfig,
+    ccfg: &ClientConfig,
+    replica: &Replica,
+    stop: &AtomicBool,
+    progress: &Progress,
+) -> Result<(), FollowError> {
     let serr = |source| FollowError::Store {
         dir: cfg.dir.clone(),
         source,
     };
     let mut backoff = Duration::from_millis(50);
     let mut snapshots = 0u32;
-    recover_swap(&cfg.dir)?;
     let result = loop {
         if stop.load(Relaxed) {
             break Ok(());
@@ -248,7 +306,7 @@ pub fn follow_into(
             Ok(c) => c,
             Err(e) if !fatal(&e) => {
                 tracing::warn!(error = %e, "follower: cannot reach the writer; retrying");
-                pause(stop, &mut backoff, cfg.max_backoff);
+                pause(&|| stop.load(Relaxed), &mut backoff, cfg.max_backoff);
                 continue;
             }
             Err(e) => break Err(e.into()),
@@ -275,7 +333,7 @@ pub fn follow_into(
             let st = replica.read().expect("opened");
             (st.last_commit(), st.current_block())
         };
-        progress.seq.store(seq, Relaxed);
+        progress.set_applied(seq);
         progress.block.store(block, Relaxed);
         tracing::info!(seq, block, writer_seq = w.last_seq, "follower: subscribing");
         let sub = client.subscribe(seq, block);
@@ -303,20 +361,20 @@ pub fn follow_into(
             {
                 snapshots += 1;
                 tracing::info!(error = %e, "follower: the writer no longer has the events this replica needs; fetching a snapshot");
-                match install_snapshot(&ccfg, &cfg.dir, &opts, replica) {
+                match install_snapshot(ccfg, &cfg.dir, &opts, replica) {
                     Ok(()) => {
                         progress.snapshots.fetch_add(1, Relaxed);
                     }
                     Err(FollowError::Client(e)) if !fatal(&e) => {
                         tracing::warn!(error = %e, "follower: snapshot transfer failed; retrying");
-                        pause(stop, &mut backoff, cfg.max_backoff);
+                        pause(&|| stop.load(Relaxed), &mut backoff, cfg.max_backoff);
                     }
                     Err(e) => break Err(e),
                 }
             }
             Err(FollowError::Client(e)) if !fatal(&e) => {
                 tracing::warn!(error = %e, "follower: connection lost; resuming");
-                pause(stop, &mut backoff, cfg.max_backoff);
+                pause(&|| stop.load(Relaxed), &mut backoff, cfg.max_backoff);
             }
             Err(e) => break Err(e),
         }
@@ -331,9 +389,96 @@ pub fn follow_into(
     result
 }
 
-fn pause(stop: &AtomicBool, backoff: &mut Duration, max: Duration) {
+/// Tells the writer, on a connection of its own, each time the replica has
+/// applied more events (the latest position only: a report that finds
+/// several new events sends one ACK), until `stop` or until `reporting`
+/// ends. Failures only delay the reports: the writer stops waiting for a
+/// follower that is silent (`--follower-wait`), and the stream itself is
+/// the subscription's business.
+fn report_position(
+    ccfg: &ClientConfig,
+    stop: &AtomicBool,
+    reporting: &AtomicBool,
+    sock: &Mutex<Option<std::net::TcpStream>>,
+    progress: &Progress,
+    max_backoff: Duration,
+) {
+    let ended = || stop.load(Relaxed) || !reporting.load(Relaxed);
+    // An ACK is answered without the writer's lock, so its round trip is
+    // short: a writer that takes seconds is gone, and the follower must not
+    // wait that long to stop (only the handshake cannot be interrupted).
+    let mut ccfg = ccfg.clone();
+    ccfg.connect_timeout = ccfg.connect_timeout.min(Duration::from_secs(1));
+    ccfg.io_timeout = ccfg.io_timeout.min(Duration::from_secs(2));
+    let mut client: Option<Client> = None;
+    // None on a new connection: the writer learns the position at once,
+    // which is what makes it wait for this follower from the first block.
+    let mut acked: Option<u64> = None;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let seq = {
+            let mut g = progress.applied.lock();
+            loop {
+                if ended() {
+                    return;
+                }
+                let s = progress.seq.load(Relaxed);
+                if acked.is_none_or(|a| s > a) {
+                    break s;
+                }
+                progress
+                    .applied_cv
+                    .wait_for(&mut g, Duration::from_millis(100));
+            }
+        };
+        let c = match &mut client {
+            Some(c) => c,
+            None => match Client::connect(ccfg.clone()) {
+                Ok(c) => {
+                    // Stored, then the flag checked: the follower sets the
+                    // flag, then takes the socket, so one of the two sees
+                    // the other.
+                    *sock.lock() = c.socket();
+                    if ended() {
+                        return;
+                    }
+                    client.insert(c)
+                }
+                Err(e) if fatal(&e) => {
+                    tracing::info!(error = %e, "follower: the writer does not take position reports");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "follower: cannot report the position yet");
+                    pause(&ended, &mut backoff, max_backoff);
+                    continue;
+                }
+            },
+        };
+        match c.ack(seq) {
+            Ok(_) => {
+                acked = Some(seq);
+                progress.acked.store(seq, Relaxed);
+                progress.reports.fetch_add(1, Relaxed);
+                backoff = Duration::from_millis(50);
+            }
+            Err(e) if e.code() == Some(ErrorCode::UnknownType) => {
+                tracing::info!(error = %e, "follower: the writer does not take position reports");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "follower: position report failed; retrying");
+                client = None;
+                acked = None;
+                pause(&ended, &mut backoff, max_backoff);
+            }
+        }
+    }
+}
+
+fn pause(stop: &dyn Fn() -> bool, backoff: &mut Duration, max: Duration) {
     let until = std::time::Instant::now() + *backoff;
-    while std::time::Instant::now() < until && !stop.load(Relaxed) {
+    while std::time::Instant::now() < until && !stop() {
         std::thread::sleep(Duration::from_millis(10));
     }
     *backoff = (*backoff * 2).min(max);
@@ -556,11 +701,11 @@ fn apply_frames(
                 st.last_commit()
             )));
         }
-        progress.seq.store(seq, Relaxed);
         progress.block.store(st.current_block(), Relaxed);
         progress.writer_seq.fetch_max(seq, Relaxed);
         stages::mark(seq, Stage::FollowerApplied);
         drop(guard);
+        progress.set_applied(seq);
         progress
             .apply_nanos
             .fetch_add(t_apply.elapsed().as_nanos() as u64, Relaxed);

@@ -30,6 +30,7 @@ pub mod op {
     pub const ROLLBACK: u8 = 0x22;
     pub const SUBSCRIBE: u8 = 0x30;
     pub const SNAPSHOT: u8 = 0x31;
+    pub const ACK: u8 = 0x32;
     pub const WELCOME: u8 = 0x81;
     pub const PONG: u8 = 0x82;
     pub const VALUE: u8 = 0x90;
@@ -307,6 +308,10 @@ pub enum Frame<'a> {
         from_block: u64,
     },
     Snapshot,
+    /// A follower's report: it has applied every event up to `seq`.
+    Ack {
+        seq: u64,
+    },
     Welcome(Welcome),
     Pong,
     /// An empty value means absent.
@@ -603,6 +608,11 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
                 from_block,
             }
         }
+        op::ACK => {
+            let seq = r.u64()?;
+            r.end()?;
+            Frame::Ack { seq }
+        }
         op::WELCOME => {
             if body.len() != WELCOME_LEN {
                 return Err(r.bad(format!("{} bytes, expected {WELCOME_LEN}", body.len())));
@@ -735,6 +745,7 @@ pub fn name_of(ty: u8) -> &'static str {
         op::ROLLBACK => "ROLLBACK",
         op::SUBSCRIBE => "SUBSCRIBE",
         op::SNAPSHOT => "SNAPSHOT",
+        op::ACK => "ACK",
         op::SNAP_FILE => "SNAP_FILE",
         op::SNAP_DATA => "SNAP_DATA",
         op::SNAP_END => "SNAP_END",

@@ -45,6 +45,17 @@ pub struct ServerConfig {
     pub log_bytes: usize,
     /// A subscription with nothing to send sends a HEARTBEAT this often.
     pub heartbeat: Duration,
+    /// Bounded follower lag (`--max-follower-lag K`): the reply to a write
+    /// that made event `e` waits until every follower in sync has reported
+    /// (ACK) event `e - K` applied. `Some(1)`: when a writer's `set`
+    /// returns, each such follower holds every block before it. `None`:
+    /// followers never hold a write back.
+    pub max_follower_lag: Option<u64>,
+    /// How long one write waits for a follower; one that has not caught up
+    /// by then stops holding writes back until it is within the bound again,
+    /// so a stalled or partitioned follower costs the writer this once, not
+    /// every block.
+    pub follower_wait: Duration,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +72,8 @@ impl Default for ServerConfig {
             log_events: 10_000,
             log_bytes: 256 << 20,
             heartbeat: Duration::from_secs(1),
+            max_follower_lag: None,
+            follower_wait: Duration::from_secs(1),
         }
     }
 }
@@ -109,6 +122,15 @@ impl Log {
     }
 }
 
+/// A follower that reports its position over its own connection (ACK).
+struct Acker {
+    /// Every event up to this one is applied in the follower's replica.
+    seq: u64,
+    /// Within `max_follower_lag` of the writer: writes wait for it. Cleared
+    /// when a write gave up waiting, set again once it is within the bound.
+    in_sync: bool,
+}
+
 /// Counters exported on the metrics endpoint.
 #[derive(Default)]
 pub struct Counters {
@@ -122,6 +144,11 @@ pub struct Counters {
     pub events_sent: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Writes whose reply waited for a follower, the time they waited, and
+    /// the waits that ran out (`max_follower_lag`).
+    pub follower_waits: AtomicU64,
+    pub follower_wait_nanos: AtomicU64,
+    pub follower_timeouts: AtomicU64,
     errors: [AtomicU64; 23],
 }
 
@@ -169,6 +196,9 @@ struct Shared {
     stopping: AtomicBool,
     /// Clones of live sockets, to shut their reading side down on stop.
     conns: Mutex<HashMap<u64, TcpStream>>,
+    /// Followers that report their position, by connection id.
+    acks: Mutex<HashMap<u64, Acker>>,
+    acks_cv: Condvar,
     counters: Counters,
     next_id: AtomicU64,
 }
@@ -231,6 +261,7 @@ impl ShutdownHandle {
         }
         let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         self.shared.log_cv.notify_all();
+        self.shared.acks_cv.notify_all();
     }
 
     pub fn metrics_text(&self) -> String {
@@ -307,6 +338,8 @@ impl Server {
                 log_cv: Condvar::new(),
                 stopping: AtomicBool::new(false),
                 conns: Mutex::new(HashMap::new()),
+                acks: Mutex::new(HashMap::new()),
+                acks_cv: Condvar::new(),
                 counters: Counters::default(),
                 next_id: AtomicU64::new(1),
             }),
@@ -378,7 +411,7 @@ impl Server {
                     let sh = sh.clone();
                     move || {
                         let peer = sock.peer_addr().ok();
-                        if let Err(e) = serve(&sh, sock)
+                        if let Err(e) = serve(&sh, sock, id)
                             && !matches!(
                                 e.kind(),
                                 io::ErrorKind::UnexpectedEof
@@ -389,6 +422,11 @@ impl Server {
                             tracing::info!(?peer, error = %e, "connection closed");
                         }
                         sh.conns.lock().remove(&id);
+                        if sh.acks.lock().remove(&id).is_some() {
+                            // A write waiting for this follower stops waiting.
+                            sh.acks_cv.notify_all();
+                            tracing::info!(connection = id, "a follower's position reports ended");
+                        }
                         sh.counters.connections_active.fetch_sub(1, Relaxed);
                     }
                 });
@@ -580,6 +618,8 @@ fn wrap(sh: &Shared, sock: TcpStream) -> io::Result<Stream> {
 }
 
 struct Session {
+    /// The connection's id (its key in `conns` and `acks`).
+    id: u64,
     role: Option<Role>,
     kw: usize,
     out: Vec<u8>,
@@ -610,12 +650,13 @@ enum Next {
     Snapshot,
 }
 
-fn serve(sh: &Arc<Shared>, sock: TcpStream) -> io::Result<()> {
+fn serve(sh: &Arc<Shared>, sock: TcpStream, id: u64) -> io::Result<()> {
     sock.set_nodelay(true)?;
     sock.set_write_timeout(Some(sh.cfg.write_timeout))?;
     sock.set_read_timeout(Some(sh.cfg.frame_timeout))?;
     let mut s = wrap(sh, sock)?;
     let mut ss = Session {
+        id,
         role: None,
         kw: 0,
         out: Vec::with_capacity(64 << 10),
@@ -902,6 +943,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                 Ok(seq) => {
                     sh.log.lock().visible = (seq, block);
                     sh.counters.blocks.fetch_add(1, Relaxed);
+                    wait_for_followers(sh, seq);
                     p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
                 }
                 Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
@@ -922,6 +964,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                     p::put_ev_block(&mut f, seq, prev, &b);
                     publish(sh, seq, block, f, true);
                     sh.counters.blocks.fetch_add(1, Relaxed);
+                    wait_for_followers(sh, seq);
                     p::put_popped(&mut ss.out, block, seq, old.as_deref());
                 }
                 Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
@@ -939,6 +982,7 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
                         let mut f = Vec::new();
                         p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
                         publish(sh, seq, now, f, true);
+                        wait_for_followers(sh, seq);
                     }
                     p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
                 }
@@ -955,10 +999,44 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             };
         }
         Frame::Snapshot if need(Role::Follow) => return Next::Snapshot,
+        Frame::Ack { seq } if need(Role::Follow) => {
+            let (last, visible) = {
+                let l = sh.log.lock();
+                (l.last_seq, l.visible)
+            };
+            if seq > last {
+                let msg = format!(
+                    "ACK of event {seq}, but the writer's last event is {last}: this follower does not follow this writer's history"
+                );
+                send_error(sh, &mut ss.out, ErrorCode::HistoryDiverged, &msg);
+                return Next::Continue;
+            }
+            let bound = sh.cfg.max_follower_lag.unwrap_or(0);
+            let mut acks = sh.acks.lock();
+            let f = acks.entry(ss.id).or_insert(Acker {
+                seq: 0,
+                in_sync: false,
+            });
+            f.seq = f.seq.max(seq);
+            if !f.in_sync && last - f.seq <= bound {
+                f.in_sync = true;
+                if sh.cfg.max_follower_lag.is_some() {
+                    tracing::info!(
+                        connection = ss.id,
+                        seq = f.seq,
+                        "a follower is in sync: writes wait for it"
+                    );
+                }
+            }
+            drop(acks);
+            sh.acks_cv.notify_all();
+            p::put_u64s(&mut ss.out, op::DONE, &[visible.1, visible.0]);
+        }
         Frame::Set { .. }
         | Frame::Pop { .. }
         | Frame::Rollback { .. }
         | Frame::Subscribe { .. }
+        | Frame::Ack { .. }
         | Frame::Snapshot => {
             if replica {
                 let msg = format!(
@@ -977,6 +1055,47 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
         }
     }
     Next::Continue
+}
+
+/// With `max_follower_lag` K, holds the reply to the write that made event
+/// `seq` (the caller holds the writer lock, so the next write waits too)
+/// until every follower in sync has applied event `seq - K`. A follower
+/// that has not within `follower_wait` stops holding writes back (logged,
+/// counted) until it is within K again: a stalled follower costs the writer
+/// one wait, not one per block. A follower that disconnects is forgotten at
+/// once.
+fn wait_for_followers(sh: &Shared, seq: u64) {
+    let Some(k) = sh.cfg.max_follower_lag else {
+        return;
+    };
+    let need = seq.saturating_sub(k);
+    let behind = |a: &HashMap<u64, Acker>| a.values().any(|f| f.in_sync && f.seq < need);
+    let mut acks = sh.acks.lock();
+    if !behind(&acks) {
+        return;
+    }
+    let t0 = Instant::now();
+    let deadline = t0 + sh.cfg.follower_wait;
+    sh.counters.follower_waits.fetch_add(1, Relaxed);
+    while behind(&acks) && !sh.stopping.load(Relaxed) {
+        if sh.acks_cv.wait_until(&mut acks, deadline).timed_out() && behind(&acks) {
+            for (id, f) in acks.iter_mut().filter(|(_, f)| f.in_sync && f.seq < need) {
+                f.in_sync = false;
+                sh.counters.follower_timeouts.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    connection = id,
+                    applied = f.seq,
+                    needed = need,
+                    wait = ?sh.cfg.follower_wait,
+                    "a follower fell more than --max-follower-lag behind: writes no longer wait for it until it catches up"
+                );
+            }
+            break;
+        }
+    }
+    sh.counters
+        .follower_wait_nanos
+        .fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
 }
 
 /// Appends an event to the history and wakes the subscribers. `applied`:
@@ -1383,6 +1502,45 @@ fn metrics_text(sh: &Shared) -> String {
         "gauge",
         "Open subscriptions.",
         c.subscribers_active.load(Relaxed) as f64,
+    );
+    {
+        let a = sh.acks.lock();
+        g(
+            "followers_reporting",
+            "gauge",
+            "Followers that report their position (ACK).",
+            a.len() as f64,
+        );
+        g(
+            "followers_in_sync",
+            "gauge",
+            "Followers within --max-follower-lag, whom writes wait for.",
+            a.values().filter(|f| f.in_sync).count() as f64,
+        );
+        g(
+            "follower_applied_seq_min",
+            "gauge",
+            "Lowest event a reporting follower has applied (0 with none).",
+            a.values().map(|f| f.seq).min().unwrap_or(0) as f64,
+        );
+    }
+    g(
+        "follower_waits_total",
+        "counter",
+        "Writes whose reply waited for a follower.",
+        c.follower_waits.load(Relaxed) as f64,
+    );
+    g(
+        "follower_wait_seconds_total",
+        "counter",
+        "Time writes waited for followers.",
+        c.follower_wait_nanos.load(Relaxed) as f64 / 1e9,
+    );
+    g(
+        "follower_timeouts_total",
+        "counter",
+        "Followers writes stopped waiting for (--follower-wait ran out).",
+        c.follower_timeouts.load(Relaxed) as f64,
     );
     g(
         "requests_total",
