@@ -93,7 +93,7 @@ proptest! {
     fn mutated_valid_frames(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6), cut in any::<usize>()) {
         let lim = Limits::default();
         let mut buf = valid_stream(8);
-        assert_eq!(drive(&buf, 8, &lim), 15);
+        assert_eq!(drive(&buf, 8, &lim), 16);
         for (at, b) in flips {
             let i = at % buf.len();
             buf[i] = b;
