@@ -6,62 +6,28 @@
 mod net;
 
 use memfs_store::net::client::ClientConfig;
-use memfs_store::net::follower::{self, FollowError, FollowerConfig, Progress};
 use memfs_store::net::protocol::{ErrorCode, Role};
 use memfs_store::net::server::ServerConfig;
-use memfs_store::{Durability, Store};
-use net::{TestServer, create_store, key, poll_until};
+use net::{Follower, TestServer, contents, create_store, key, poll_until};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::thread::JoinHandle;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 const WINDOW: u64 = 8;
 
-/// A follower in a thread, stopped and joined on drop.
-struct Follower {
-    stop: Arc<AtomicBool>,
-    progress: Arc<Progress>,
-    thread: Option<JoinHandle<Result<(), FollowError>>>,
-}
-
-impl Follower {
-    fn start(client: ClientConfig, dir: &Path) -> Follower {
-        let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(Progress::default());
-        let cfg = FollowerConfig {
-            client,
-            dir: dir.to_path_buf(),
-            durability: Durability::None,
-            threads: 1,
-            max_backoff: Duration::from_millis(200),
-            on_caught_up: None,
-        };
-        let (s, p) = (stop.clone(), progress.clone());
-        let thread = Some(std::thread::spawn(move || follower::follow(cfg, &s, &p)));
-        Follower {
-            stop,
-            progress,
-            thread,
-        }
-    }
-
-    fn finish(mut self) -> Result<(), FollowError> {
-        self.stop.store(true, Relaxed);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Follower {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+/// A served store in `dir` with the given lag bound and wait.
+fn serve(dir: &Path, max_follower_lag: u64, follower_wait: Duration) -> TestServer {
+    create_store(dir, WINDOW);
+    TestServer::start(
+        dir,
+        ServerConfig {
+            max_follower_lag: Some(max_follower_lag),
+            follower_wait,
+            ..Default::default()
+        },
+        None,
+    )
 }
 
 fn metric(srv: &TestServer, name: &str) -> f64 {
@@ -75,21 +41,12 @@ fn metric(srv: &TestServer, name: &str) -> f64 {
 
 /// Runs blocks, pops and rollbacks against a served writer with a real
 /// follower and returns the largest lag seen when a write returned.
-fn largest_lag(max_follower_lag: Option<u64>) -> u64 {
+fn largest_lag(max_follower_lag: u64) -> u64 {
     let tmp = tempfile::tempdir().unwrap();
     let wdir = tmp.path().join("w");
-    create_store(&wdir, WINDOW);
-    let srv = TestServer::start(
-        &wdir,
-        ServerConfig {
-            max_follower_lag,
-            // Longer than any write can take on a loaded CI machine: a wait
-            // that runs out would end the bound, and the test says so.
-            follower_wait: Duration::from_secs(60),
-            ..Default::default()
-        },
-        None,
-    );
+    // The wait is longer than any write can take on a loaded CI machine: a
+    // wait that runs out would end the bound, and the test says so.
+    let srv = serve(&wdir, max_follower_lag, Duration::from_secs(60));
     let f = Follower::start(srv.config("", "", Role::Follow), &tmp.path().join("r"));
     poll_until("the follower's first position report", || {
         f.progress.reports.load(Relaxed) > 0
@@ -129,42 +86,21 @@ fn largest_lag(max_follower_lag: Option<u64>) -> u64 {
     f.finish().unwrap();
     srv.stop();
     // The replica holds what the writer holds.
-    let (a, b) = (
-        Store::open(&wdir).unwrap(),
-        Store::open(tmp.path().join("r")).unwrap(),
-    );
-    let dump = |s: &Store| {
-        let mut m = BTreeMap::new();
-        s.for_each(|k, v| {
-            m.insert(k.to_vec(), v.to_vec());
-        });
-        (s.current_block(), m)
-    };
-    assert_eq!(dump(&a), dump(&b));
+    assert_eq!(contents(&wdir), contents(&tmp.path().join("r")));
     worst
 }
 
 #[test]
 fn every_write_returns_with_the_follower_at_most_the_bound_behind() {
-    assert!(largest_lag(Some(1)) <= 1);
+    assert!(largest_lag(1) <= 1);
     // Fully synchronous: the follower holds the event before the reply.
-    assert_eq!(largest_lag(Some(0)), 0);
+    assert_eq!(largest_lag(0), 0);
 }
 
 #[test]
 fn a_silent_follower_holds_the_writer_once_and_a_departed_one_not_at_all() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("w");
-    create_store(&dir, WINDOW);
-    let srv = TestServer::start(
-        &dir,
-        ServerConfig {
-            max_follower_lag: Some(1),
-            follower_wait: Duration::from_millis(200),
-            ..Default::default()
-        },
-        None,
-    );
+    let srv = serve(&tmp.path().join("w"), 1, Duration::from_millis(200));
     let mut w = srv.client("", "", Role::Write).unwrap();
     // A follower that reports event 0 and then nothing (stalled).
     let mut f = srv.client("", "", Role::Follow).unwrap();
@@ -204,18 +140,8 @@ fn a_silent_follower_holds_the_writer_once_and_a_departed_one_not_at_all() {
 #[test]
 fn a_follower_that_disconnects_releases_a_waiting_write() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join("w");
-    create_store(&dir, WINDOW);
-    let srv = TestServer::start(
-        &dir,
-        ServerConfig {
-            max_follower_lag: Some(0),
-            // Never reached: the disconnect must end the wait.
-            follower_wait: Duration::from_secs(60),
-            ..Default::default()
-        },
-        None,
-    );
+    // The wait is never reached: the disconnect must end it.
+    let srv = serve(&tmp.path().join("w"), 0, Duration::from_secs(60));
     let mut f = srv.client("", "", Role::Follow).unwrap();
     f.ack(0).unwrap();
     let sock = f.socket().unwrap();

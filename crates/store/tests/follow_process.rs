@@ -120,6 +120,27 @@ fn follower(addr: &str, dir: &Path) -> Proc {
     Proc::spawn(&["store", "follow", addr, "--dir", dir.to_str().unwrap()])
 }
 
+/// `memfs store follow ADDR` into `dir` (no durability) serving its replica
+/// read-only; returns the process and the replica's address.
+fn serving_follower(addr: &str, dir: &Path) -> (Proc, String) {
+    let f = Proc::spawn(&[
+        "store",
+        "follow",
+        addr,
+        "--dir",
+        dir.to_str().unwrap(),
+        "--durability",
+        "none",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let line = f.wait_line("serving the replica", |l| {
+        l.starts_with("serving the replica read-only on ")
+    });
+    let raddr = line.rsplit(' ').next().unwrap().to_string();
+    (f, raddr)
+}
+
 fn work(addr: &str, rng: &mut StdRng, steps: usize) -> u64 {
     let mut w = Client::connect(ClientConfig::new(addr, Role::Write)).unwrap();
     for _ in 0..steps {
@@ -327,21 +348,7 @@ fn cli_follower_serves_reads() {
     let _w = writer(&wdir, addr.rsplit(':').next().unwrap().parse().unwrap());
     let o = run(&["store", "set", "--remote", &addr, "0102030405060708=aabb"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let mut f = Proc::spawn(&[
-        "store",
-        "follow",
-        &addr,
-        "--dir",
-        fdir.to_str().unwrap(),
-        "--durability",
-        "none",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    let line = f.wait_line("serving the replica", |l| {
-        l.starts_with("serving the replica read-only on ")
-    });
-    let raddr = line.rsplit(' ').next().unwrap().to_string();
+    let (mut f, raddr) = serving_follower(&addr, &fdir);
     f.wait_line("caught up", |l| l.starts_with("caught up at event 1 "));
     let o = run(&["store", "get", "--remote", &raddr, "0102030405060708"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -403,21 +410,7 @@ fn cli_bounded_lag_holds_every_set_until_the_follower_has_it() {
         "60",
     ]);
     w.wait_line("serving", |l| l.starts_with("serving"));
-    let mut f = Proc::spawn(&[
-        "store",
-        "follow",
-        &addr,
-        "--dir",
-        fdir.to_str().unwrap(),
-        "--durability",
-        "none",
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    let line = f.wait_line("serving the replica", |l| {
-        l.starts_with("serving the replica read-only on ")
-    });
-    let raddr = line.rsplit(' ').next().unwrap().to_string();
+    let (mut f, raddr) = serving_follower(&addr, &fdir);
     let t0 = std::time::Instant::now();
     while metric(&maddr, "followers_in_sync") != Some(1.0) {
         assert!(

@@ -8,69 +8,16 @@ use memfs_store::net::follower::{self, FollowError, FollowerConfig, Progress};
 use memfs_store::net::protocol::{self as p, ErrorCode, Role, Welcome};
 use memfs_store::net::server::ServerConfig;
 use memfs_store::{Durability, Store};
-use net::{TestServer, create_store, key, poll_until};
+use net::{Follower, TestServer, contents, create_store, key, poll_until};
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use std::collections::BTreeMap;
+
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-struct Follower {
-    stop: Arc<AtomicBool>,
-    progress: Arc<Progress>,
-    thread: Option<JoinHandle<Result<(), FollowError>>>,
-}
-
-impl Follower {
-    fn start(srv_cfg: memfs_store::net::client::ClientConfig, dir: &Path) -> Follower {
-        let stop = Arc::new(AtomicBool::new(false));
-        let progress = Arc::new(Progress::default());
-        let cfg = FollowerConfig {
-            client: srv_cfg,
-            dir: dir.to_path_buf(),
-            durability: Durability::None,
-            threads: 1,
-            max_backoff: Duration::from_millis(200),
-            on_caught_up: None,
-        };
-        let (s, pr) = (stop.clone(), progress.clone());
-        let thread = Some(std::thread::spawn(move || follower::follow(cfg, &s, &pr)));
-        Follower {
-            stop,
-            progress,
-            thread,
-        }
-    }
-
-    fn finish(mut self) -> Result<(), FollowError> {
-        self.stop.store(true, Relaxed);
-        self.thread.take().unwrap().join().unwrap()
-    }
-}
-
-impl Drop for Follower {
-    fn drop(&mut self) {
-        self.stop.store(true, Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-fn contents(dir: &Path) -> (u64, BTreeMap<Vec<u8>, Vec<u8>>) {
-    let s = Store::open(dir).unwrap();
-    let mut m = BTreeMap::new();
-    s.for_each(|k, v| {
-        m.insert(k.to_vec(), v.to_vec());
-    });
-    let b = s.current_block();
-    s.close().unwrap();
-    (b, m)
-}
 
 fn random_work(w: &mut memfs_store::net::client::Client, rng: &mut StdRng, steps: usize) {
     for _ in 0..steps {
@@ -192,6 +139,8 @@ fn fake_writer(frames: Vec<Vec<u8>>) -> (String, JoinHandle<()>) {
     let addr = l.local_addr().unwrap().to_string();
     let t = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
+        // Only one connection: the follower's position reports are refused.
+        drop(l);
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut buf = [0u8; 256];
         let _ = s.read(&mut buf); // HELLO

@@ -208,7 +208,11 @@ pub struct Progress {
 impl Progress {
     fn set_applied(&self, seq: u64) {
         self.seq.store(seq, Relaxed);
-        // Taken so that the reporter, which checks `seq` under it before it
+        self.wake_reporter();
+    }
+
+    fn wake_reporter(&self) {
+        // Taken so that the reporter, which checks under it before it
         // waits, cannot miss this wake-up.
         drop(self.applied.lock());
         self.applied_cv.notify_one();
@@ -279,8 +283,7 @@ pub fn follow_into(
         if let Some(s) = report_sock.lock().take() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
-        drop(progress.applied.lock());
-        progress.applied_cv.notify_one();
+        progress.wake_reporter();
         r
     })
 }
@@ -339,6 +342,7 @@ fn follow_loop(
         let sub = client.subscribe(seq, block);
         let r = sub.map_err(FollowError::from).and_then(|sub| {
             progress.connected.store(true, Relaxed);
+            progress.wake_reporter();
             let r = apply_stream(
                 replica,
                 sub,
@@ -422,8 +426,10 @@ fn report_position(
                 if ended() {
                     return;
                 }
+                // Only while subscribed: a writer that does not stream to
+                // this follower has no use for its position.
                 let s = progress.seq.load(Relaxed);
-                if acked.is_none_or(|a| s > a) {
+                if progress.connected.load(Relaxed) && acked.is_none_or(|a| s > a) {
                     break s;
                 }
                 progress

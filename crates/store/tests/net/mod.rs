@@ -5,12 +5,15 @@
 
 use memfs_store::net::auth::Auth;
 use memfs_store::net::client::{Client, ClientConfig, ClientError};
+use memfs_store::net::follower::{self, FollowError, FollowerConfig, Progress};
 use memfs_store::net::protocol::Role;
 use memfs_store::net::server::{Server, ServerConfig, ShutdownHandle};
 use memfs_store::{Durability, Store, StoreOptions};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -124,4 +127,60 @@ pub fn poll_until(what: &str, mut done: impl FnMut() -> bool) {
 
 pub fn key(i: u64) -> [u8; 8] {
     i.to_le_bytes()
+}
+
+/// A follower in a thread (in-memory replica journal), stopped and joined
+/// on drop.
+pub struct Follower {
+    pub stop: Arc<AtomicBool>,
+    pub progress: Arc<Progress>,
+    pub thread: Option<JoinHandle<Result<(), FollowError>>>,
+}
+
+impl Follower {
+    pub fn start(srv_cfg: memfs_store::net::client::ClientConfig, dir: &Path) -> Follower {
+        let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(Progress::default());
+        let cfg = FollowerConfig {
+            client: srv_cfg,
+            dir: dir.to_path_buf(),
+            durability: Durability::None,
+            threads: 1,
+            max_backoff: Duration::from_millis(200),
+            on_caught_up: None,
+        };
+        let (s, pr) = (stop.clone(), progress.clone());
+        let thread = Some(std::thread::spawn(move || follower::follow(cfg, &s, &pr)));
+        Follower {
+            stop,
+            progress,
+            thread,
+        }
+    }
+
+    pub fn finish(mut self) -> Result<(), FollowError> {
+        self.stop.store(true, Relaxed);
+        self.thread.take().unwrap().join().unwrap()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A store's current block and every key and value (the store closed after).
+pub fn contents(dir: &Path) -> (u64, BTreeMap<Vec<u8>, Vec<u8>>) {
+    let s = Store::open(dir).unwrap();
+    let mut m = BTreeMap::new();
+    s.for_each(|k, v| {
+        m.insert(k.to_vec(), v.to_vec());
+    });
+    let b = s.current_block();
+    s.close().unwrap();
+    (b, m)
 }
