@@ -120,6 +120,17 @@ fn follower(addr: &str, dir: &Path) -> Proc {
     Proc::spawn(&["store", "follow", addr, "--dir", dir.to_str().unwrap()])
 }
 
+/// Runs `memfs ARGS` to completion.
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(memfs_bin()).args(args).output().unwrap()
+}
+
+/// `memfs store create --dir DIR`, which must succeed.
+fn create(dir: &Path) {
+    let o = run(&["store", "create", "--dir", dir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// `memfs store follow ADDR` into `dir` (no durability) serving its replica
 /// read-only; returns the process and the replica's address.
 fn serving_follower(addr: &str, dir: &Path) -> (Proc, String) {
@@ -225,12 +236,7 @@ fn follower_equality_with_sigkill_of_follower_and_writer() {
 fn cli_remote_forms_and_wrong_credentials() {
     let tmp = tempfile::tempdir().unwrap();
     let wdir = tmp.path().join("w");
-    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
-    assert!(
-        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
-            .status
-            .success()
-    );
+    create(&wdir);
     let auth = tmp.path().join("auth");
     std::fs::write(&auth, "w:secret:write\nr:rs:read\n").unwrap();
     let port = free_port();
@@ -338,12 +344,7 @@ fn cli_follower_serves_reads() {
     let tmp = tempfile::tempdir().unwrap();
     let wdir = tmp.path().join("w");
     let fdir = tmp.path().join("f");
-    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
-    assert!(
-        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
-            .status
-            .success()
-    );
+    create(&wdir);
     let addr = format!("127.0.0.1:{}", free_port());
     let _w = writer(&wdir, addr.rsplit(':').next().unwrap().parse().unwrap());
     let o = run(&["store", "set", "--remote", &addr, "0102030405060708=aabb"]);
@@ -384,12 +385,7 @@ fn cli_bounded_lag_holds_every_set_until_the_follower_has_it() {
     let tmp = tempfile::tempdir().unwrap();
     let wdir = tmp.path().join("w");
     let fdir = tmp.path().join("f");
-    let run = |args: &[&str]| Command::new(memfs_bin()).args(args).output().unwrap();
-    assert!(
-        run(&["store", "create", "--dir", wdir.to_str().unwrap()])
-            .status
-            .success()
-    );
+    create(&wdir);
     let addr = format!("127.0.0.1:{}", free_port());
     let maddr = format!("127.0.0.1:{}", free_port());
     // K = 0: a set returns only once the follower holds it. The wait is
