@@ -734,7 +734,7 @@ impl Subscription {
     /// A second handle on the socket, to shut it down from another thread
     /// (which makes a blocked [`Subscription::next_event`] return an error).
     pub fn socket(&self) -> Option<TcpStream> {
-        self.c.s.as_ref().and_then(|s| s.tcp().try_clone().ok())
+        self.c.socket()
     }
 
     /// Receives the next stream frame and copies its type and body into

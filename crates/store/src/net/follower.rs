@@ -196,9 +196,7 @@ pub struct Progress {
     /// for the next frame with nothing to apply, in nanoseconds.
     pub apply_nanos: AtomicU64,
     pub idle_nanos: AtomicU64,
-    /// The last event the writer has been told is applied here (ACK), and
-    /// how many such reports it took.
-    pub acked: AtomicU64,
+    /// Position reports (ACK) the writer has accepted.
     pub reports: AtomicU64,
     /// Wakes the thread that reports the position when `seq` moves.
     applied: Mutex<()>,
@@ -464,7 +462,6 @@ fn report_position(
         match c.ack(seq) {
             Ok(_) => {
                 acked = Some(seq);
-                progress.acked.store(seq, Relaxed);
                 progress.reports.fetch_add(1, Relaxed);
                 backoff = Duration::from_millis(50);
             }
