@@ -293,18 +293,23 @@ fn flush_kernel_writeback(m: &Mount, line: &str) -> anyhow::Result<()> {
             m.mountpoint.display()
         );
     }
-    let dir = std::fs::File::open(&m.mountpoint).with_context(|| {
-        format!(
-            "cannot open {} to write back its cache",
-            m.mountpoint.display()
-        )
-    })?;
-    nix::unistd::syncfs(&dir).with_context(|| {
-        format!(
-            "cannot write back the kernel's cached writes of {} before {cmd}",
-            m.mountpoint.display()
-        )
-    })?;
+    // Through `own_mount::call`: a SIGKILL while the SYNCFS waits must not
+    // leave the process behind.
+    crate::own_mount::call(|| {
+        let dir = std::fs::File::open(&m.mountpoint).with_context(|| {
+            format!(
+                "cannot open {} to write back its cache",
+                m.mountpoint.display()
+            )
+        })?;
+        nix::unistd::syncfs(&dir).with_context(|| {
+            format!(
+                "cannot write back the kernel's cached writes of {} before {cmd}",
+                m.mountpoint.display()
+            )
+        })
+    })
+    .context("cannot start a thread to write back the kernel's cache")??;
     Ok(())
 }
 

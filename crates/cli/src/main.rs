@@ -20,6 +20,7 @@ mod clone_cmd;
 mod control;
 mod durable_cmd;
 mod mount;
+mod own_mount;
 mod shell;
 mod store_cmd;
 

@@ -756,7 +756,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
 /// `mount -o remount,ro` does), so statvfs shows ST_RDONLY and findmnt
 /// `ro`: a FUSE statfs reply has no flags field, the mount is the only
 /// place the kernel reports it. It runs off the FUSE workers because the
-/// remount syncs the file system through them. The path is still our mount:
+/// remount syncs the file system through them, and through
+/// `own_mount::call` because a SIGKILL during it must not leave the process
+/// behind (see there). The path is still our mount:
 /// a new server of the same data directory cannot mount before we let go
 /// of its lock, at close.
 struct ReadOnlyWatch {
@@ -793,7 +795,11 @@ impl ReadOnlyWatch {
                     // then, so try again until it is free.
                     let mut told = false;
                     while !stop.load(Ordering::Acquire) {
-                        match remount_read_only(&mp) {
+                        let r = crate::own_mount::call(|| remount_read_only(&mp))
+                            .unwrap_or_else(|e| {
+                                Err(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
+                            });
+                        match r {
                             Ok(()) => {
                                 tracing::warn!(
                                     "remounted {} read-only: {reason}",

@@ -344,3 +344,54 @@ fn a_data_directory_turned_read_only_keeps_reads_and_everything_acknowledged() {
     m.unmount();
     assert_no_panic(&log);
 }
+
+/// A SIGKILL while the server's own read-only remount waits for a reply
+/// that one of its workers read and never sent: the process still exits and
+/// its connection goes. (The remount's calls on its own mount run on a
+/// thread with a private descriptor table; a thread sharing the table
+/// stayed in the kernel for good holding /dev/fuse open, and the killed
+/// server with it.) The server runs with `MEMFS_TEST_STALL_STATFS`, so the
+/// remount's statvfs is read by a worker and never answered.
+#[test]
+fn a_kill_during_the_read_only_remount_leaves_no_process_behind() {
+    let Some(disk) = Disk::ext4(48) else {
+        eprintln!("SKIPPED: cannot make and mount an ext4 on a loop device (needs root)");
+        return;
+    };
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("memfs.log");
+    let data = disk.path().join("data");
+    let err = File::options()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .unwrap();
+    let mut m = Mount::spawn_env(
+        &["--data-dir", data.to_str().unwrap(), "--durability", "sync"],
+        Stdio::from(err),
+        &[(memfs_fuse::STALL_STATFS_ENV, "1")],
+    );
+    std::fs::write(m.p("f"), b"acknowledged").unwrap();
+    disk.ext4_error();
+    let e = File::create_new(m.p("unknown")).expect_err("a create on a failed disk");
+    assert_eq!(errno(&e), libc::EIO, "first change after the failure: {e}");
+    // The server turned read-only and remounts itself: its statvfs has
+    // reached a worker, which holds it.
+    poll_until("the remount's statfs to reach a worker", || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("this statfs is never answered"))
+    });
+    let exited = m.kill_server_within(std::time::Duration::from_secs(30));
+    if !exited {
+        m.abort();
+        panic!(
+            "the SIGKILLed server did not exit in 30 s: a thread of its own is stuck on its mount"
+        );
+    }
+    m.detach();
+    assert_no_panic(&log);
+    // Nothing acknowledged was lost.
+    disk.ext4_repair();
+    let m = start(&data, &log);
+    assert_eq!(std::fs::read(m.p("f")).unwrap(), b"acknowledged");
+    m.unmount();
+}

@@ -1419,6 +1419,12 @@ impl Filesystem for MemFuse {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        if stall_statfs() {
+            tracing::warn!("{STALL_STATFS_ENV} is set: this statfs is never answered");
+            loop {
+                std::thread::park();
+            }
+        }
         let mut s = self.fs.get().statfs();
         if let Some((used, avail)) = self.backing.as_ref().and_then(|b| b.usage()) {
             // One capacity for both: the engine's pages and the backing files.
@@ -1999,4 +2005,14 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: memfs_fs::Result<Vec<u8>>) {
         Ok(v) => reply.data(&v),
         Err(e) => reply.error(err(e)),
     }
+}
+
+/// For a test only: a server started with this variable set never answers
+/// a statfs, so that a test can kill it while one of its own calls on its
+/// mount waits for the reply (crates/cli/tests/disk_faults.rs).
+pub const STALL_STATFS_ENV: &str = "MEMFS_TEST_STALL_STATFS";
+
+fn stall_statfs() -> bool {
+    static STALL: OnceLock<bool> = OnceLock::new();
+    *STALL.get_or_init(|| std::env::var_os(STALL_STATFS_ENV).is_some())
 }

@@ -154,6 +154,25 @@ impl Mount {
         }
     }
 
+    /// SIGKILLs the server and polls up to `limit` for it to exit; reaps it
+    /// and returns true if it did. If not, it stays ours (for
+    /// [`Mount::abort`] and Drop) and this returns false.
+    pub fn kill_server_within(&mut self, limit: Duration) -> bool {
+        let Some(c) = self.child.as_mut() else {
+            return true;
+        };
+        c.kill().expect("SIGKILL the memfs server");
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if c.try_wait().expect("poll the memfs server").is_some() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
     /// Detaches the (dead) mount.
     pub fn detach(&mut self) {
         let path = self.dir.path().to_path_buf();
