@@ -119,11 +119,31 @@ impl Drop for Disk {
 }
 
 fn start(data: &Path, log: &Path) -> Mount {
+    start_env(data, log, &[])
+}
+
+/// [`start`] with `env` added to the server's environment.
+fn start_env(data: &Path, log: &Path, env: &[(&str, &str)]) -> Mount {
     let err = File::options().create(true).append(true).open(log).unwrap();
-    Mount::spawn(
+    Mount::spawn_env(
         &["--data-dir", data.to_str().unwrap(), "--durability", "sync"],
         Stdio::from(err),
+        env,
     )
+}
+
+/// A 48 MiB ext4 that can be made to fail, a data directory on it and a
+/// log file for the server beside it (kept while the directory lives);
+/// None, saying why, where loop devices cannot be used.
+fn failing_disk() -> Option<(Disk, PathBuf, tempfile::TempDir, PathBuf)> {
+    let Some(disk) = Disk::ext4(48) else {
+        eprintln!("SKIPPED: cannot make and mount an ext4 on a loop device (needs root)");
+        return None;
+    };
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("memfs.log");
+    let data = disk.path().join("data");
+    Some((disk, data, logs, log))
 }
 
 type Tree = BTreeMap<String, Vec<u8>>;
@@ -253,13 +273,9 @@ fn a_small_tmpfs_that_fills_up_gives_enospc_and_recovers_by_itself() {
 /// everything acknowledged is there.
 #[test]
 fn a_data_directory_turned_read_only_keeps_reads_and_everything_acknowledged() {
-    let Some(disk) = Disk::ext4(48) else {
-        eprintln!("SKIPPED: cannot make and mount an ext4 on a loop device (needs root)");
+    let Some((disk, data, _logs, log)) = failing_disk() else {
         return;
     };
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("memfs.log");
-    let data = disk.path().join("data");
     let mut m = start(&data, &log);
     let mut model = Tree::new();
     for i in 0..20 {
@@ -354,23 +370,10 @@ fn a_data_directory_turned_read_only_keeps_reads_and_everything_acknowledged() {
 /// remount's statvfs is read by a worker and never answered.
 #[test]
 fn a_kill_during_the_read_only_remount_leaves_no_process_behind() {
-    let Some(disk) = Disk::ext4(48) else {
-        eprintln!("SKIPPED: cannot make and mount an ext4 on a loop device (needs root)");
+    let Some((disk, data, _logs, log)) = failing_disk() else {
         return;
     };
-    let logs = tempfile::tempdir().unwrap();
-    let log = logs.path().join("memfs.log");
-    let data = disk.path().join("data");
-    let err = File::options()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .unwrap();
-    let mut m = Mount::spawn_env(
-        &["--data-dir", data.to_str().unwrap(), "--durability", "sync"],
-        Stdio::from(err),
-        &[(memfs_fuse::STALL_STATFS_ENV, "1")],
-    );
+    let mut m = start_env(&data, &log, &[(memfs_fuse::STALL_STATFS_ENV, "1")]);
     std::fs::write(m.p("f"), b"acknowledged").unwrap();
     disk.ext4_error();
     let e = File::create_new(m.p("unknown")).expect_err("a create on a failed disk");

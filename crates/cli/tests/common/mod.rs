@@ -147,10 +147,21 @@ impl Mount {
     /// every system call under it fails (ENOTCONN) until [`Mount::detach`].
     /// Processes still working under the mount point must stop before the
     /// detach, or their next calls land in the directory underneath.
+    ///
+    /// A server that has not exited 60 s after the SIGKILL has a thread
+    /// stuck in the kernel: its connection is aborted (so that it exits and
+    /// the test leaves nothing behind) and the test fails saying so, rather
+    /// than waiting until CI's limit.
     pub fn kill_server(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().expect("SIGKILL the memfs server");
-            c.wait().expect("reap the memfs server");
+        if !self.kill_server_within(Duration::from_secs(60)) {
+            self.abort_connection();
+            if let Some(mut c) = self.child.take() {
+                let _ = c.wait();
+            }
+            panic!(
+                "the memfs server had not exited 60 s after SIGKILL: a thread of it was stuck \
+                 in the kernel (its FUSE connection was aborted to clean up)"
+            );
         }
     }
 
@@ -198,6 +209,12 @@ impl Mount {
     /// server whose threads wait for page locks cannot exit, and its
     /// /dev/fuse is only closed when it does.
     pub fn abort(&mut self) {
+        self.abort_connection();
+        self.kill();
+    }
+
+    /// Aborts the FUSE connection only (fusectl, mounted if needed).
+    fn abort_connection(&self) {
         let ctl = Path::new("/sys/fs/fuse/connections");
         if let Some(conn) = self.connection() {
             if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
@@ -211,7 +228,6 @@ impl Mount {
             }
             let _ = std::fs::write(ctl.join(conn.to_string()).join("abort"), "1");
         }
-        self.kill();
     }
 
     /// Unmounts and checks that the server exits by itself, cleanly.

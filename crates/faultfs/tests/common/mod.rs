@@ -62,6 +62,29 @@ fn wait_mounted(child: &mut Child, mp: &Path, what: &str, log: &Path) {
     });
 }
 
+/// Aborts the FUSE connection of the mount at `mp` through fusectl (root;
+/// mounted at /sys/fs/fuse/connections if it is not): every request in
+/// flight fails, and a server stuck on one can exit.
+fn abort_connection(mp: &Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = mp.to_string_lossy();
+    let Some(minor) = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(&*want))
+        .and_then(|l| l.split(' ').nth(2)?.split(':').nth(1).map(str::to_owned))
+    else {
+        return;
+    };
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "none"])
+            .arg(ctl)
+            .status();
+    }
+    let _ = std::fs::write(ctl.join(minor).join("abort"), "1");
+}
+
 /// `memfs-faultfs BACKING MNT` over fresh temporary directories.
 pub struct FaultFs {
     pub dir: tempfile::TempDir,
@@ -212,11 +235,26 @@ impl Memfs {
         m
     }
 
-    /// SIGKILL, reap, detach the dead mount.
+    /// SIGKILL, reap, detach the dead mount. A server that has not exited
+    /// 60 s after the SIGKILL has a thread stuck in the kernel: its FUSE
+    /// connection is aborted so that it exits, and the test fails saying
+    /// so rather than waiting until CI's limit.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
-            c.wait().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    abort_connection(&self.mp);
+                    let _ = c.wait();
+                    detach(&self.mp);
+                    panic!(
+                        "the memfs server had not exited 60 s after SIGKILL: a thread of it \
+                         was stuck in the kernel (its FUSE connection was aborted to clean up)"
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
         detach(&self.mp);
         assert!(!is_mount_point(&self.mp));
