@@ -1715,9 +1715,12 @@ impl Fs {
         f: impl FnOnce(&FileData, usize) -> R,
     ) -> Result<R> {
         // relatime, as Linux's relatime_need_update: the access is news when
-        // the last one is not later than the last change, or a day old.
+        // the last one is not later than the last change, or a day old (a
+        // day needs no finer clock than the tick's).
         let stale = |m: &Meta| {
-            m.atime <= m.mtime || m.atime <= m.ctime || Timespec::now().sec - m.atime.sec >= 86_400
+            m.atime <= m.mtime
+                || m.atime <= m.ctime
+                || Timespec::coarse_now().sec - m.atime.sec >= 86_400
         };
         let inode = self.get(ino)?;
         let mut atime_done = false;
