@@ -939,3 +939,73 @@ fn durable_snapshots_are_browsable_after_a_restart_a_crash_and_a_rollback() {
     assert_eq!(dump(&m.path()), t2);
     m.unmount();
 }
+
+/// A durable snapshot of the very commit a mount recovers to is that tree:
+/// after an unmount, and after an online rollback to it, it gets an engine
+/// snapshot at once (shared with the live tree, like one taken live)
+/// instead of a rebuild from the data directory when browsed; an older one
+/// is still rebuilt. Both views stay exact while the live tree changes.
+#[test]
+fn a_snapshot_of_the_recovered_commit_is_shared_not_rebuilt() {
+    let dir = common::disk_dir("memfs-snaplast-");
+    let args = ["--data-dir", dir.path().to_str().unwrap()];
+    let m = Mount::with_args(&args);
+    fs::create_dir(m.p("d")).unwrap();
+    fs::write(m.p("d/a"), b"old").unwrap();
+    let t_older = dump(&m.path());
+    snap(&m, &["create", "older"]);
+    fs::write(m.p("d/a"), b"last").unwrap();
+    fs::write(m.p("big"), vec![5u8; 300_000]).unwrap();
+    let t_last = dump(&m.path());
+    snap(&m, &["create", "last"]);
+    m.unmount();
+
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("memfs.log");
+    let start = || {
+        let err = fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        Mount::spawn_env(&args, err.into(), &[("MEMFS_LOG", "info")])
+    };
+    let m = start();
+    // Live changes (new pages over shared ones included) reach no view.
+    fs::write(m.p("d/a"), b"newer").unwrap();
+    let mut f = fs::OpenOptions::new().write(true).open(m.p("big")).unwrap();
+    f.seek(SeekFrom::Start(4096)).unwrap();
+    f.write_all(b"changed").unwrap();
+    drop(f);
+    check_durable_view(&m, "last", &t_last);
+    check_durable_view(&m, "older", &t_older);
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("snapshot last is the recovered tree"),
+        "no engine snapshot of `last`:\n{text}"
+    );
+    assert!(
+        !text.contains("snapshot last (commit"),
+        "`last` was rebuilt:\n{text}"
+    );
+    assert!(
+        text.contains("snapshot older (commit") && text.contains("rebuilt for browsing"),
+        "`older` was not rebuilt:\n{text}"
+    );
+
+    // An online rollback to `last`: the new tree is `last` again, and its
+    // view is shared with it at once.
+    let out = rollback(&m, "last");
+    assert!(out.contains("rolled back"), "{out}");
+    assert_eq!(dump(&m.path()), t_last);
+    fs::write(m.p("d/a"), b"after the rollback").unwrap();
+    check_durable_view(&m, "last", &t_last);
+    let text = fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text.matches("snapshot last is the recovered tree").count(),
+        2,
+        "{text}"
+    );
+    assert!(!text.contains("snapshot last (commit"), "{text}");
+    m.unmount();
+}
