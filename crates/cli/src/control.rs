@@ -587,8 +587,9 @@ fn rollback(
         // Whatever the rollback did, `d` now holds the tree to serve: the
         // new one, or the old one if recovery could not open again.
         let r = d.rollback_online(commit);
-        // The snapshots the rollback kept (none of them has an engine
-        // snapshot in the new tree), before any request runs again.
+        // The snapshots the rollback kept, before any request runs again:
+        // the new tree has no engine snapshot but of those at the target
+        // commit, which `show_durable_snapshots` takes now.
         show_durable_snapshots(d, sw, true);
         Ok::<_, std::convert::Infallible>((d.fs().clone(), r))
     });
