@@ -589,7 +589,8 @@ fn rollback(
         let r = d.rollback_online(commit);
         // The snapshots the rollback kept, before any request runs again:
         // the new tree has no engine snapshot but of those at the target
-        // commit, which `show_durable_snapshots` takes now.
+        // commit, taken now.
+        share_recovered_snapshots(d);
         show_durable_snapshots(d, sw, true);
         Ok::<_, std::convert::Infallible>((d.fs().clone(), r))
     });
@@ -611,42 +612,21 @@ fn rollback(
 /// online rollback) are rebuilt aside from the data directory on first use
 /// (docs/snapshots.md, "Durable mounts"). `staged`: from inside a swap or
 /// before the mount serves (the kernel is told nothing).
-///
-/// When `staged`, the tree `d` holds has changed in nothing since its last
-/// commit (recovery just built it), so a durable snapshot of that very
-/// commit *is* this tree: it gets an engine snapshot of it now (O(1),
-/// sharing every page, like one taken live) instead of a rebuild from the
-/// data directory on first use, which costs as long as reading the tree
-/// (seconds for gigabytes) and a full copy of it. The usual case: a
-/// snapshot, then an unmount, or an online rollback to a snapshot.
 pub fn show_durable_snapshots(d: &DurableFs, sw: &Swapper, staged: bool) {
-    let snapshots = match d.history() {
-        Ok(h) => h.snapshots,
+    let list = match d.history() {
+        Ok(h) => h
+            .snapshots
+            .into_iter()
+            .map(|s| memfs_fuse::snapdir::DurableSnapshot {
+                name: s.name.into_bytes(),
+                commit: s.commit,
+            })
+            .collect(),
         Err(e) => {
             tracing::warn!("cannot read the history of {}: {e}", d.path().display());
             return;
         }
     };
-    if staged {
-        let last = d.last_commit();
-        for s in snapshots.iter().filter(|s| s.commit == last) {
-            match d.fs().snapshot_create(s.name.as_bytes()) {
-                Ok(_) => tracing::info!(
-                    "snapshot {} is the recovered tree (commit {last}): an engine snapshot of it, no rebuild",
-                    s.name
-                ),
-                // A name the engine does not take: rebuilt when browsed.
-                Err(e) => tracing::debug!("snapshot {}: no engine snapshot ({e})", s.name),
-            }
-        }
-    }
-    let list = snapshots
-        .into_iter()
-        .map(|s| memfs_fuse::snapdir::DurableSnapshot {
-            name: s.name.into_bytes(),
-            commit: s.commit,
-        })
-        .collect();
     let m = d.materializer();
     let build: memfs_fuse::snapdir::BuildTree =
         Arc::new(move |commit| m.materialize(commit).map_err(|e| e.to_string()));
@@ -654,6 +634,36 @@ pub fn show_durable_snapshots(d: &DurableFs, sw: &Swapper, staged: bool) {
         sw.stage_durable_snapshots(build, list);
     } else {
         sw.set_durable_snapshots(build, list);
+    }
+}
+
+/// Gives each durable snapshot of the commit `d`'s tree was just recovered
+/// to (by a mount, or by an online rollback) an engine snapshot of that
+/// tree: it *is* that tree, so it needs no rebuild from the data directory
+/// on first use, which costs as long as reading the tree (seconds for
+/// gigabytes) and a full copy of it. O(1) each, sharing every page, like a
+/// snapshot taken live. The usual case: a snapshot, then an unmount, or an
+/// online rollback to a snapshot. Call it only where no request can have
+/// changed the tree since recovery: before the mount, or inside the swap
+/// of an online rollback.
+pub fn share_recovered_snapshots(d: &DurableFs) {
+    let snapshots = match d.history() {
+        Ok(h) => h.snapshots,
+        Err(e) => {
+            tracing::warn!("cannot read the history of {}: {e}", d.path().display());
+            return;
+        }
+    };
+    let last = d.last_commit();
+    for s in snapshots.iter().filter(|s| s.commit == last) {
+        match d.fs().snapshot_create(s.name.as_bytes()) {
+            Ok(_) => tracing::info!(
+                "snapshot {} is the recovered tree (commit {last}): an engine snapshot of it, no rebuild",
+                s.name
+            ),
+            // A name the engine does not take: rebuilt when browsed.
+            Err(e) => tracing::debug!("snapshot {}: no engine snapshot ({e})", s.name),
+        }
     }
 }
 

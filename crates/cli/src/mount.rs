@@ -655,6 +655,8 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         Some((dir, opts)) => {
             let (d, report) = open_taking_over(dir, settings.config, opts)
                 .with_context(|| format!("cannot open data directory {}", dir.display()))?;
+            // Before the mount: nothing can change the tree yet.
+            crate::control::share_recovered_snapshots(&d);
             let fs = d.fs().clone();
             (
                 fs,
