@@ -149,39 +149,33 @@ impl Mount {
     /// detach, or their next calls land in the directory underneath.
     ///
     /// A server that has not exited 60 s after the SIGKILL has a thread
-    /// stuck in the kernel: its connection is aborted (so that it exits and
-    /// the test leaves nothing behind) and the test fails saying so, rather
-    /// than waiting until CI's limit.
+    /// stuck in the kernel: see [`Mount::kill_server_within`].
     pub fn kill_server(&mut self) {
-        if !self.kill_server_within(Duration::from_secs(60)) {
-            self.abort_connection();
-            if let Some(mut c) = self.child.take() {
-                let _ = c.wait();
-            }
-            panic!(
-                "the memfs server had not exited 60 s after SIGKILL: a thread of it was stuck \
-                 in the kernel (its FUSE connection was aborted to clean up)"
-            );
-        }
+        self.kill_server_within(Duration::from_secs(60));
     }
 
-    /// SIGKILLs the server and polls up to `limit` for it to exit; reaps it
-    /// and returns true if it did. If not, it stays ours (for
-    /// [`Mount::abort`] and Drop) and this returns false.
-    pub fn kill_server_within(&mut self, limit: Duration) -> bool {
-        let Some(c) = self.child.as_mut() else {
-            return true;
+    /// SIGKILLs the server and polls up to `limit` for it to exit, then
+    /// reaps it. One that has not exited by then has a thread stuck in the
+    /// kernel: its connection is aborted (so that it exits and the test
+    /// leaves nothing behind) and the test fails saying so, rather than
+    /// waiting until CI's limit.
+    pub fn kill_server_within(&mut self, limit: Duration) {
+        let Some(mut c) = self.child.take() else {
+            return;
         };
         c.kill().expect("SIGKILL the memfs server");
         let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if c.try_wait().expect("poll the memfs server").is_some() {
-                self.child = None;
-                return true;
+        while c.try_wait().expect("poll the memfs server").is_none() {
+            if Instant::now() > deadline {
+                self.abort_connection();
+                let _ = c.wait();
+                panic!(
+                    "the memfs server had not exited {limit:?} after SIGKILL: a thread of it \
+                     was stuck in the kernel (its FUSE connection was aborted to clean up)"
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        false
     }
 
     /// Detaches the (dead) mount.
