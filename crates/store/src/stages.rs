@@ -83,6 +83,11 @@ pub fn enable() {
     ON.store(true, Relaxed);
 }
 
+/// How many marks are recorded so far (recording goes on).
+pub fn recorded() -> usize {
+    LOG.lock().len()
+}
+
 /// Stops recording and returns the marks: (event number, stage, when).
 pub fn take() -> Vec<(u64, Stage, Instant)> {
     ON.store(false, Relaxed);

@@ -67,6 +67,11 @@ fn every_event_passes_every_stage_in_order() {
     poll_until("the follower to apply every block", || {
         progress.seq.load(Relaxed) == BLOCKS
     });
+    // The server's subscriber marks SubscriberWritten when its write
+    // returns, which may be after the follower has applied the block.
+    poll_until("every stage of every block to be marked", || {
+        stages::recorded() >= BLOCKS as usize * stages::PATH.len()
+    });
     let marks = stages::take();
     guard.0.store(true, Relaxed);
     guard.1.take().unwrap().join().unwrap().unwrap();
