@@ -28,7 +28,7 @@ pub(crate) type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::acl::{self, Acl};
-use crate::data::FileData;
+use crate::data::{FileData, Spare};
 use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
 use crate::locks::{Family, LockCallback, LockTable, RangeLock};
@@ -1857,23 +1857,41 @@ impl Fs {
         let _gate = self.enter();
         self.admit(META_RECORD + len as u64)?;
         let inode = self.get(ino)?;
+        // Declared before the lock's guard, so that pages left over are
+        // freed after it is released.
+        let mut spare = Spare::default();
         let mut st = self.write_state(&inode);
-        let (meta, file) = st.file_mut(Errno::EINVAL)?;
-        meta.check_write(append)?;
-        let off = if append { meta.size } else { off };
-        if len == 0 {
-            return Ok(0);
-        }
-        let end = off.checked_add(len as u64).ok_or(Errno::EFBIG)?;
-        if end > MAX_FILE_SIZE {
-            return Err(Errno::EFBIG);
-        }
-        let (first, last) = (off / PAGE, (end - 1) / PAGE);
-        // A page a snapshot shares costs a copy on its first write.
-        let reserved = file.pages_to_reserve(first, last);
+        let (meta, file, off, end, reserved) = loop {
+            let (meta, file) = st.file_mut(Errno::EINVAL)?;
+            meta.check_write(append)?;
+            let off = if append { meta.size } else { off };
+            if len == 0 {
+                return Ok(0);
+            }
+            let end = off.checked_add(len as u64).ok_or(Errno::EFBIG)?;
+            if end > MAX_FILE_SIZE {
+                return Err(Errno::EFBIG);
+            }
+            let (first, last) = (off / PAGE, (end - 1) / PAGE);
+            // A page a snapshot shares costs a copy on its first write.
+            let reserved = file.pages_to_reserve(first, last);
+            // The pages this write adds are made without the lock, once
+            // (`Spare`): then the state is looked at again, as it may have
+            // changed meanwhile. Files not yet in pages (empty or inline:
+            // most small files) and writes the engine takes as pages skip
+            // it, as do writes needing more than `Spare::MAX`.
+            let ahead = matches!(src, WriteSrc::Bytes(_)) && file.is_paged();
+            if ahead && spare.len() == 0 && (1..=Spare::MAX).contains(&reserved) {
+                drop(st);
+                spare.fill(reserved);
+                st = self.write_state(&inode);
+                continue;
+            }
+            break (meta, file, off, end, reserved);
+        };
         self.reserve_pages(reserved)?;
         let (allocated, data) = match src {
-            WriteSrc::Bytes(data) => (file.write(off, data), Some(data)),
+            WriteSrc::Bytes(data) => (file.write_spare(off, data, &mut spare), Some(data)),
             // The bytes are the file's now: recorded from its pages below.
             WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
