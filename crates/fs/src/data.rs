@@ -478,8 +478,8 @@ fn page_from(chunk: &[u8]) -> Box<Page> {
 ///
 /// Why: the first touch of memory new to the process is a page fault that
 /// zeroes it, and on a VM whose host takes back free guest memory a fault
-/// on such memory costs ~8 us per 4 KiB (docs/snapshots.md, "The random
-/// writes after a snapshot"). Taken under the file's lock, that stalled
+/// on such memory costs 2.5-8 us per 4 KiB here (docs/snapshots.md, "The
+/// random writes after a snapshot"). Taken under the file's lock, that stalled
 /// every other writer of the file: during fio 4 KiB randwrite after a
 /// snapshot the other worker slept on the lock and a quarter of the CPU
 /// time went idle. Made here, the fault runs beside the other writers.
