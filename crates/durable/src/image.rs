@@ -211,11 +211,11 @@ fn read_var(r: &mut dyn Read, buf: &mut Vec<u8>, wide: bool) -> Result<(), Strin
 }
 
 /// Reads an image into `fs` (a fresh file system). Errors say what is wrong;
-/// the caller adds the file and offset.
-/// Loads an image into `fs`. The image must be all that `r` holds: it is
-/// read ahead to its end on a helper thread ([`read_ahead`]).
+/// the caller adds the file and offset. The image must be all that `r`
+/// holds: it is read ahead to its end on a helper thread ([`read_ahead`]).
 pub(crate) fn read_image(fs: &Fs, r: &mut (dyn Read + Send)) -> Result<ImageInfo, String> {
     read_ahead(r, |r| read_image_into(Some(fs), r))
+        .map_err(|e| format!("cannot start the read-ahead thread: {e}"))?
 }
 
 /// Bytes a read-ahead block holds.
@@ -239,7 +239,7 @@ const AHEAD_BLOCKS: usize = 4;
 /// touches `AHEAD_BLOCKS + 2` blocks of memory.
 ///
 /// [`SnapshotReader`]: memfs_journal::snapshot::SnapshotReader
-fn read_ahead<T>(r: &mut (dyn Read + Send), f: impl FnOnce(&mut dyn Read) -> T) -> T {
+fn read_ahead<T>(r: &mut (dyn Read + Send), f: impl FnOnce(&mut dyn Read) -> T) -> io::Result<T> {
     use std::sync::mpsc::{channel, sync_channel};
     let (tx, rx) = sync_channel::<io::Result<Vec<u8>>>(AHEAD_BLOCKS);
     let (back_tx, back_rx) = channel::<Vec<u8>>();
@@ -275,8 +275,7 @@ fn read_ahead<T>(r: &mut (dyn Read + Send), f: impl FnOnce(&mut dyn Read) -> T) 
                         return;
                     }
                 }
-            })
-            .expect("spawning the read-ahead thread");
+            })?;
         let mut ahead = ReadAhead {
             rx,
             back: back_tx,
@@ -286,7 +285,7 @@ fn read_ahead<T>(r: &mut (dyn Read + Send), f: impl FnOnce(&mut dyn Read) -> T) 
         };
         // `ahead` (the receiving end) goes when `f` returns, which stops a
         // helper still reading before the scope waits for it.
-        f(&mut ahead)
+        Ok(f(&mut ahead))
     })
 }
 
@@ -527,7 +526,8 @@ mod tests {
             let got = read_ahead(&mut src, |r| {
                 let mut v = Vec::new();
                 r.read_to_end(&mut v).map(|_| v)
-            });
+            })
+            .expect("the helper starts");
             assert_eq!(got.expect("no error"), data, "{n} bytes");
         }
     }
@@ -546,7 +546,8 @@ mod tests {
             r.read_exact(&mut v).expect("the bytes before the error");
             let mut one = [0u8; 1];
             (v, r.read(&mut one).expect_err("then the error"))
-        });
+        })
+        .expect("the helper starts");
         assert_eq!(before, data);
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
     }
@@ -563,7 +564,8 @@ mod tests {
         let first = read_ahead(&mut src, |r| {
             let mut b = [0u8; 3];
             r.read_exact(&mut b).map(|_| b)
-        });
+        })
+        .expect("the helper starts");
         assert_eq!(first.expect("three bytes"), [0, 7, 14]);
         assert!(
             src.at <= (AHEAD_BLOCKS + 3) * AHEAD_BLOCK,
