@@ -27,7 +27,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use memfs_durable::DurableFs;
+use memfs_durable::{DurableFs, SnapshotEntry};
 use memfs_fuse::swap::Swapper;
 
 pub use memfs_durable::control::{request, socket_path};
@@ -590,8 +590,11 @@ fn rollback(
         // The snapshots the rollback kept, before any request runs again:
         // the new tree has no engine snapshot but of those at the target
         // commit, taken now.
-        share_recovered_snapshots(d);
-        show_durable_snapshots(d, sw, true);
+        // One read of HISTORY for both, while requests are held.
+        if let Some(kept) = durable_snapshots(d) {
+            share_recovered_snapshots(d, &kept);
+            show_snapshots(d, sw, true, kept);
+        }
         Ok::<_, std::convert::Infallible>((d.fs().clone(), r))
     });
     let (plan, report) = match r {
@@ -613,20 +616,31 @@ fn rollback(
 /// (docs/snapshots.md, "Durable mounts"). `staged`: from inside a swap or
 /// before the mount serves (the kernel is told nothing).
 pub fn show_durable_snapshots(d: &DurableFs, sw: &Swapper, staged: bool) {
-    let list = match d.history() {
-        Ok(h) => h
-            .snapshots
-            .into_iter()
-            .map(|s| memfs_fuse::snapdir::DurableSnapshot {
-                name: s.name.into_bytes(),
-                commit: s.commit,
-            })
-            .collect(),
+    if let Some(snapshots) = durable_snapshots(d) {
+        show_snapshots(d, sw, staged, snapshots);
+    }
+}
+
+/// The snapshots in `d`'s `HISTORY`; `None` (logged) if it cannot be read.
+pub fn durable_snapshots(d: &DurableFs) -> Option<Vec<SnapshotEntry>> {
+    match d.history() {
+        Ok(h) => Some(h.snapshots),
         Err(e) => {
             tracing::warn!("cannot read the history of {}: {e}", d.path().display());
-            return;
+            None
         }
-    };
+    }
+}
+
+/// [`show_durable_snapshots`] of `snapshots`, read from `d`'s `HISTORY`.
+fn show_snapshots(d: &DurableFs, sw: &Swapper, staged: bool, snapshots: Vec<SnapshotEntry>) {
+    let list = snapshots
+        .into_iter()
+        .map(|s| memfs_fuse::snapdir::DurableSnapshot {
+            name: s.name.into_bytes(),
+            commit: s.commit,
+        })
+        .collect();
     let m = d.materializer();
     let build: memfs_fuse::snapdir::BuildTree =
         Arc::new(move |commit| m.materialize(commit).map_err(|e| e.to_string()));
@@ -645,15 +659,9 @@ pub fn show_durable_snapshots(d: &DurableFs, sw: &Swapper, staged: bool) {
 /// snapshot taken live. The usual case: a snapshot, then an unmount, or an
 /// online rollback to a snapshot. Call it only where no request can have
 /// changed the tree since recovery: before the mount, or inside the swap
-/// of an online rollback.
-pub fn share_recovered_snapshots(d: &DurableFs) {
-    let snapshots = match d.history() {
-        Ok(h) => h.snapshots,
-        Err(e) => {
-            tracing::warn!("cannot read the history of {}: {e}", d.path().display());
-            return;
-        }
-    };
+/// of an online rollback. `snapshots`: those of `d`'s `HISTORY`
+/// ([`durable_snapshots`]).
+pub fn share_recovered_snapshots(d: &DurableFs, snapshots: &[SnapshotEntry]) {
     let last = d.last_commit();
     for s in snapshots.iter().filter(|s| s.commit == last) {
         match d.fs().snapshot_create(s.name.as_bytes()) {

@@ -656,7 +656,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
             let (d, report) = open_taking_over(dir, settings.config, opts)
                 .with_context(|| format!("cannot open data directory {}", dir.display()))?;
             // Before the mount: nothing can change the tree yet.
-            crate::control::share_recovered_snapshots(&d);
+            if let Some(snapshots) = crate::control::durable_snapshots(&d) {
+                crate::control::share_recovered_snapshots(&d, &snapshots);
+            }
             let fs = d.fs().clone();
             (
                 fs,
