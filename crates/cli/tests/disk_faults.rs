@@ -124,10 +124,9 @@ fn start(data: &Path, log: &Path) -> Mount {
 
 /// [`start`] with `env` added to the server's environment.
 fn start_env(data: &Path, log: &Path, env: &[(&str, &str)]) -> Mount {
-    let err = File::options().create(true).append(true).open(log).unwrap();
-    Mount::spawn_env(
+    Mount::spawn_logged(
         &["--data-dir", data.to_str().unwrap(), "--durability", "sync"],
-        Stdio::from(err),
+        log,
         env,
     )
 }

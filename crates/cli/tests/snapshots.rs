@@ -962,15 +962,7 @@ fn a_snapshot_of_the_recovered_commit_is_shared_not_rebuilt() {
 
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("memfs.log");
-    let start = || {
-        let err = fs::File::options()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        Mount::spawn_env(&args, err.into(), &[("MEMFS_LOG", "info")])
-    };
-    let m = start();
+    let m = Mount::spawn_logged(&args, &log, &[("MEMFS_LOG", "info")]);
     // Live changes (new pages over shared ones included) reach no view.
     fs::write(m.p("d/a"), b"newer").unwrap();
     let mut f = fs::OpenOptions::new().write(true).open(m.p("big")).unwrap();

@@ -67,6 +67,18 @@ impl Mount {
         Mount::spawn_env(args, stderr, &[])
     }
 
+    /// Like [`Mount::spawn_env`], with the server's standard error appended
+    /// to the file `log` (created if need be), so that one log spans a
+    /// test's restarts.
+    pub fn spawn_logged(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Mount {
+        let err = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+        Mount::spawn_env(args, Stdio::from(err), env)
+    }
+
     /// Like [`Mount::spawn`], with `env` added to the server's environment
     /// (e.g. `MEMFS_LOG` for debug messages that a test looks for).
     pub fn spawn_env(args: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Mount {
