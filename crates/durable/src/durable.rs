@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use memfs_journal::recovery::{self, RecoveryReport};
 use memfs_journal::snapshot::{list_snapshots, snapshot_file_name};
 use memfs_journal::{
-    DataDir, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef, SnapshotWriter,
+    DataDir, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef, SnapshotWriter, Token,
 };
 use parking_lot::{Condvar, Mutex};
 
@@ -439,11 +439,15 @@ impl History {
 }
 
 thread_local! {
-    /// The last commit this thread recorded and has not waited for yet.
-    static PENDING: Cell<u64> = const { Cell::new(0) };
+    /// The last commit this thread recorded and has not waited for yet,
+    /// with the journal that appended it: the engine's recorder interface
+    /// passes no value from `record` to `settle`, and the two may reach
+    /// different file systems when an online rollback swaps the tree
+    /// between them (docs/durability.md, "Settling").
+    static PENDING: Cell<Option<Token>> = const { Cell::new(None) };
     /// Journal space this thread reserved for the operation it is running
-    /// (with the journal it belongs to), not yet used by a commit.
-    static RESERVED: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+    /// (with the id of the journal it belongs to), not yet used by a commit.
+    static RESERVED: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 struct Shared {
@@ -536,16 +540,13 @@ impl JournalRecorder {
     /// using the bytes `admit` reserved.
     fn append(
         &self,
-        encode: impl FnOnce(
-            &mut Vec<u8>,
-            &Journal,
-            u64,
-        ) -> memfs_journal::Result<memfs_journal::CommitId>,
+        encode: impl FnOnce(&mut Vec<u8>, &Journal, u64) -> memfs_journal::Result<Token>,
     ) -> std::result::Result<u64, Errno> {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(Errno(libc::EROFS));
         }
-        let key = Arc::as_ptr(&self.shared) as usize;
+
+        let key = self.shared.journal.id().get();
         let reserved = RESERVED.with(|r| {
             let (k, n) = r.get();
             if k == key {
@@ -563,9 +564,15 @@ impl JournalRecorder {
             buf.clear();
             encode(&mut buf, &self.shared.journal, reserved)
         });
-        let id = r.map_err(|e| self.fail("append", e))?;
-        PENDING.with(|p| p.set(id));
-        Ok(id)
+        let token = r.map_err(|e| self.fail("append", e))?;
+        // An operation that records several commits settles the last,
+        // which covers the earlier ones only if ids grow within a journal.
+        let earlier = PENDING.with(|p| p.replace(Some(token)));
+        debug_assert!(
+            earlier.is_none_or(|e| e.journal() != token.journal() || e.commit() < token.commit()),
+            "{earlier:?} then {token:?}"
+        );
+        Ok(token.commit())
     }
 
     fn fail(&self, what: &str, e: memfs_journal::Error) -> Errno {
@@ -575,7 +582,7 @@ impl JournalRecorder {
 
     /// Gives back what this thread reserved and no commit used.
     fn release_reserved(&self) {
-        let key = Arc::as_ptr(&self.shared) as usize;
+        let key = self.shared.journal.id().get();
         let (k, n) = RESERVED.with(|r| r.replace((0, 0)));
         if n > 0 && k == key {
             self.shared.journal.release(n);
@@ -594,7 +601,7 @@ impl Recorder for JournalRecorder {
         self.release_reserved();
         match self.shared.journal.reserve(bytes) {
             Ok(n) => {
-                RESERVED.with(|r| r.set((Arc::as_ptr(&self.shared) as usize, n)));
+                RESERVED.with(|r| r.set((self.shared.journal.id().get(), n)));
                 Ok(())
             }
             Err(memfs_journal::Error::NoSpace { source, .. }) => {
@@ -634,18 +641,30 @@ impl Recorder for JournalRecorder {
 
     fn settle(&self) -> std::result::Result<(), Errno> {
         self.release_reserved();
-        let id = PENDING.with(|p| p.replace(0));
-        if id == 0 {
+        let Some(token) = PENDING.with(|p| p.take()) else {
+            return Ok(());
+        };
+        if token.journal() != self.shared.journal.id() {
+            // Recorded in a journal an online rollback has replaced since:
+            // the rollback synced that journal before it swapped, so the
+            // commit is durable there, and then either kept (at or before
+            // the target) or undone with everything after the target, as
+            // any write just before a rollback. Nothing is left to wait
+            // for; the operation succeeded as it ran.
+            tracing::debug!(
+                commit = token.commit(),
+                "settled a commit of a journal that was rolled back and replaced"
+            );
             return Ok(());
         }
         self.shared
             .journal
-            .complete(id)
+            .complete(token)
             .map_err(|e| self.fail("write", e))
     }
 
     fn sync(&self) -> std::result::Result<(), Errno> {
-        PENDING.with(|p| p.set(0));
+        PENDING.with(|p| p.set(None));
         if self.shared.opts.durability == Durability::None {
             return Ok(());
         }

@@ -65,10 +65,25 @@ pub fn frame_crc(payload_crc: u32, header16: &[u8]) -> u32 {
     crc32c::crc32c_append(payload_crc, header16)
 }
 
-pub fn encode_frame_header(id: u64, payload: &[u8], payload_crc: u32) -> [u8; FRAME_HEADER_LEN] {
+/// The header of frame `id` whose payload is `payload_len` bytes with
+/// checksum `payload_crc` (of the payload alone, see [`frame_crc`]): the one
+/// place the frame layout is written (the writer appends with it, the tests
+/// decode it back with [`decode_frame`]).
+pub fn encode_frame_header(
+    id: u64,
+    payload_len: usize,
+    payload_crc: u32,
+) -> [u8; FRAME_HEADER_LEN] {
+    // The writer refuses larger payloads before it takes an id; a header
+    // whose length field wrapped would be read back as a different frame.
+    assert!(
+        payload_len <= MAX_PAYLOAD,
+        "frame payload of {payload_len} bytes"
+    );
+    assert!(id > 0, "commit ids start at 1");
     let mut h = [0u8; FRAME_HEADER_LEN];
     h[0..4].copy_from_slice(&FRAME_MAGIC);
-    h[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    h[4..8].copy_from_slice(&(payload_len as u32).to_le_bytes());
     h[8..16].copy_from_slice(&id.to_le_bytes());
     let crc = frame_crc(payload_crc, &h[0..16]);
     h[16..20].copy_from_slice(&crc.to_le_bytes());
@@ -179,7 +194,7 @@ mod tests {
     #[test]
     fn frame_round_trip_and_damage() {
         let payload = b"hello journal";
-        let h = encode_frame_header(7, payload, crc32c::crc32c(payload));
+        let h = encode_frame_header(7, payload.len(), crc32c::crc32c(payload));
         let mut buf = h.to_vec();
         buf.extend_from_slice(payload);
         match decode_frame(&buf) {

@@ -38,7 +38,7 @@ pub use recovery::{Damage, RecoveryReport, RepairReport, VerifyReport};
 pub use sim::{RecoverMode, SimStorage, SplitMix64};
 pub use snapshot::{SealedSnapshot, SnapshotReader, SnapshotWriter};
 pub use storage::{OpenMode, RealStorage, Storage, StorageFile};
-pub use writer::{Journal, JournalOptions, JournalStats};
+pub use writer::{Journal, JournalId, JournalOptions, JournalStats, Token};
 
 use std::path::PathBuf;
 
@@ -79,6 +79,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A commit to wait for that this journal never appended (a token of
+    /// another journal, or an id past its last commit): a caller's bug,
+    /// answered instead of waited on for ever.
+    #[error("commit {commit} was never appended to this journal (its last commit is {last})")]
+    UnknownCommit { commit: CommitId, last: CommitId },
     #[error("replay callback rejected commit {commit}: {reason}")]
     Apply { commit: CommitId, reason: String },
 }

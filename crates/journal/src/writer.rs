@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,6 +35,46 @@ impl Default for JournalOptions {
             durability: Durability::Sync,
             segment_size: 64 << 20,
         }
+    }
+}
+
+/// Names one commit of one open journal: what [`Journal::append_reserved`]
+/// hands out and [`Journal::complete`] waits on. The split lets a committer
+/// append under its own locks and wait for the disk after dropping them;
+/// the token keeps the second half tied to the journal of the first, so a
+/// commit id can never be settled against a journal that did not append it
+/// (an online rollback replaces the journal between the two halves).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    journal: JournalId,
+    commit: CommitId,
+}
+
+impl Token {
+    pub fn journal(&self) -> JournalId {
+        self.journal
+    }
+
+    pub fn commit(&self) -> CommitId {
+        self.commit
+    }
+}
+
+/// Which open journal, unique for the life of the process (never reused,
+/// unlike an address): two opens of the same directory get different ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JournalId(u64);
+
+impl JournalId {
+    fn next() -> JournalId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        JournalId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The raw id, for a caller that keeps it in a plain integer (a
+    /// thread-local cell); never 0.
+    pub fn get(self) -> u64 {
+        self.0
     }
 }
 
@@ -116,6 +157,7 @@ struct State {
 }
 
 struct Inner {
+    id: JournalId,
     state: Mutex<State>,
     durable_cv: Condvar,
     space_cv: Condvar,
@@ -225,6 +267,7 @@ impl Journal {
             throttled: 0,
         };
         let inner = Arc::new(Inner {
+            id: JournalId::next(),
             state: Mutex::new(state),
             durable_cv: Condvar::new(),
             space_cv: Condvar::new(),
@@ -252,6 +295,11 @@ impl Journal {
         &self.inner.dir
     }
 
+    /// This open journal's id: the one its [`Token`]s carry.
+    pub fn id(&self) -> JournalId {
+        self.inner.id
+    }
+
     pub fn durability(&self) -> Durability {
         self.inner.opts.durability
     }
@@ -266,17 +314,17 @@ impl Journal {
     /// Like [`Journal::commit`] with the payload given as consecutive parts,
     /// which saves the caller a concatenation.
     pub fn commit_vectored(&self, parts: &[&[u8]]) -> Result<CommitId> {
-        let id = self.append_vectored(parts)?;
-        self.complete(id)?;
-        Ok(id)
+        let t = self.append_vectored(parts)?;
+        self.complete(t)?;
+        Ok(t.commit)
     }
 
     /// [`Journal::commit_vectored`] for a commit that reserved `reserved`
     /// bytes with [`Journal::reserve`].
     pub fn commit_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<CommitId> {
-        let id = self.append_reserved(parts, reserved)?;
-        self.complete(id)?;
-        Ok(id)
+        let t = self.append_reserved(parts, reserved)?;
+        self.complete(t)?;
+        Ok(t.commit)
     }
 
     /// The first half of a commit: takes the next id and queues the frame,
@@ -286,14 +334,14 @@ impl Journal {
     /// that concurrent committers share one fsync. Until `complete` (or a
     /// later flush) runs, the commit is not even written in `sync` and
     /// `relaxed` modes.
-    pub fn append_vectored(&self, parts: &[&[u8]]) -> Result<CommitId> {
+    pub fn append_vectored(&self, parts: &[&[u8]]) -> Result<Token> {
         self.append_reserved(parts, 0)
     }
 
     /// [`Journal::append_vectored`] for a commit that reserved `reserved`
     /// bytes with [`Journal::reserve`]: the reservation is used up by this
     /// append (in the same critical section, so the space stays counted).
-    pub fn append_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<CommitId> {
+    pub fn append_reserved(&self, parts: &[&[u8]], reserved: u64) -> Result<Token> {
         let len: usize = parts.iter().map(|p| p.len()).sum();
         if len > format::MAX_PAYLOAD {
             return Err(Error::Invalid(format!(
@@ -342,29 +390,36 @@ impl Journal {
             }
             g.pending.push_back(Chunk { new_segment, buf });
         }
-        let mut hdr16 = [0u8; 16];
-        hdr16[0..4].copy_from_slice(&format::FRAME_MAGIC);
-        hdr16[4..8].copy_from_slice(&(len as u32).to_le_bytes());
-        hdr16[8..16].copy_from_slice(&id.to_le_bytes());
-        let crc = format::frame_crc(pcrc, &hdr16);
+        let header = format::encode_frame_header(id, len, pcrc);
         let chunk = g.pending.back_mut().expect("pending chunk exists");
         chunk.buf.reserve(FRAME_HEADER_LEN + len);
-        chunk.buf.extend_from_slice(&hdr16);
-        chunk.buf.extend_from_slice(&crc.to_le_bytes());
+        chunk.buf.extend_from_slice(&header);
         for p in parts {
             chunk.buf.extend_from_slice(p);
         }
         g.pending_bytes += FRAME_HEADER_LEN + len;
         g.logical_seg_len += frame_len;
         if reserved > 0 {
+            // A reservation is used by the one append it was made for:
+            // more than is outstanding means a caller counted twice.
+            debug_assert!(
+                g.reserved >= reserved,
+                "append uses {reserved} reserved bytes, {} outstanding",
+                g.reserved
+            );
             g.reserved = g.reserved.saturating_sub(reserved);
             inner.space_cv.notify_all();
         }
+        // Ids are dense and increasing: recovery reads a gap as damage.
+        assert_eq!(id, g.last_appended + 1);
         g.last_appended = id;
         if mode.is_async() && (!g.gathering || g.last_appended - g.written >= group_size(mode)) {
             inner.work_cv.notify_one();
         }
-        Ok(id)
+        Ok(Token {
+            journal: inner.id,
+            commit: id,
+        })
     }
 
     /// Reserves journal space for a commit of up to `payload` bytes before
@@ -509,16 +564,36 @@ impl Journal {
     }
 
     /// The second half of a commit appended with [`Journal::append_vectored`]:
-    /// what the durability mode promises for commit `id` (`sync`: wait until
-    /// it is durable; `relaxed`: write, fsync when due; `none`: write once
-    /// enough is pending; async modes: nothing, the background writer has it).
-    pub fn complete(&self, id: CommitId) -> Result<()> {
+    /// what the durability mode promises for the token's commit (`sync`:
+    /// wait until it is durable; `relaxed`: write, fsync when due; `none`:
+    /// write once enough is pending; async modes: nothing, the background
+    /// writer has it). A token this journal did not hand out is an error
+    /// ([`Error::UnknownCommit`]; an assertion in debug builds), never a
+    /// wait: a commit that was never appended would never become durable.
+    pub fn complete(&self, token: Token) -> Result<()> {
         let inner = &*self.inner;
         let mode = inner.opts.durability;
+        let id = token.commit;
+        if token.journal != inner.id {
+            debug_assert!(false, "{token:?} settled on journal {:?}", inner.id);
+            return Err(Error::UnknownCommit {
+                commit: id,
+                last: self.last_commit(),
+            });
+        }
         if mode.is_async() {
             return Ok(());
         }
         let mut g = inner.state.lock();
+        // Tokens are only made by `append_reserved` of this journal, which
+        // never takes an id back: anything else is a bug in this file.
+        if id == 0 || id > g.last_appended {
+            debug_assert!(false, "{token:?} past the last commit {}", g.last_appended);
+            return Err(Error::UnknownCommit {
+                commit: id,
+                last: g.last_appended,
+            });
+        }
         if matches!(mode, Durability::None | Durability::Relaxed { .. }) {
             while g.error.is_none() && g.flushing && g.pending_bytes >= MAX_QUEUED_BYTES {
                 wait_for_space(inner, &mut g);
@@ -705,7 +780,24 @@ fn wait_for_space(inner: &Inner, g: &mut MutexGuard<'_, State>) {
     g.throttled -= 1;
 }
 
+/// Waits until commit `id` is durable. Ends because every round either
+/// returns, or runs a flush (which writes everything appended, so `durable`
+/// reaches `last_appended >= id` or `error` is set), or waits for the
+/// flusher, which clears `flushing` and notifies `durable_cv` on every path
+/// of [`flush`]. The disk's own time (a hung fsync) is the one thing it
+/// cannot bound. An id past the last commit would make it spin: refused.
 fn wait_durable_locked(inner: &Inner, g: &mut MutexGuard<'_, State>, id: u64) -> Result<()> {
+    if id > g.last_appended {
+        debug_assert!(
+            false,
+            "commit {id} waited for, {} appended",
+            g.last_appended
+        );
+        return Err(Error::UnknownCommit {
+            commit: id,
+            last: g.last_appended,
+        });
+    }
     loop {
         if let Some(e) = &g.error {
             return Err(Error::Failed(e.clone()));
@@ -715,6 +807,8 @@ fn wait_durable_locked(inner: &Inner, g: &mut MutexGuard<'_, State>, id: u64) ->
         }
         if !g.flushing {
             flush(inner, g, true)?;
+            // A flush writes and syncs all that was appended, `id` with it.
+            debug_assert!(g.error.is_some() || g.durable >= id);
             continue;
         }
         inner.durable_cv.wait(g);

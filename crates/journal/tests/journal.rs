@@ -383,3 +383,97 @@ fn a_slow_flush_bounds_the_queue_in_none_and_relaxed_modes() {
         assert_eq!(j.sync().unwrap(), 201, "{mode}");
     }
 }
+
+/// Every durability mode, as the mount options name them.
+fn every_mode() -> Vec<Durability> {
+    [
+        "sync",
+        "async",
+        "async=4",
+        "relaxed=8",
+        "async-relaxed=8",
+        "none",
+    ]
+    .iter()
+    .map(|m| m.parse().unwrap())
+    .collect()
+}
+
+/// Settles `token` on `j` on a thread of its own, failing the test (not
+/// hanging it) if that takes longer than a bound far beyond any fsync.
+fn complete_within(
+    j: &Arc<Journal>,
+    token: memfs_journal::Token,
+) -> std::thread::Result<memfs_journal::Result<()>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let j = j.clone();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.complete(token)));
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("complete() of a token did not return within 10 s")
+}
+
+#[test]
+fn a_token_names_its_journal_and_commit() {
+    for mode in every_mode() {
+        let t = tempfile::tempdir().unwrap();
+        let dd = DataDir::open(t.path(), true).unwrap();
+        let (j, _) = Journal::open(&dd, opts(mode, 1 << 20), 0, &mut |_, _| Ok(())).unwrap();
+        let a = j.append_vectored(&[b"one"]).unwrap();
+        let b = j.append_vectored(&[b"two"]).unwrap();
+        assert_eq!((a.commit(), b.commit()), (1, 2), "{mode:?}");
+        assert_eq!(a.journal(), j.id());
+        assert_eq!(b.journal(), j.id());
+        j.complete(a).unwrap();
+        j.complete(b).unwrap();
+        j.sync().unwrap();
+        assert_eq!(
+            j.durable_commit(),
+            2,
+            "{mode:?}: sync() makes every commit durable"
+        );
+        j.close().unwrap();
+    }
+}
+
+/// The wedge of an online rollback under load: a commit id taken from one
+/// journal and settled on the journal that replaced it, past that one's
+/// last commit. It must be answered (an error; an assertion in debug
+/// builds), never waited for, in every mode.
+#[test]
+fn a_token_of_another_journal_is_an_error_not_a_wait() {
+    for mode in every_mode() {
+        let (t1, t2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (d1, d2) = (
+            DataDir::open(t1.path(), true).unwrap(),
+            DataDir::open(t2.path(), true).unwrap(),
+        );
+        let (old, _) = Journal::open(&d1, opts(mode, 1 << 20), 0, &mut |_, _| Ok(())).unwrap();
+        let (new, _) = Journal::open(&d2, opts(mode, 1 << 20), 0, &mut |_, _| Ok(())).unwrap();
+        let old = Arc::new(old);
+        let new = Arc::new(new);
+        for i in 0..5 {
+            old.commit(&payload(i)).unwrap();
+        }
+        let token = old.append_vectored(&[b"late"]).unwrap();
+        assert_ne!(old.id(), new.id());
+        let r = complete_within(&new, token);
+        // Debug builds assert: a foreign token is a bug of the caller.
+        let asserted = cfg!(debug_assertions);
+        match r {
+            Err(_) if asserted => {}
+            Ok(Err(Error::UnknownCommit { commit: 6, last: 0 })) if !asserted => {}
+            Err(_) => panic!("{mode:?}: panicked in a release build"),
+            Ok(other) => panic!("{mode:?}: {other:?} (debug assertions: {asserted})"),
+        }
+        // The journal that took it settles it as usual, and neither broke.
+        complete_within(&old, token).unwrap().unwrap();
+        assert_eq!(new.commit(b"first").unwrap(), 1, "{mode:?}");
+        assert_eq!(new.stats().failed, None);
+        for j in [old, new] {
+            Arc::into_inner(j).unwrap().close().unwrap();
+        }
+    }
+}

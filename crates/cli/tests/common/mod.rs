@@ -203,10 +203,7 @@ impl Mount {
     /// The FUSE connection's number (the minor of the mount's device), read
     /// from mountinfo: no request to the server, which may be stuck.
     pub fn connection(&self) -> Option<u32> {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let want = self.dir.path().to_string_lossy().into_owned();
-        let line = info.lines().find(|l| l.split(' ').nth(4) == Some(&*want))?;
-        line.split(' ').nth(2)?.split(':').nth(1)?.parse().ok()
+        fuse_connection(self.dir.path())
     }
 
     /// Aborts the FUSE connection (fusectl, mounted if needed; root only)
@@ -221,19 +218,7 @@ impl Mount {
 
     /// Aborts the FUSE connection only (fusectl, mounted if needed).
     fn abort_connection(&self) {
-        let ctl = Path::new("/sys/fs/fuse/connections");
-        if let Some(conn) = self.connection() {
-            if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
-                let _ = nix::mount::mount(
-                    Some("fusectl"),
-                    ctl,
-                    Some("fusectl"),
-                    nix::mount::MsFlags::empty(),
-                    None::<&str>,
-                );
-            }
-            let _ = std::fs::write(ctl.join(conn.to_string()).join("abort"), "1");
-        }
+        abort_fuse_connection(self.dir.path());
     }
 
     /// Unmounts and checks that the server exits by itself, cleanly.
@@ -534,4 +519,231 @@ pub fn await_in_fcntl(tid: i32) {
         std::fs::read_to_string(format!("/proc/self/task/{tid}/syscall"))
             .is_ok_and(|s| s.split(' ').next() == Some("72"))
     });
+}
+
+/// Names a hang instead of letting it stall CI: every call a test wants
+/// bounded runs between [`Watchdog::begin`] and [`Watchdog::end`] (or
+/// through [`Watchdog::call`]), and a call that has run longer than the
+/// bound aborts the mount's FUSE connection through fusectl. Every request
+/// in flight then fails with ENOTCONN, so whatever waited on the mount
+/// (the test's own threads, its child processes, the kernel) returns, and
+/// the test fails with the name of the call that hung ([`Watchdog::check`]).
+/// The server is SIGKILLed after the abort: a thread of it that spins or
+/// waits in user space (the hang itself, often) would keep it alive, and
+/// with it every call that waits for its answer on the control socket.
+/// The thread waits on a condition variable with the nearest deadline as
+/// its timeout: it wakes when a call begins or ends, or when one is due.
+pub struct Watchdog {
+    shared: std::sync::Arc<WatchShared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct WatchShared {
+    state: std::sync::Mutex<WatchState>,
+    cv: std::sync::Condvar,
+    bound: Duration,
+    mount_dir: PathBuf,
+    server: u32,
+}
+
+#[derive(Default)]
+struct WatchState {
+    calls: std::collections::HashMap<String, (String, Instant)>,
+    fired: Option<String>,
+    stop: bool,
+}
+
+impl Watchdog {
+    /// Watches calls on `m`, each of which must end within `bound`.
+    pub fn new(m: &Mount, bound: Duration) -> Watchdog {
+        let shared = std::sync::Arc::new(WatchShared {
+            state: std::sync::Mutex::new(WatchState::default()),
+            cv: std::sync::Condvar::new(),
+            bound,
+            mount_dir: m.dir.path().to_path_buf(),
+            server: m.pid(),
+        });
+        let sh = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("watchdog".into())
+            .spawn(move || watch(&sh))
+            .expect("start the watchdog thread");
+        Watchdog {
+            shared,
+            thread: Some(thread),
+        }
+    }
+
+    /// `who` (one caller: a thread, a child process) starts `what`.
+    pub fn begin(&self, who: &str, what: &str) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.calls
+            .insert(who.to_string(), (what.to_string(), Instant::now()));
+        self.shared.cv.notify_all();
+    }
+
+    /// `who`'s call ended.
+    pub fn end(&self, who: &str) {
+        let mut st = self.shared.state.lock().unwrap();
+        st.calls.remove(who);
+        self.shared.cv.notify_all();
+    }
+
+    /// Runs `f` as `who`'s call `what`.
+    /// A call that fails because the watchdog aborted the mount under it
+    /// fails the test with the hang's name, not with its own error.
+    pub fn call<T>(&self, who: &str, what: &str, f: impl FnOnce() -> T) -> T {
+        self.begin(who, what);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        self.end(who);
+        match r {
+            Ok(v) => v,
+            Err(p) => {
+                self.check();
+                std::panic::resume_unwind(p)
+            }
+        }
+    }
+
+    /// The hang that fired, if any: `who: what` and how long it had run.
+    pub fn fired(&self) -> Option<String> {
+        self.shared.state.lock().unwrap().fired.clone()
+    }
+
+    /// Fails the test if a call hung.
+    pub fn check(&self) {
+        if let Some(h) = self.fired() {
+            panic!("hang: {h}");
+        }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.shared.state.lock().unwrap().stop = true;
+        self.shared.cv.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn watch(sh: &WatchShared) {
+    let mut st = sh.state.lock().unwrap();
+    loop {
+        if st.stop || st.fired.is_some() {
+            return;
+        }
+        let now = Instant::now();
+        let late = st
+            .calls
+            .iter()
+            .filter(|(_, (_, t0))| now.duration_since(*t0) >= sh.bound)
+            .map(|(who, (what, t0))| format!("{who}: {what} ran for {:?}", now.duration_since(*t0)))
+            .next();
+        if let Some(h) = late {
+            eprintln!(
+                "watchdog: {h}: aborting the FUSE connection of {} and killing its server",
+                sh.mount_dir.display()
+            );
+            report_threads(sh.server);
+            report_blocked_tasks();
+            st.fired = Some(h);
+            drop(st);
+            abort_fuse_connection(&sh.mount_dir);
+            if sh.server != 0 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(sh.server as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            return;
+        }
+        let next = st
+            .calls
+            .values()
+            .map(|(_, t0)| (*t0 + sh.bound).saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::from_secs(3600));
+        st = sh.cv.wait_timeout(st, next).unwrap().0;
+    }
+}
+
+/// Each thread of process `pid`: name, state and where it waits in the
+/// kernel (a thread that spins shows as R).
+pub fn report_threads(pid: u32) {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return;
+    };
+    for t in tasks.flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let stat = fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let state = stat.rsplit(") ").next().and_then(|r| r.split(' ').next());
+        let wchan = fs::read_to_string(t.path().join("wchan")).unwrap_or_default();
+        eprintln!(
+            "  server thread {} {}: {} {}",
+            t.file_name().to_string_lossy(),
+            comm.trim(),
+            state.unwrap_or("?"),
+            wchan
+        );
+    }
+}
+
+/// What a hang looks like from outside: every task in state D with its
+/// kernel stack, so that the failure says where it was stuck.
+pub fn report_blocked_tasks() {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Ok(tasks) = fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            if !status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains("D ("))
+            {
+                continue;
+            }
+            let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            let stack = fs::read_to_string(t.path().join("stack")).unwrap_or_default();
+            eprintln!(
+                "  blocked: {} task {} ({}):\n{}",
+                p.file_name().to_string_lossy(),
+                t.file_name().to_string_lossy(),
+                comm.trim(),
+                stack.lines().take(12).collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+/// The FUSE connection number of the mount at `dir` (the minor of its
+/// device), read from mountinfo: no request to the server, which may hang.
+pub fn fuse_connection(dir: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = dir.to_string_lossy().into_owned();
+    let line = info.lines().find(|l| l.split(' ').nth(4) == Some(&*want))?;
+    line.split(' ').nth(2)?.split(':').nth(1)?.parse().ok()
+}
+
+/// Aborts the FUSE connection of the mount at `dir` (fusectl, mounted if
+/// needed; root only): every request in flight fails with ENOTCONN.
+pub fn abort_fuse_connection(dir: &Path) {
+    let ctl = Path::new("/sys/fs/fuse/connections");
+    if let Some(conn) = fuse_connection(dir) {
+        if std::fs::read_dir(ctl).is_ok_and(|mut d| d.next().is_none()) {
+            let _ = nix::mount::mount(
+                Some("fusectl"),
+                ctl,
+                Some("fusectl"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            );
+        }
+        let _ = std::fs::write(ctl.join(conn.to_string()).join("abort"), "1");
+    }
 }
