@@ -407,12 +407,16 @@ fn complete_within(
 ) -> std::thread::Result<memfs_journal::Result<()>> {
     let (tx, rx) = std::sync::mpsc::channel();
     let j = j.clone();
-    std::thread::spawn(move || {
+    let t = std::thread::spawn(move || {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| j.complete(token)));
         let _ = tx.send(r);
     });
-    rx.recv_timeout(Duration::from_secs(10))
-        .expect("complete() of a token did not return within 10 s")
+    let r = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("complete() of a token did not return within 10 s");
+    // It has sent: the join is immediate, and lets go of its journal.
+    t.join().unwrap();
+    r
 }
 
 #[test]
