@@ -31,6 +31,7 @@ use crate::acl::{self, Acl};
 use crate::data::{FileData, Spare};
 use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
+use crate::invariant::uncount;
 use crate::locks::{Family, LockCallback, LockTable, RangeLock};
 use crate::mutation::{Mutation, Recorder};
 use crate::types::*;
@@ -351,7 +352,7 @@ impl Fs {
 
     fn release_pages(&self, n: u64) {
         if n > 0 {
-            self.used_pages.fetch_sub(n, Ordering::AcqRel);
+            uncount(&self.used_pages, n, "pages");
         }
     }
 
@@ -416,7 +417,7 @@ impl Fs {
             .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
         self.linkable.remove(&inode.ino);
         self.release_pages(pages);
-        self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+        uncount(&self.used_inodes, 1, "inodes");
         // No commit: the node left the tree when its last name went (that
         // was recorded), nobody can reach it since, and recovery drops every
         // node without a name. Half the commits of an unlink-heavy load.
@@ -515,6 +516,9 @@ impl Fs {
             return;
         }
         if let Ok(inode) = self.get(ino) {
+            // Saturating on purpose, not an invariant: `n` is the kernel's
+            // count, and a tree rebuilt under a mount (rollback, lazy clone)
+            // starts every node at one reference whatever the kernel holds.
             let prev = inode
                 .nlookup
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -1112,7 +1116,7 @@ impl Fs {
             drop(st);
             self.core.inodes.remove(&ino);
             self.linkable.remove(&ino);
-            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            uncount(&self.used_inodes, 1, "inodes");
             return Err(e);
         }
         Ok(attr)
@@ -1370,14 +1374,14 @@ impl Fs {
         {
             Ok(v) => v,
             Err(e) => {
-                self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+                uncount(&self.used_inodes, 1, "inodes");
                 return Err(e);
             }
         };
         let src = pair.src();
         if src.dir().is_some_and(|d| d.get(name).is_some()) {
             // Two names of one node: the rename did nothing, so there is no hole.
-            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            uncount(&self.used_inodes, 1, "inodes");
             return Ok(victim);
         }
         let now = Timespec::now();
@@ -1653,6 +1657,9 @@ impl Fs {
     /// Closes one handle opened by [`Fs::open`] or [`Fs::create`].
     pub fn release(&self, ino: u64) {
         if let Ok(inode) = self.get(ino) {
+            // Saturating on purpose: a handle opened on the tree an online
+            // rollback replaced is closed on the new one, whose nodes start
+            // with no open count.
             let prev = inode
                 .nopen
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -1895,7 +1902,13 @@ impl Fs {
             // The bytes are the file's now: recorded from its pages below.
             WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
-        debug_assert!(allocated <= reserved);
+        // Cheap, and past it the subtraction below would wrap in release
+        // builds: a write that used more than it reserved went past the
+        // capacity unnoticed.
+        assert!(
+            allocated <= reserved,
+            "a write allocated {allocated} pages with {reserved} reserved"
+        );
         self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
         let now = Timespec::now();
@@ -2186,9 +2199,12 @@ impl Fs {
         let files_used = self.used_inodes.load(Ordering::Acquire);
         StatFs {
             blocks: self.max_pages,
+            // Usage may pass the capacity (a truncate that copies a shared
+            // page, a clone's copies: docs/snapshots.md): nothing is free then.
             bfree: self.max_pages.saturating_sub(used),
             bavail: self.max_pages.saturating_sub(used),
             files: self.config.max_inodes,
+            // A clone's copies may pass the limit too.
             ffree: self.config.max_inodes.saturating_sub(files_used),
             bsize: PAGE_SIZE as u32,
             namelen: NAME_MAX as u32,
