@@ -800,6 +800,7 @@ impl Fs {
             st.meta.nlink += 1;
         }
         st.touch_mc(now);
+        st.check_dir_links();
         self.log(|| Mutation::Create {
             parent: st.attr(parent, FileType::Directory),
             name,
@@ -1159,6 +1160,7 @@ impl Fs {
             .expect("checked")
             .insert(newname, ino, inode.kind);
         dst.touch_mc(now);
+        dst.check_dir_links();
         inode.nlookup.fetch_add(1, Ordering::AcqRel);
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::Link {
@@ -1215,13 +1217,14 @@ impl Fs {
                     return Err(Errno::ENOTEMPTY);
                 }
                 cst.meta.nlink = 0;
-                pst.meta.nlink -= 1;
+                pst.meta.drop_link();
             } else {
-                cst.meta.nlink -= 1;
+                cst.meta.drop_link();
             }
             cst.meta.ctime = now;
             pst.dir_mut().expect("checked").remove(name);
             pst.touch_mc(now);
+            pst.check_dir_links();
             self.log(|| Mutation::Remove {
                 parent: pst.attr(parent, FileType::Directory),
                 name,
@@ -1409,6 +1412,7 @@ impl Fs {
         self.core.inodes.insert(wino, inode);
         src.dir_mut().expect("dir").insert(name, wino, kind);
         src.touch_mc(now);
+        src.check_dir_links();
         self.log(|| Mutation::Create {
             parent: src.attr(parent, FileType::Directory),
             name,
@@ -1561,12 +1565,12 @@ impl Fs {
                 }
                 match (sdir, ddir) {
                     (true, false) => {
-                        pair.src().meta.nlink -= 1;
+                        pair.src().meta.drop_link();
                         pair.dst().meta.nlink += 1;
                     }
                     (false, true) => {
                         pair.src().meta.nlink += 1;
-                        pair.dst().meta.nlink -= 1;
+                        pair.dst().meta.drop_link();
                     }
                     _ => {}
                 }
@@ -1579,9 +1583,9 @@ impl Fs {
                 }
                 if sdir {
                     os.meta.nlink = 0;
-                    pair.dst().meta.nlink -= 1;
+                    pair.dst().meta.drop_link();
                 } else {
-                    os.meta.nlink -= 1;
+                    os.meta.drop_link();
                 }
                 os.meta.ctime = now;
             }
@@ -1603,7 +1607,7 @@ impl Fs {
                     d.parent = newparent;
                 }
                 if cross {
-                    pair.src().meta.nlink -= 1;
+                    pair.src().meta.drop_link();
                     pair.dst().meta.nlink += 1;
                 }
             }
@@ -1611,6 +1615,8 @@ impl Fs {
         ms.meta.ctime = now;
         pair.src().touch_mc(now);
         pair.dst().touch_mc(now);
+        pair.src().check_dir_links();
+        pair.dst().check_dir_links();
         self.log(|| Mutation::Rename {
             parent: pair.src().attr(parent, FileType::Directory),
             name,
