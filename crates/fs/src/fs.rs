@@ -597,6 +597,8 @@ impl Fs {
                     self.give_back(data.truncate(size));
                 }
                 meta.size = size;
+                #[cfg(debug_assertions)]
+                data.check(size, true);
             }
             meta.mtime = now;
             meta.ctime = now;
@@ -1917,6 +1919,8 @@ impl Fs {
         );
         self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
+        #[cfg(debug_assertions)]
+        file.check(meta.size, false);
         let now = Timespec::now();
         meta.mtime = now;
         meta.ctime = now;
@@ -2042,6 +2046,8 @@ impl Fs {
                 meta.size = meta.size.max(end);
             }
         }
+        #[cfg(debug_assertions)]
+        file.check(meta.size, mode.punch_hole || mode.zero_range);
         meta.mtime = now;
         meta.ctime = now;
         meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
