@@ -564,6 +564,19 @@ impl Fs {
         ino: u64,
         set: &SetAttr,
     ) -> Result<Attr> {
+        // utimensat's EINVAL. The FUSE adapter's times are always in range;
+        // a direct caller's need not be, and a journal record of such a time
+        // would not decode again (recovery would fail on it).
+        let explicit = [set.atime, set.mtime]
+            .into_iter()
+            .flatten()
+            .filter_map(|t| match t {
+                SetTime::At(t) => Some(t),
+                SetTime::Now => None,
+            });
+        if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
+            return Err(Errno::EINVAL);
+        }
         let _gate = self.enter();
         let inode = self.get(ino)?;
         // A chmod rewrites the access ACL too: its record is admitted with it.
