@@ -580,6 +580,51 @@ impl FileData {
         }
     }
 
+    /// Checks (debug builds) what a file of `size` bytes promises: no byte
+    /// at or beyond `size` other than zeros (a later growth, which allocates
+    /// nothing, would show them: docs/engine.md), and, with `count`, the
+    /// table's page count equal to the pages present, in no empty chunk.
+    /// Looks only at the pages from the one holding `size` on (the tail,
+    /// plus what a keep-size fallocate put there), and with `count` at every
+    /// chunk: so for the points where the size changes, not for each read.
+    #[cfg(debug_assertions)]
+    pub(crate) fn check(&self, size: u64, count: bool) {
+        let t = match self {
+            FileData::Empty => return,
+            FileData::Inline(v) => {
+                let from = (size as usize).min(v.len());
+                debug_assert!(
+                    v[from..].iter().all(|&b| b == 0),
+                    "inline bytes at or beyond the size {size} are not zeros"
+                );
+                return;
+            }
+            FileData::Pages(t) => t,
+        };
+        let first = size / PAGE;
+        for (ci, c) in t.range(first >> CHUNK_SHIFT, u64::MAX) {
+            for (si, slot) in c.read().iter().enumerate() {
+                let Some(slot) = slot else { continue };
+                let pstart = ((ci << CHUNK_SHIFT) + si as u64) * PAGE;
+                let from = size.saturating_sub(pstart).min(PAGE) as usize;
+                debug_assert!(
+                    slot.page()[from..].iter().all(|&b| b == 0),
+                    "page at {pstart} holds bytes beyond the size {size} other than zeros"
+                );
+            }
+        }
+        if count {
+            let mut present_n = 0;
+            for (ci, c) in t.range(0, u64::MAX) {
+                let n = present(&c.read(), 0, CHUNK_PAGES as usize);
+                debug_assert!(n > 0, "empty chunk {ci} kept in a page table");
+                present_n += n;
+            }
+            debug_assert_eq!(t.pages, present_n, "page count of a page table");
+            debug_assert!(t.pages > 0, "an empty page table instead of Empty");
+        }
+    }
+
     /// Whether the file is stored inline (for tests and figures).
     pub fn is_inline(&self) -> bool {
         matches!(self, FileData::Inline(_))
@@ -1376,6 +1421,38 @@ fn for_each_page(mut pos: u64, mut data: &[u8], mut f: impl FnMut(usize, usize, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(debug_assertions)]
+    #[test]
+    fn the_check_passes_zeros_beyond_the_size_and_counts() {
+        let mut d = FileData::default();
+        d.write(3 * PAGE + 10, b"x");
+        d.allocate(9 * PAGE, PAGE);
+        d.check(3 * PAGE + 11, true);
+        d.truncate(3 * PAGE + 10);
+        d.check(3 * PAGE + 10, true);
+        let mut small = FileData::default();
+        small.write(0, b"abc");
+        small.check(3, true);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "beyond the size")]
+    fn the_check_finds_a_byte_beyond_the_size() {
+        let mut d = FileData::default();
+        d.write(3 * PAGE + 10, b"x");
+        d.check(3 * PAGE + 10, false);
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "beyond the size")]
+    fn the_check_finds_an_inline_byte_beyond_the_size() {
+        let mut d = FileData::default();
+        d.write(0, b"abc");
+        d.check(2, false);
+    }
 
     #[test]
     fn holes_read_as_zero_and_writes_allocate_pages() {

@@ -223,6 +223,11 @@ pub(crate) struct Dir {
     free: Vec<u32>,
     /// Inode number of `..`.
     pub parent: u64,
+    /// Entries naming directories: only to check the directory's link count
+    /// (2 + subdirectories), which debug builds alone do; release builds
+    /// would pay the field in every directory for nothing.
+    #[cfg(debug_assertions)]
+    subdirs: u32,
 }
 
 /// First readdir offset that refers to a slot: 1 and 2 follow `.` and `..`.
@@ -242,6 +247,24 @@ impl Dir {
 
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
+    }
+
+    /// Entries naming directories (debug builds only: see `subdirs`).
+    #[cfg(debug_assertions)]
+    pub fn subdirs(&self) -> u32 {
+        self.subdirs
+    }
+
+    #[cfg(debug_assertions)]
+    fn count_kind(&mut self, kind: FileType, add: bool) {
+        if kind == FileType::Directory {
+            if add {
+                self.subdirs += 1;
+            } else {
+                debug_assert!(self.subdirs > 0, "a directory entry removed twice");
+                self.subdirs -= 1;
+            }
+        }
     }
 
     fn find(&self, name: &[u8]) -> Option<u32> {
@@ -278,6 +301,8 @@ impl Dir {
         let slots = &self.slots;
         self.index
             .insert_unique(hash(name), idx, |&i| hash(slots.get(i as usize).name()));
+        #[cfg(debug_assertions)]
+        self.count_kind(kind, true);
     }
 
     /// Removes an entry, returning its inode and type.
@@ -289,6 +314,8 @@ impl Dir {
             .ok()?;
         let (idx, _) = entry.remove();
         let slot = std::mem::replace(self.slots.get_mut(idx as usize), Slot::FREE);
+        #[cfg(debug_assertions)]
+        self.count_kind(slot.kind(), false);
         if self.index.is_empty() {
             // Nothing left to keep stable: give the memory back.
             self.slots = Slots::default();
@@ -306,8 +333,15 @@ impl Dir {
     pub fn replace(&mut self, name: &[u8], ino: u64, kind: FileType) {
         if let Some(i) = self.find(name) {
             let s = self.slots.get_mut(i as usize);
+            #[cfg(debug_assertions)]
+            let old = s.kind();
             s.ino = ino;
             s.set_kind(kind);
+            #[cfg(debug_assertions)]
+            {
+                self.count_kind(old, false);
+                self.count_kind(kind, true);
+            }
         }
     }
 
@@ -347,6 +381,25 @@ mod tests {
             true
         });
         v
+    }
+
+    #[cfg(debug_assertions)]
+    #[test]
+    fn subdirectories_are_counted_through_every_change() {
+        let mut d = Dir::new(1);
+        d.insert(b"a", 2, FileType::Directory);
+        d.insert(b"f", 3, FileType::RegularFile);
+        d.upsert(b"b", 4, FileType::Directory);
+        assert_eq!(d.subdirs(), 2);
+        d.replace(b"a", 3, FileType::RegularFile);
+        d.replace(b"f", 5, FileType::Directory);
+        assert_eq!(d.subdirs(), 2);
+        d.remove(b"b");
+        d.remove(b"nothing");
+        assert_eq!(d.subdirs(), 1);
+        d.remove(b"f");
+        d.remove(b"a");
+        assert_eq!((d.subdirs(), d.is_empty()), (0, true));
     }
 
     #[test]

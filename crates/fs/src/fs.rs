@@ -31,6 +31,7 @@ use crate::acl::{self, Acl};
 use crate::data::{FileData, Spare};
 use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
+use crate::invariant::uncount;
 use crate::locks::{Family, LockCallback, LockTable, RangeLock};
 use crate::mutation::{Mutation, Recorder};
 use crate::types::*;
@@ -351,7 +352,7 @@ impl Fs {
 
     fn release_pages(&self, n: u64) {
         if n > 0 {
-            self.used_pages.fetch_sub(n, Ordering::AcqRel);
+            uncount(&self.used_pages, n, "pages");
         }
     }
 
@@ -416,7 +417,7 @@ impl Fs {
             .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
         self.linkable.remove(&inode.ino);
         self.release_pages(pages);
-        self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+        uncount(&self.used_inodes, 1, "inodes");
         // No commit: the node left the tree when its last name went (that
         // was recorded), nobody can reach it since, and recovery drops every
         // node without a name. Half the commits of an unlink-heavy load.
@@ -515,6 +516,9 @@ impl Fs {
             return;
         }
         if let Ok(inode) = self.get(ino) {
+            // Saturating on purpose, not an invariant: `n` is the kernel's
+            // count, and a tree rebuilt under a mount (rollback, lazy clone)
+            // starts every node at one reference whatever the kernel holds.
             let prev = inode
                 .nlookup
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -560,6 +564,19 @@ impl Fs {
         ino: u64,
         set: &SetAttr,
     ) -> Result<Attr> {
+        // utimensat's EINVAL. The FUSE adapter's times are always in range;
+        // a direct caller's need not be, and a journal record of such a time
+        // would not decode again (recovery would fail on it).
+        let explicit = [set.atime, set.mtime]
+            .into_iter()
+            .flatten()
+            .filter_map(|t| match t {
+                SetTime::At(t) => Some(t),
+                SetTime::Now => None,
+            });
+        if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
+            return Err(Errno::EINVAL);
+        }
         let _gate = self.enter();
         let inode = self.get(ino)?;
         // A chmod rewrites the access ACL too: its record is admitted with it.
@@ -593,6 +610,8 @@ impl Fs {
                     self.give_back(data.truncate(size));
                 }
                 meta.size = size;
+                #[cfg(debug_assertions)]
+                data.check(size, true);
             }
             meta.mtime = now;
             meta.ctime = now;
@@ -796,6 +815,7 @@ impl Fs {
             st.meta.nlink += 1;
         }
         st.touch_mc(now);
+        st.check_dir_links();
         self.log(|| Mutation::Create {
             parent: st.attr(parent, FileType::Directory),
             name,
@@ -1112,7 +1132,7 @@ impl Fs {
             drop(st);
             self.core.inodes.remove(&ino);
             self.linkable.remove(&ino);
-            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            uncount(&self.used_inodes, 1, "inodes");
             return Err(e);
         }
         Ok(attr)
@@ -1155,6 +1175,7 @@ impl Fs {
             .expect("checked")
             .insert(newname, ino, inode.kind);
         dst.touch_mc(now);
+        dst.check_dir_links();
         inode.nlookup.fetch_add(1, Ordering::AcqRel);
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::Link {
@@ -1211,13 +1232,14 @@ impl Fs {
                     return Err(Errno::ENOTEMPTY);
                 }
                 cst.meta.nlink = 0;
-                pst.meta.nlink -= 1;
+                pst.meta.drop_link();
             } else {
-                cst.meta.nlink -= 1;
+                cst.meta.drop_link();
             }
             cst.meta.ctime = now;
             pst.dir_mut().expect("checked").remove(name);
             pst.touch_mc(now);
+            pst.check_dir_links();
             self.log(|| Mutation::Remove {
                 parent: pst.attr(parent, FileType::Directory),
                 name,
@@ -1370,14 +1392,14 @@ impl Fs {
         {
             Ok(v) => v,
             Err(e) => {
-                self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+                uncount(&self.used_inodes, 1, "inodes");
                 return Err(e);
             }
         };
         let src = pair.src();
         if src.dir().is_some_and(|d| d.get(name).is_some()) {
             // Two names of one node: the rename did nothing, so there is no hole.
-            self.used_inodes.fetch_sub(1, Ordering::AcqRel);
+            uncount(&self.used_inodes, 1, "inodes");
             return Ok(victim);
         }
         let now = Timespec::now();
@@ -1405,6 +1427,7 @@ impl Fs {
         self.core.inodes.insert(wino, inode);
         src.dir_mut().expect("dir").insert(name, wino, kind);
         src.touch_mc(now);
+        src.check_dir_links();
         self.log(|| Mutation::Create {
             parent: src.attr(parent, FileType::Directory),
             name,
@@ -1557,12 +1580,12 @@ impl Fs {
                 }
                 match (sdir, ddir) {
                     (true, false) => {
-                        pair.src().meta.nlink -= 1;
+                        pair.src().meta.drop_link();
                         pair.dst().meta.nlink += 1;
                     }
                     (false, true) => {
                         pair.src().meta.nlink += 1;
-                        pair.dst().meta.nlink -= 1;
+                        pair.dst().meta.drop_link();
                     }
                     _ => {}
                 }
@@ -1575,9 +1598,9 @@ impl Fs {
                 }
                 if sdir {
                     os.meta.nlink = 0;
-                    pair.dst().meta.nlink -= 1;
+                    pair.dst().meta.drop_link();
                 } else {
-                    os.meta.nlink -= 1;
+                    os.meta.drop_link();
                 }
                 os.meta.ctime = now;
             }
@@ -1599,7 +1622,7 @@ impl Fs {
                     d.parent = newparent;
                 }
                 if cross {
-                    pair.src().meta.nlink -= 1;
+                    pair.src().meta.drop_link();
                     pair.dst().meta.nlink += 1;
                 }
             }
@@ -1607,6 +1630,8 @@ impl Fs {
         ms.meta.ctime = now;
         pair.src().touch_mc(now);
         pair.dst().touch_mc(now);
+        pair.src().check_dir_links();
+        pair.dst().check_dir_links();
         self.log(|| Mutation::Rename {
             parent: pair.src().attr(parent, FileType::Directory),
             name,
@@ -1653,6 +1678,9 @@ impl Fs {
     /// Closes one handle opened by [`Fs::open`] or [`Fs::create`].
     pub fn release(&self, ino: u64) {
         if let Ok(inode) = self.get(ino) {
+            // Saturating on purpose: a handle opened on the tree an online
+            // rollback replaced is closed on the new one, whose nodes start
+            // with no open count.
             let prev = inode
                 .nopen
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
@@ -1895,9 +1923,17 @@ impl Fs {
             // The bytes are the file's now: recorded from its pages below.
             WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
-        debug_assert!(allocated <= reserved);
+        // Cheap, and past it the subtraction below would wrap in release
+        // builds: a write that used more than it reserved went past the
+        // capacity unnoticed.
+        assert!(
+            allocated <= reserved,
+            "a write allocated {allocated} pages with {reserved} reserved"
+        );
         self.release_pages(reserved - allocated);
         meta.size = meta.size.max(end);
+        #[cfg(debug_assertions)]
+        file.check(meta.size, false);
         let now = Timespec::now();
         meta.mtime = now;
         meta.ctime = now;
@@ -2023,6 +2059,8 @@ impl Fs {
                 meta.size = meta.size.max(end);
             }
         }
+        #[cfg(debug_assertions)]
+        file.check(meta.size, mode.punch_hole || mode.zero_range);
         meta.mtime = now;
         meta.ctime = now;
         meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
@@ -2186,9 +2224,12 @@ impl Fs {
         let files_used = self.used_inodes.load(Ordering::Acquire);
         StatFs {
             blocks: self.max_pages,
+            // Usage may pass the capacity (a truncate that copies a shared
+            // page, a clone's copies: docs/snapshots.md): nothing is free then.
             bfree: self.max_pages.saturating_sub(used),
             bavail: self.max_pages.saturating_sub(used),
             files: self.config.max_inodes,
+            // A clone's copies may pass the limit too.
             ffree: self.config.max_inodes.saturating_sub(files_used),
             bsize: PAGE_SIZE as u32,
             namelen: NAME_MAX as u32,

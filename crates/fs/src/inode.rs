@@ -64,6 +64,18 @@ pub(crate) struct Meta {
     pub flags: u8,
 }
 
+impl Meta {
+    /// Takes one link away (a name removed, a subdirectory gone). Checked in
+    /// debug builds only, because the count may come from a data directory
+    /// (an image or the journal) rather than from the engine; release
+    /// builds stop at 0 instead of wrapping to a count that never frees.
+    #[track_caller]
+    pub fn drop_link(&mut self) {
+        debug_assert!(self.nlink > 0, "link count below zero");
+        self.nlink = self.nlink.saturating_sub(1);
+    }
+}
+
 #[derive(Clone)]
 pub(crate) enum Body {
     File(FileData),
@@ -173,6 +185,23 @@ impl State {
         Ok(())
     }
 
+    /// Checks (debug builds) that a directory still linked has 2 + its
+    /// subdirectories as link count: `.`, its name in its parent, and each
+    /// subdirectory's `..`. Called under the directory's write lock after a
+    /// change of its entries or its link count.
+    pub fn check_dir_links(&self) {
+        #[cfg(debug_assertions)]
+        if let Body::Dir(d) = &self.body
+            && self.meta.nlink != 0
+        {
+            debug_assert_eq!(
+                self.meta.nlink,
+                2 + d.subdirs(),
+                "a directory's link count is 2 + its subdirectories"
+            );
+        }
+    }
+
     pub fn touch_mc(&mut self, now: Timespec) {
         self.meta.mtime = now;
         self.meta.ctime = now;
@@ -183,6 +212,29 @@ impl State {
 mod tests {
     /// An `Arc<Inode>` must fit the allocator's 160-byte class: one size class
     /// more costs 32 MiB per million files (the memory target is 300 MiB).
+    #[cfg(debug_assertions)]
+    #[test]
+    #[should_panic(expected = "link count below zero")]
+    fn a_link_count_never_goes_below_zero() {
+        let t = crate::types::Timespec { sec: 0, nsec: 0 };
+        let mut m = super::Meta {
+            perm: 0,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            btime: t,
+            xattrs: None,
+            flags: 0,
+        };
+        m.drop_link();
+        assert_eq!(m.nlink, 0);
+        m.drop_link();
+    }
+
     #[test]
     fn inode_stays_small() {
         assert!(std::mem::size_of::<super::Inode>() + 16 <= 160);

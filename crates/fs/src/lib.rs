@@ -19,6 +19,7 @@ mod error;
 mod flags;
 mod fs;
 mod inode;
+mod invariant;
 mod lazy;
 mod locks;
 mod mutation;

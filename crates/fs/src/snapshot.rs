@@ -12,6 +12,7 @@ use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::fs::{DirEntry, Fs, check_access, list_dir};
 use crate::inode::{Body, Inode, Meta, State, attr_of};
+use crate::invariant::uncount;
 use crate::lazy::{Base, Core};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
 use crate::{Errno, Result};
@@ -75,7 +76,7 @@ impl Drop for Released {
     fn drop(&mut self) {
         let freed: u64 = self.bodies.drain(..).map(release_body).sum();
         if freed > 0 {
-            self.used_pages.fetch_sub(freed, Ordering::AcqRel);
+            uncount(&self.used_pages, freed, "pages");
         }
     }
 }
@@ -105,9 +106,9 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         if let Body::File(d) = &mut self.body {
             let freed = std::mem::take(d).release();
-            self.used.0.fetch_sub(freed, Ordering::AcqRel);
+            uncount(&self.used.0, freed, "pages");
         }
-        self.used.1.fetch_sub(1, Ordering::AcqRel);
+        uncount(&self.used.1, 1, "inodes");
     }
 }
 

@@ -1643,3 +1643,32 @@ fn rename_whiteout_leaves_a_char_device_at_the_source() {
     assert_eq!(fs.statfs().ffree, before.ffree);
     assert_eq!(fs.lookup(d, b"h").unwrap().ino, f);
 }
+
+/// A time past its second would reach the journal as a record that does
+/// not decode again: refused as utimensat refuses it.
+#[test]
+fn nanoseconds_out_of_range_are_einval() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let bad = Timespec {
+        sec: 1,
+        nsec: 1_000_000_000,
+    };
+    for s in [
+        SetAttr {
+            atime: Some(SetTime::At(bad)),
+            ..Default::default()
+        },
+        SetAttr {
+            mtime: Some(SetTime::At(bad)),
+            ..Default::default()
+        },
+        SetAttr {
+            ctime: Some(bad),
+            ..Default::default()
+        },
+    ] {
+        assert_eq!(fs.setattr(C, f, &s), Err(Errno::EINVAL));
+    }
+    assert_ne!(fs.getattr(f).unwrap().mtime, bad);
+}

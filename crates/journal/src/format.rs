@@ -36,6 +36,11 @@ pub fn encode_segment_header(first: u64) -> [u8; SEGMENT_HEADER_LEN] {
     h[16..24].copy_from_slice(&first.to_le_bytes());
     let crc = crc32c::crc32c(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_le_bytes());
+    debug_assert_eq!(
+        decode_segment_header(&h),
+        Ok(first),
+        "a segment header decodes to itself"
+    );
     h
 }
 
@@ -87,6 +92,14 @@ pub fn encode_frame_header(
     h[8..16].copy_from_slice(&id.to_le_bytes());
     let crc = frame_crc(payload_crc, &h[0..16]);
     h[16..20].copy_from_slice(&crc.to_le_bytes());
+    // The header's own fields (the payload's checksum is the caller's: it
+    // may have been computed in parts).
+    debug_assert!(
+        h[0..4] == FRAME_MAGIC
+            && u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize == payload_len
+            && u64::from_le_bytes(h[8..16].try_into().unwrap()) == id,
+        "a frame header decodes to itself"
+    );
     h
 }
 
@@ -217,6 +230,41 @@ mod tests {
                 !matches!(decode_frame(&b), Frame::Ok { .. }),
                 "flip at {i} undetected"
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// encode -> decode is the identity on frames and segment headers.
+        #[test]
+        fn frames_and_segment_headers_round_trip(
+            id in 1u64..,
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+            extra in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            let mut buf = encode_frame_header(id, payload.len(), crc32c::crc32c(&payload)).to_vec();
+            buf.extend_from_slice(&payload);
+            let len = buf.len();
+            // What follows a frame is not part of it.
+            buf.extend_from_slice(&extra);
+            proptest::prop_assert_eq!(
+                decode_frame(&buf),
+                Frame::Ok { id, payload: &payload[..], len }
+            );
+            proptest::prop_assert_eq!(decode_segment_header(&encode_segment_header(id)), Ok(id));
+            proptest::prop_assert_eq!(parse_segment_file_name(&segment_file_name(id)), Some(id));
+        }
+
+        /// Bad bytes are an error or a torn tail, never a panic.
+        #[test]
+        fn any_bytes_decode_or_fail_cleanly(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..100),
+        ) {
+            let _ = decode_frame(&b);
+            let _ = decode_segment_header(&b);
+            let _ = find_valid_frame_after(&b, 0);
+            if !b.is_empty() {
+                let _ = torn_by_crash(&b, b.len() / 2);
+            }
         }
     }
 
