@@ -237,8 +237,35 @@ fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
         }
         Err(e) => format!("error {}\n", format!("{e:#}").replace('\n', " ")),
     };
-    (&conn).write_all(reply.as_bytes())?;
-    Ok(())
+    send_reply(&conn, &reply)
+}
+
+/// How long the control thread waits for room in a client's socket while
+/// it writes a reply. A client reads its reply as it comes (a few ms per
+/// socket buffer); one that has not made room for 10 s stopped reading, and
+/// without a bound the one control thread, and every later request (the
+/// mount helper's `remount`, a rollback), would wait for it for good.
+#[cfg(not(test))]
+const REPLY_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+#[cfg(test)]
+const REPLY_WRITE_TIMEOUT: Duration = Duration::from_millis(50);
+
+fn send_reply(conn: &UnixStream, reply: &str) -> anyhow::Result<()> {
+    conn.set_write_timeout(Some(REPLY_WRITE_TIMEOUT))?;
+    let mut w = conn;
+    w.write_all(reply.as_bytes()).map_err(|e| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            anyhow::anyhow!(
+                "the control client did not read its reply of {} bytes within {REPLY_WRITE_TIMEOUT:?}; dropped it",
+                reply.len()
+            )
+        } else {
+            anyhow::Error::new(e).context("sending a control reply")
+        }
+    })
 }
 
 /// One control request: the engine's, or (durable mounts) the journal's.
@@ -295,21 +322,23 @@ fn flush_kernel_writeback(m: &Mount, line: &str) -> anyhow::Result<()> {
     }
     // Through `own_mount::call`: a SIGKILL while the SYNCFS waits must not
     // leave the process behind.
-    crate::own_mount::call(|| {
-        let dir = std::fs::File::open(&m.mountpoint).with_context(|| {
-            format!(
-                "cannot open {} to write back its cache",
-                m.mountpoint.display()
-            )
-        })?;
+    let (mp, what) = (m.mountpoint.clone(), cmd.to_string());
+    crate::own_mount::call("the syncfs", crate::own_mount::LIMIT, move || {
+        let dir = std::fs::File::open(&mp)
+            .with_context(|| format!("cannot open {} to write back its cache", mp.display()))?;
         nix::unistd::syncfs(&dir).with_context(|| {
             format!(
-                "cannot write back the kernel's cached writes of {} before {cmd}",
-                m.mountpoint.display()
+                "cannot write back the kernel's cached writes of {} before {what}",
+                mp.display()
             )
         })
     })
-    .context("cannot start a thread to write back the kernel's cache")??;
+    .with_context(|| {
+        format!(
+            "writing back the kernel's cached writes of {} before {cmd}",
+            m.mountpoint.display()
+        )
+    })??;
     Ok(())
 }
 
@@ -778,4 +807,19 @@ pub fn data_dir_of_mount(mountpoint: &Path) -> anyhow::Result<PathBuf> {
         "{} is an in-memory memfs mount (source {source:?}): diff, log and rollback to a commit need a data directory (mount with --data-dir); its snapshots are memfs snapshot create|list|delete NAME --mount M and memfs rollback --mount M --to NAME",
         mountpoint.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_that_does_not_read_its_reply_is_dropped_with_an_error() {
+        let (server, client) = UnixStream::pair().unwrap();
+        // Larger than both socket buffers: the write has to wait for room.
+        let reply = "x".repeat(16 << 20);
+        let e = send_reply(&server, &reply).unwrap_err();
+        assert!(e.to_string().contains("did not read its reply"), "{e:#}");
+        drop(client);
+    }
 }

@@ -799,10 +799,23 @@ impl ReadOnlyWatch {
                     // then, so try again until it is free.
                     let mut told = false;
                     while !stop.load(Ordering::Acquire) {
-                        let r = crate::own_mount::call(|| remount_read_only(&mp))
-                            .unwrap_or_else(|e| {
-                                Err(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)))
-                            });
+                        let m = mp.clone();
+                        let r = match crate::own_mount::call(
+                            "the read-only remount",
+                            crate::own_mount::LIMIT,
+                            move || remount_read_only(&m),
+                        ) {
+                            Ok(r) => r,
+                            // No thread, or a remount that did not return:
+                            // not retried (that would pile up threads).
+                            Err(e) => {
+                                tracing::warn!(
+                                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
+                                    mp.display()
+                                );
+                                return;
+                            }
+                        };
                         match r {
                             Ok(()) => {
                                 tracing::warn!(

@@ -16,37 +16,79 @@
 //! killed, the other threads exit, the last `/dev/fuse` descriptor closes,
 //! the kernel aborts the connection, and the waiting call returns ENOTCONN.
 
+//!
+//! Such a call can also wait for good while the server lives: when a
+//! worker never answers (wedged), the kernel never gives up. So the caller
+//! waits at most a bound ([`LIMIT`]) and then gets `TimedOut` and a log
+//! line; the call's thread is left behind (it ends when the kernel
+//! answers, or with the process: it holds no descriptor of ours).
+
 use std::io;
+use std::time::Duration;
+
+/// How long a caller waits for a call on its own mount: the syncfs before a
+/// snapshot or rollback and the read-only remount write back the kernel's
+/// dirty pages through our workers, at most the dirty limit (`dirty_ratio`,
+/// a few GiB) at tens of MB/s on a loaded machine: a minute or two. 300 s
+/// is well past that and under the 600 s a control client waits for its
+/// reply, so that the client gets this error, not its own timeout.
+pub const LIMIT: Duration = Duration::from_secs(300);
 
 /// Runs `f` on a new thread that has a private descriptor table holding
-/// only standard input, output and error, and returns its result. `f`
-/// must open whatever it needs itself (a path, not a descriptor of ours).
-pub fn call<T: Send>(f: impl FnOnce() -> T + Send) -> io::Result<T> {
-    std::thread::scope(|s| {
-        std::thread::Builder::new()
-            .name("memfs-own-mount".into())
-            .spawn_scoped(s, move || {
-                // SAFETY: CLOSE_RANGE_UNSHARE first gives this thread a
-                // private copy of the descriptor table, so the close only
-                // touches that copy: every descriptor the rest of the
-                // process owns stays open there. This thread is new and
-                // owns no descriptor above 2 itself, so nothing in it
-                // refers to what is closed.
-                let r = unsafe {
-                    libc::close_range(
-                        3,
-                        libc::c_uint::MAX,
-                        libc::CLOSE_RANGE_UNSHARE as libc::c_int,
-                    )
-                };
-                if r != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(f())
-            })?
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
+/// only standard input, output and error, and returns its result, or
+/// `TimedOut` if it has not returned within `limit` (logged, naming
+/// `what`). `f` must open whatever it needs itself (a path, not a
+/// descriptor of ours).
+pub fn call<T: Send + 'static>(
+    what: &str,
+    limit: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> io::Result<T> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("memfs-own-mount".into())
+        .spawn(move || {
+            // SAFETY: CLOSE_RANGE_UNSHARE first gives this thread a
+            // private copy of the descriptor table, so the close only
+            // touches that copy: every descriptor the rest of the
+            // process owns stays open there. This thread is new and
+            // owns no descriptor above 2 itself, so nothing in it
+            // refers to what is closed.
+            let r = unsafe {
+                libc::close_range(
+                    3,
+                    libc::c_uint::MAX,
+                    libc::CLOSE_RANGE_UNSHARE as libc::c_int,
+                )
+            };
+            let out = if r != 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)))
+            };
+            // The caller may have given up: then nobody wants the result.
+            let _ = tx.send(out);
+        })?;
+    match rx.recv_timeout(limit) {
+        Ok(Ok(Ok(v))) => Ok(v),
+        Ok(Ok(Err(panic))) => std::panic::resume_unwind(panic),
+        Ok(Err(e)) => Err(e),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            tracing::error!(
+                "{what} on our own mount has not returned within {limit:?} \
+                 (a FUSE request to this server is not answered); giving up on it"
+            );
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} did not return within {limit:?}"),
+            ))
+        }
+        // The thread ended without sending: it cannot (the send is its
+        // last step), but an error is the answer if it did.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(io::Error::other(format!(
+            "{what}: its thread ended without a result"
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -64,7 +106,7 @@ mod tests {
         let f = tempfile::tempfile().unwrap();
         let fd = f.as_raw_fd();
         assert!(fd > 2);
-        let (inside, opened) = call(|| {
+        let (inside, opened) = call("a test call", LIMIT, move || {
             // What the call opens is its own and works.
             let own = std::fs::File::open("/proc/self/status").map(|_| ());
             (is_open(fd), own)
@@ -82,8 +124,22 @@ mod tests {
     }
 
     #[test]
+    fn a_call_that_never_returns_is_a_timeout_error() {
+        // The call waits for a message that comes only after the verdict.
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let r = call("a stuck test call", Duration::from_millis(50), move || {
+            let _ = wait.recv();
+        });
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("a stuck test call"), "{e}");
+        // Lets the call's thread end.
+        drop(release);
+    }
+
+    #[test]
     fn a_panic_in_the_call_reaches_the_caller() {
-        let r = std::panic::catch_unwind(|| call(|| panic!("inside")));
+        let r = std::panic::catch_unwind(|| call("a test call", LIMIT, || panic!("inside")));
         assert!(r.is_err());
     }
 }

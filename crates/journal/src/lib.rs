@@ -86,6 +86,13 @@ pub enum Error {
     UnknownCommit { commit: CommitId, last: CommitId },
     #[error("replay callback rejected commit {commit}: {reason}")]
     Apply { commit: CommitId, reason: String },
+    /// A wait for other commits passed its bound ([`writer::STALL_LIMIT`]):
+    /// nothing was written or reserved, and the journal keeps working.
+    #[error("gave up after {waited:?} waiting for {what}")]
+    Stalled {
+        what: &'static str,
+        waited: std::time::Duration,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -111,6 +111,17 @@ struct Chunk {
     buf: Vec<u8>,
 }
 
+/// How long a committer waits for journal I/O another thread is doing (a
+/// flush's write or fsync, a reservation's `fallocate`), or for the
+/// reservations ahead of a large one, before it gives up. Past it the disk
+/// is taken as hung: the journal fails as after an EIO (never retried, every
+/// later commit refused) and says what it waited for, instead of every
+/// committer hanging for good. 120 s is the kernel's own verdict on a task
+/// blocked that long (`hung_task_timeout_secs`); a healthy disk answers a
+/// flush of the largest queue (16 MiB) in well under a second, a slow or
+/// overloaded one in seconds.
+pub const STALL_LIMIT: Duration = Duration::from_secs(120);
+
 /// Preallocated files are grown in steps of this much (or what a single
 /// reservation needs, if more).
 const ALLOC_STEP: u64 = 1 << 20;
@@ -149,6 +160,11 @@ struct State {
     next_spare: Option<(PathBuf, u64)>,
     spare_seq: u64,
     allocating: bool,
+    /// When the flush (`flushing`) and the allocation (`allocating`) in
+    /// progress began: a waiter gives up on one older than `stall_limit`.
+    flush_since: Instant,
+    alloc_since: Instant,
+    stall_limit: Duration,
     error: Option<String>,
     shutdown: bool,
     fsyncs: u64,
@@ -260,6 +276,9 @@ impl Journal {
             next_spare: None,
             spare_seq: 0,
             allocating: false,
+            flush_since: Instant::now(),
+            alloc_since: Instant::now(),
+            stall_limit: STALL_LIMIT,
             error: None,
             shutdown: false,
             fsyncs: 0,
@@ -440,15 +459,34 @@ impl Journal {
         let hdr = SEGMENT_HEADER_LEN as u64;
         let seg_size = inner.opts.segment_size;
         let mut g = inner.state.lock();
+        // When this call first waited for the reservations ahead of it.
+        let mut queued: Option<Instant> = None;
         loop {
             if let Some(e) = &g.error {
                 return Err(Error::Failed(e.clone()));
             }
             let want = g.reserved + need;
             // Reservations that together exceed a segment could span two
-            // rotations: one at a time then.
+            // rotations: one at a time then. The ones ahead end at their
+            // operation's append or release; one still held after the stall
+            // limit (leaked, or behind a hung disk) refuses this one.
             if hdr + want > seg_size && g.reserved > 0 {
-                inner.space_cv.wait(&mut g);
+                let since = *queued.get_or_insert_with(Instant::now);
+                let waited = since.elapsed();
+                if waited >= g.stall_limit {
+                    tracing::error!(
+                        journal = %inner.dir.display(),
+                        reserved = g.reserved,
+                        wanted = need,
+                        "journal: a reservation waited {waited:?} for the {} bytes reserved ahead of it; refused",
+                        g.reserved
+                    );
+                    return Err(Error::Stalled {
+                        what: "the journal reservations ahead of this one",
+                        waited,
+                    });
+                }
+                wait_bounded(inner, &inner.space_cv, &mut g, Some(since));
                 continue;
             }
             // Frames land in the current segment while they fit in
@@ -465,10 +503,11 @@ impl Journal {
                 return Ok(need);
             }
             if g.allocating {
-                inner.space_cv.wait(&mut g);
+                wait_bounded(inner, &inner.space_cv, &mut g, None);
                 continue;
             }
             g.allocating = true;
+            g.alloc_since = Instant::now();
             let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
             let (path, target, is_new) = if grow_cur {
                 let t = if in_cur {
@@ -529,7 +568,7 @@ impl Journal {
                         && !g.segments.iter().any(|s| s.1 == path) =>
                 {
                     if g.flushing {
-                        inner.durable_cv.wait(&mut g);
+                        wait_bounded(inner, &inner.durable_cv, &mut g, None);
                     } else {
                         flush(inner, &mut g, false)?;
                     }
@@ -552,6 +591,17 @@ impl Journal {
         }
     }
 
+    /// Sets how long waits for another thread's journal I/O may last
+    /// ([`STALL_LIMIT`] unless set): for tests, and for disks known to be
+    /// slower.
+    pub fn set_stall_limit(&self, limit: Duration) {
+        let mut g = self.inner.state.lock();
+        g.stall_limit = limit;
+        // Waiters take the new bound at their next wake-up.
+        self.inner.space_cv.notify_all();
+        self.inner.durable_cv.notify_all();
+    }
+
     /// Gives back a reservation that no commit used (the operation failed
     /// before it changed anything).
     pub fn release(&self, reserved: u64) {
@@ -559,6 +609,12 @@ impl Journal {
             return;
         }
         let mut g = self.inner.state.lock();
+        // Given back once, by the operation that reserved it.
+        debug_assert!(
+            g.reserved >= reserved,
+            "release of {reserved} reserved bytes, {} outstanding",
+            g.reserved
+        );
         g.reserved = g.reserved.saturating_sub(reserved);
         self.inner.space_cv.notify_all();
     }
@@ -776,16 +832,65 @@ fn relaxed_due(inner: &Inner, g: &State) -> bool {
 
 fn wait_for_space(inner: &Inner, g: &mut MutexGuard<'_, State>) {
     g.throttled += 1;
-    inner.space_cv.wait(g);
+    wait_bounded(inner, &inner.space_cv, g, None);
     g.throttled -= 1;
+}
+
+/// One wait on `cv` for another thread's progress, bounded: it returns by
+/// the time the flush or allocation in progress (or, from `since`, the
+/// caller's own wait) reaches the stall limit, and a flush or allocation
+/// that did fails the journal (see [`STALL_LIMIT`]). Callers loop on their
+/// condition and check `error`, as for any wake-up.
+fn wait_bounded(
+    inner: &Inner,
+    cv: &Condvar,
+    g: &mut MutexGuard<'_, State>,
+    since: Option<Instant>,
+) {
+    let limit = g.stall_limit;
+    let timeout = [
+        g.flushing.then_some(g.flush_since),
+        g.allocating.then_some(g.alloc_since),
+        since,
+    ]
+    .into_iter()
+    .flatten()
+    .map(|t| limit.saturating_sub(t.elapsed()))
+    .min()
+    .unwrap_or(limit);
+    if !timeout.is_zero() {
+        cv.wait_for(g, timeout);
+    }
+    if g.error.is_some() {
+        return;
+    }
+    let stuck = if g.flushing && g.flush_since.elapsed() >= limit {
+        Some(("a write or fsync", g.flush_since))
+    } else if g.allocating && g.alloc_since.elapsed() >= limit {
+        Some(("a space allocation (fallocate)", g.alloc_since))
+    } else {
+        None
+    };
+    if let Some((what, t)) = stuck {
+        let msg = format!(
+            "{what} of the journal in {} has not returned for {:?}: the disk is taken as hung",
+            inner.dir.display(),
+            t.elapsed()
+        );
+        tracing::error!("journal: {msg}; the journal refuses further commits");
+        g.error = Some(msg);
+        inner.durable_cv.notify_all();
+        inner.space_cv.notify_all();
+        inner.work_cv.notify_all();
+    }
 }
 
 /// Waits until commit `id` is durable. Ends because every round either
 /// returns, or runs a flush (which writes everything appended, so `durable`
 /// reaches `last_appended >= id` or `error` is set), or waits for the
 /// flusher, which clears `flushing` and notifies `durable_cv` on every path
-/// of [`flush`]. The disk's own time (a hung fsync) is the one thing it
-/// cannot bound. An id past the last commit would make it spin: refused.
+/// of [`flush`]; a flusher stuck in the disk past [`STALL_LIMIT`] fails
+/// the journal ([`wait_bounded`]). An id past the last commit would make it spin: refused.
 fn wait_durable_locked(inner: &Inner, g: &mut MutexGuard<'_, State>, id: u64) -> Result<()> {
     if id > g.last_appended {
         debug_assert!(
@@ -811,7 +916,7 @@ fn wait_durable_locked(inner: &Inner, g: &mut MutexGuard<'_, State>, id: u64) ->
             debug_assert!(g.error.is_some() || g.durable >= id);
             continue;
         }
-        inner.durable_cv.wait(g);
+        wait_bounded(inner, &inner.durable_cv, g, None);
     }
 }
 
@@ -823,6 +928,7 @@ fn flush(inner: &Inner, g: &mut MutexGuard<'_, State>, sync: bool) -> Result<()>
         return Ok(());
     }
     g.flushing = true;
+    g.flush_since = Instant::now();
     let mut chunks = std::mem::take(&mut g.pending);
     let bytes = g.pending_bytes;
     g.pending_bytes = 0;
