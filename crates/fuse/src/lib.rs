@@ -14,6 +14,7 @@ mod atime;
 mod caller;
 mod dio;
 pub mod mounts;
+mod notify;
 pub mod passthrough;
 pub mod snapdir;
 mod snapops;
@@ -340,7 +341,13 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
     let session = fuser::Session::new(adapter, mountpoint, &config)?;
     widen_readahead(mountpoint);
     let _ = notifier.set(session.notifier());
-    let swapper = swap::Swapper::new(cell, session.notifier(), slots, opts.snapdir_name.clone());
+    let notify = notify::Notifications::start(session.notifier()).map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot start the notification thread: {e}"),
+        )
+    })?;
+    let swapper = swap::Swapper::new(cell, notify, slots, opts.snapdir_name.clone());
     Ok(Mounted { session, swapper })
 }
 

@@ -3,21 +3,20 @@
 //! request's statement; [`Swapper::swap`] takes it exclusively, so no
 //! request ever sees part of one tree and part of the other. Afterwards the
 //! kernel is told to forget what it cached of the old tree (attributes,
-//! pages, names), with the lock released: the kernel takes directory locks
-//! to drop names, which a request waiting for ours may hold.
+//! pages, names), with the lock released and from the notification thread
+//! (crate::notify): the kernel takes directory locks to drop names, which
+//! a request waiting for ours may hold.
 
 use std::cell::Cell;
-use std::ffi::OsStr;
 use std::ops::Deref;
-use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fuser::{INodeNo, Notifier};
 use memfs_fs::{
     Config, Errno, FIRST_ENTRY_OFFSET, Fs, PAGE_SIZE, Released, RollbackOutcome, SnapshotInfo,
 };
 
+use crate::notify::{Inval, Notifications};
 use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots, VIEW_SNAPSHOT};
 use parking_lot::{RwLock, RwLockReadGuard};
 
@@ -27,10 +26,6 @@ thread_local! {
     /// swap, or the two would wait for each other.
     static HELD: Cell<usize> = const { Cell::new(0) };
 }
-
-/// From this many inode notifications on, a rollback sends them from
-/// several threads.
-const PARALLEL_NOTIFICATIONS: usize = 4096;
 
 /// The engine's page: its rollback reports changed runs in pages.
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -103,7 +98,7 @@ impl FsCell {
 #[derive(Clone)]
 pub struct Swapper {
     cell: Arc<FsCell>,
-    notifier: Notifier,
+    notify: Notifications,
     slots: Arc<Slots>,
     snapdir_name: Vec<u8>,
 }
@@ -111,13 +106,13 @@ pub struct Swapper {
 impl Swapper {
     pub(crate) fn new(
         cell: Arc<FsCell>,
-        notifier: Notifier,
+        notify: Notifications,
         slots: Arc<Slots>,
         snapdir_name: Vec<u8>,
     ) -> Self {
         Swapper {
             cell,
-            notifier,
+            notify,
             slots,
             snapdir_name,
         }
@@ -200,9 +195,9 @@ impl Swapper {
             engine,
             ..Default::default()
         };
-        // (inode, offset, length) to drop: offset -1 is the attributes only,
-        // length 0 to the end of the file.
-        let mut inval: Vec<(u64, i64, i64)> = Vec::new();
+        // What to drop: offset -1 is the attributes only, length 0 to the
+        // end of the file.
+        let mut inval: Vec<Inval> = Vec::new();
         for &ino in &out.changed {
             if !fs.kernel_holds(ino) {
                 continue;
@@ -212,48 +207,37 @@ impl Swapper {
                 // Only these pages changed: the rest of the page cache stays
                 // (dropping cached pages costs the kernel about a microsecond
                 // each, a whole big file's far more than its changes).
-                Ok(i) if out.page_runs[i].1.is_empty() => inval.push((ino, -1, 0)),
-                Ok(i) => inval.extend(out.page_runs[i].1.iter().map(|&(first, n)| {
-                    (
-                        ino,
-                        (first * PAGE) as i64,
-                        n.saturating_mul(PAGE).min(i64::MAX as u64) as i64,
-                    )
+                Ok(i) if out.page_runs[i].1.is_empty() => inval.push(Inval::Inode {
+                    ino,
+                    off: -1,
+                    len: 0,
+                }),
+                Ok(i) => inval.extend(out.page_runs[i].1.iter().map(|&(first, n)| Inval::Inode {
+                    ino,
+                    off: (first * PAGE) as i64,
+                    len: n.saturating_mul(PAGE).min(i64::MAX as u64) as i64,
                 })),
-                Err(_) => inval.push((ino, 0, 0)),
+                Err(_) => inval.push(Inval::Inode {
+                    ino,
+                    off: 0,
+                    len: 0,
+                }),
             }
         }
         r.notifications = inval.len();
-        // Notifications are synchronous writes to /dev/fuse, independent of
-        // each other: many are spread over a few threads.
-        let threads = if inval.len() < PARALLEL_NOTIFICATIONS {
-            1
-        } else {
-            std::thread::available_parallelism().map_or(2, |n| n.get().min(4))
-        };
-        let send = |part: &[(u64, i64, i64)]| {
-            for &(ino, off, len) in part {
-                // ENOENT: the kernel let the node go meanwhile; nothing to drop.
-                let _ = self.notifier.inval_inode(INodeNo(ino), off, len);
-            }
-        };
-        if threads == 1 {
-            send(&inval);
-        } else {
-            std::thread::scope(|s| {
-                for part in inval.chunks(inval.len().div_ceil(threads)) {
-                    s.spawn(move || send(part));
-                }
-            });
-        }
         for (parent, n) in &out.entries {
             if fs.kernel_holds(*parent) {
-                let _ = self
-                    .notifier
-                    .inval_entry(INodeNo(*parent), OsStr::from_bytes(n));
+                inval.push(Inval::Entry {
+                    parent: *parent,
+                    name: n.clone(),
+                });
                 r.names += 1;
             }
         }
+        // Nothing held: the cell was released above, and the caller holds
+        // no lock a request waits for (docs/fuse.md, "Notifications").
+        drop(fs);
+        self.notify.send_and_wait("online rollback", inval);
         r.invalidate = t1.elapsed();
         if let Ok(t) = freeing {
             let _ = t.join();
@@ -300,10 +284,20 @@ impl Swapper {
 
     /// `.snapshots` gained or lost `name`.
     fn snapdir_changed(&self, name: &[u8]) {
-        let _ = self
-            .notifier
-            .inval_entry(INodeNo(SNAPDIR), OsStr::from_bytes(name));
-        let _ = self.notifier.inval_inode(INodeNo(SNAPDIR), 0, 0);
+        self.notify.send_and_wait(
+            "the snapshot directory",
+            vec![
+                Inval::Entry {
+                    parent: SNAPDIR,
+                    name: name.to_vec(),
+                },
+                Inval::Inode {
+                    ino: SNAPDIR,
+                    off: 0,
+                    len: 0,
+                },
+            ],
+        );
     }
 
     /// The name of the snapshot directory in the root.
@@ -340,36 +334,55 @@ impl Swapper {
         drop(cur);
         // Every name `.snapshots` showed: a snapshot the swap dropped must
         // answer ENOENT, not ESTALE through a cached name.
-        for n in &names {
-            let _ = self
-                .notifier
-                .inval_entry(INodeNo(SNAPDIR), OsStr::from_bytes(n));
-        }
-        let _ = self.notifier.inval_inode(INodeNo(SNAPDIR), 0, 0);
-        self.invalidate(&old);
+        let mut inval: Vec<Inval> = names
+            .into_iter()
+            .map(|name| Inval::Entry {
+                parent: SNAPDIR,
+                name,
+            })
+            .collect();
+        inval.push(Inval::Inode {
+            ino: SNAPDIR,
+            off: 0,
+            len: 0,
+        });
+        let (inodes, entries) = old_tree(&old, &mut inval);
+        drop(old);
+        // The cell is released; the caller holds no lock a request waits
+        // for (docs/fuse.md, "Notifications").
+        let sent = self.notify.send_and_wait("swap of the served tree", inval);
+        tracing::info!(
+            "swapped the served tree; invalidated {inodes} inodes and {entries} names{}",
+            sent.map_or(" (not all taken yet)".into(), |s| format!(
+                " in {:?}",
+                s.took
+            ))
+        );
         Ok(v)
     }
+}
 
-    fn invalidate(&self, old: &Fs) {
-        let (mut inodes, mut entries) = (0usize, 0usize);
-        for node in old.nodes() {
-            // ENOENT: the kernel does not know the node; nothing to drop.
-            let _ = self.notifier.inval_inode(INodeNo(node.ino()), 0, 0);
-            inodes += 1;
-            let mut names = Vec::new();
-            node.read(|v| {
-                v.entries_from(FIRST_ENTRY_OFFSET, |name, _, _, _| {
-                    names.push(name.to_vec());
-                    true
-                })
-            });
-            for n in names {
-                let _ = self
-                    .notifier
-                    .inval_entry(INodeNo(node.ino()), OsStr::from_bytes(&n));
+/// Every node and name of `old`, to be forgotten; returns how many of each.
+fn old_tree(old: &Fs, inval: &mut Vec<Inval>) -> (usize, usize) {
+    let (mut inodes, mut entries) = (0usize, 0usize);
+    for node in old.nodes() {
+        // ENOENT: the kernel does not know the node; nothing to drop.
+        inval.push(Inval::Inode {
+            ino: node.ino(),
+            off: 0,
+            len: 0,
+        });
+        inodes += 1;
+        node.read(|v| {
+            v.entries_from(FIRST_ENTRY_OFFSET, |name, _, _, _| {
+                inval.push(Inval::Entry {
+                    parent: node.ino(),
+                    name: name.to_vec(),
+                });
                 entries += 1;
-            }
-        }
-        tracing::info!("swapped the served tree; invalidated {inodes} inodes and {entries} names");
+                true
+            })
+        });
     }
+    (inodes, entries)
 }
