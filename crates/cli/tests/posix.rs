@@ -1556,3 +1556,113 @@ fn large_writes_at_any_offset_read_back() {
         m.unmount();
     }
 }
+
+/// A tmpfs on a temporary directory, the reference for what Linux does;
+/// unmounted in every path (Drop runs on panics too).
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn new() -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("memfs-tmpfs-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().canonicalize().expect("canonical tempdir");
+        let t = Tmpfs { _dir: dir, path };
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+            .arg(&t.path)
+            .status()
+            .expect("run mount(8)");
+        assert!(st.success(), "mount -t tmpfs failed: {st}");
+        t
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if common::is_mount_point(&self.path) {
+            let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// The mode left on a file of uid and gid 2000 and mode 06755 once `writer`
+/// (a command line that writes its standard output) has written to it
+/// through a descriptor opened by root: not its owner, nor in its group, it
+/// could not open the file itself.
+fn mode_after_write_by(dir: &Path, writer: &[&str]) -> u32 {
+    let f = dir.join("suid");
+    fs::write(&f, b"old").unwrap();
+    std::os::unix::fs::chown(&f, Some(2000), Some(2000)).unwrap();
+    // After the chown, which clears setuid.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o6755)).unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o6755);
+    let out = OpenOptions::new().write(true).open(&f).unwrap();
+    let st = std::process::Command::new(writer[0])
+        .args(&writer[1..])
+        .stdout(out)
+        .status()
+        .unwrap_or_else(|e| panic!("run {writer:?}: {e}"));
+    assert!(st.success(), "{writer:?} failed: {st}");
+    assert_eq!(fs::read(&f).unwrap(), b"xld", "{writer:?} wrote");
+    fs::metadata(&f).unwrap().mode() & 0o7777
+}
+
+/// A write clears setuid and setgid (group-exec set) when the writer lacks
+/// CAP_FSETID, which the kernel tells memfs with FUSE_WRITE_KILL_SUIDGID:
+/// its uid does not tell (root without the capability loses the bits, a
+/// user holding it keeps them). Checked against tmpfs, written the same way.
+#[test]
+fn writes_clear_setuid_and_setgid_as_the_kernel_says() {
+    if !nix::unistd::geteuid().is_root() || !common::have("setpriv") {
+        eprintln!("skipped: needs root and setpriv(1) to drop privileges");
+        return;
+    }
+    const USER: [&str; 7] = [
+        "setpriv",
+        "--reuid=1000",
+        "--regid=1000",
+        "--clear-groups",
+        "--",
+        "printf",
+        "x",
+    ];
+    let writers: [(&str, &[&str], u32); 4] = [
+        ("root", &["printf", "x"], 0o6755),
+        ("uid 1000", &USER, 0o755),
+        (
+            "root without CAP_FSETID",
+            &["setpriv", "--bounding-set=-fsetid", "--", "printf", "x"],
+            0o755,
+        ),
+        (
+            "uid 1000 with CAP_FSETID",
+            &[
+                "setpriv",
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                "--inh-caps=+fsetid",
+                "--ambient-caps=+fsetid",
+                "--",
+                "printf",
+                "x",
+            ],
+            0o6755,
+        ),
+    ];
+    let tmpfs = Tmpfs::new();
+    let m = Mount::with_args(&["--allow-other"]);
+    for (who, writer, want) in writers {
+        let reference = mode_after_write_by(&tmpfs.path, writer);
+        assert_eq!(reference, want, "tmpfs, written by {who}");
+        let got = mode_after_write_by(&m.path(), writer);
+        assert_eq!(got, reference, "memfs against tmpfs, written by {who}");
+    }
+    m.unmount();
+    drop(tmpfs);
+}

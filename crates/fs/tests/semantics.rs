@@ -445,6 +445,56 @@ fn unprivileged_write_drops_the_file_capability() {
     assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"v");
 }
 
+/// Whether a write or fallocate clears setuid/setgid is the caller's
+/// CAP_FSETID, which the FUSE kernel states per write
+/// (FUSE_WRITE_KILL_SUIDGID), not its uid: root without the capability loses
+/// the bits, a user holding it keeps them.
+#[test]
+fn kill_suidgid_is_the_callers_capability_not_its_uid() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let not_member = |_gid: u32| false;
+    let owner = SetAttr {
+        uid: Some(2000),
+        gid: Some(2000),
+        ..Default::default()
+    };
+    set(&fs, f, owner);
+    // Apart from the chown, which drops setuid.
+    let reset = || {
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o6755),
+                ..Default::default()
+            },
+        );
+    };
+    let mode = || fs.getattr(f).unwrap().perm;
+    let alloc = FallocateMode::ALLOCATE;
+    for (who, ctx, kill, after) in [
+        ("root without CAP_FSETID", C, true, 0o755),
+        ("root", C, false, 0o6755),
+        ("a user", USER, true, 0o755),
+        ("a user with CAP_FSETID", USER, false, 0o6755),
+    ] {
+        reset();
+        fs.write_as(ctx, &not_member, kill, f, 0, b"x", false)
+            .unwrap();
+        assert_eq!(mode(), after, "write by {who}");
+        reset();
+        let mut pages = vec![Some(Box::new([7u8; PAGE_SIZE]))];
+        fs.write_pages_as(ctx, &not_member, kill, f, 0, PAGE_SIZE, &mut pages, false)
+            .unwrap();
+        assert_eq!(mode(), after, "write of pages by {who}");
+        reset();
+        fs.fallocate_as(ctx, &not_member, kill, f, 0, P, alloc)
+            .unwrap();
+        assert_eq!(mode(), after, "fallocate by {who}");
+    }
+}
+
 // ---- limits ------------------------------------------------------------------------------
 
 #[test]
@@ -1254,7 +1304,8 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &not_member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &not_member, true, f, 0, P, m)
+            .unwrap();
         assert_eq!(
             mode_of(&fs),
             0o666,
@@ -1269,7 +1320,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &member, true, f, 0, P, m).unwrap();
         assert_eq!(
             mode_of(&fs),
             0o2666,
@@ -1284,7 +1335,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &member, true, f, 0, P, m).unwrap();
         assert_eq!(
             mode_of(&fs),
             0o676,
@@ -1299,7 +1350,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(C, &not_member, f, 0, P, m).unwrap();
+        fs.fallocate_as(C, &not_member, false, f, 0, P, m).unwrap();
         assert_eq!(mode_of(&fs), 0o6777, "{m:?}: root keeps both");
     }
 }
@@ -1315,7 +1366,8 @@ fn data_changes_kill_setgid_of_non_members() {
     type Change = fn(&Fs, Ctx, &dyn Fn(u32) -> bool, u64, u64);
     let changes: [(&str, Change); 4] = [
         ("write", |fs, ctx, g, f, _| {
-            fs.write_as(ctx, g, f, 0, b"x", false).unwrap();
+            fs.write_as(ctx, g, ctx.uid != 0, f, 0, b"x", false)
+                .unwrap();
         }),
         ("truncate", |fs, ctx, g, f, _| {
             let t = SetAttr {
