@@ -1666,3 +1666,54 @@ fn writes_clear_setuid_and_setgid_as_the_kernel_says() {
     m.unmount();
     drop(tmpfs);
 }
+
+/// Reads one byte of `f` through a descriptor opened with `flags`, after
+/// dropping its cached pages so that the read reaches the file system.
+fn read_one_byte(f: &Path, flags: i32) {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(f)
+        .unwrap();
+    nix::fcntl::posix_fadvise(
+        &file,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+    let mut b = [0u8; 1];
+    file.read_exact(&mut b).unwrap();
+}
+
+/// LTP's open12: `touch -a -d 2020-01-01 f`, then a 1-byte read through
+/// `open(f, O_RDONLY | O_NOATIME)` leaves the atime at 2020-01-01; a plain
+/// read moves it (relatime: an access more than a day old). As on tmpfs.
+fn o_noatime_check(dir: &Path, what: &str) {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let f = dir.join("noatime");
+    fs::write(&f, b"data").unwrap();
+    let y2020 = UNIX_EPOCH + Duration::from_secs(1_577_836_800);
+    File::open(&f)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_accessed(y2020))
+        .unwrap();
+    let atime = || fs::metadata(&f).unwrap().accessed().unwrap();
+    assert_eq!(atime(), y2020);
+    read_one_byte(&f, libc::O_NOATIME);
+    assert_eq!(atime(), y2020, "{what}: a read with O_NOATIME");
+    let before = SystemTime::now() - Duration::from_secs(60);
+    read_one_byte(&f, 0);
+    assert!(atime() > before, "{what}: a plain read moves the atime");
+}
+
+#[test]
+fn o_noatime_reads_leave_the_atime_alone() {
+    if nix::unistd::geteuid().is_root() {
+        let tmpfs = Tmpfs::new();
+        o_noatime_check(&tmpfs.path, "tmpfs");
+    }
+    let m = Mount::new();
+    o_noatime_check(&m.path(), "memfs");
+    m.unmount();
+}

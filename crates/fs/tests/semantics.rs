@@ -219,6 +219,48 @@ fn atime_modes_of_reads() {
     assert!(atime().sec > day_old.sec, "relatime, day-old access");
 }
 
+/// A read through a descriptor opened with O_NOATIME (LTP open12) leaves
+/// the access time alone under every mount policy, even one that a plain
+/// read of the same file would move; other open flags change nothing.
+#[test]
+fn o_noatime_reads_record_nothing() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.write(C, f, 0, b"hello", false).unwrap();
+    // 2020-01-01, as `touch -a -d 2020-01-01`: older than the last change
+    // and than a day, so relatime would move it.
+    let y2020 = Timespec {
+        sec: 1_577_836_800,
+        nsec: 0,
+    };
+    let atime = || fs.getattr(f).unwrap().atime;
+    let mut buf = [0u8; 1];
+    for mode in [AtimeMode::Relative, AtimeMode::Strict, AtimeMode::Never] {
+        let set_atime = || {
+            set(
+                &fs,
+                f,
+                SetAttr {
+                    atime: Some(SetTime::At(y2020)),
+                    ..Default::default()
+                },
+            )
+        };
+        set_atime();
+        fs.take_unrecorded_atimes();
+        let noatime = mode.for_open_flags(libc::O_RDONLY | libc::O_NOATIME);
+        assert_eq!(noatime, AtimeMode::Never);
+        fs.read_atime(f, 0, &mut buf, noatime).unwrap();
+        assert_eq!(atime(), y2020, "{mode:?}: O_NOATIME");
+        assert!(!fs.take_unrecorded_atimes(), "{mode:?}: O_NOATIME");
+
+        let plain = mode.for_open_flags(libc::O_RDWR | libc::O_APPEND | libc::O_CLOEXEC);
+        assert_eq!(plain, mode, "only O_NOATIME changes the policy");
+        fs.read_atime(f, 0, &mut buf, plain).unwrap();
+        assert_eq!(atime() != y2020, mode != AtimeMode::Never, "{mode:?}");
+    }
+}
+
 #[test]
 fn times_of_data_and_attribute_changes() {
     let fs = fs();

@@ -1138,6 +1138,10 @@ impl Filesystem for MemFuse {
         if flags.0 & libc::O_DIRECT == 0 && snapdir::classify(ino.0) == Node::Live(ino.0) {
             self.dio.note_cached(ino.0);
         }
+        // The kernel never moves a FUSE file's atime itself, so O_NOATIME is
+        // ours to honour. READs made for a mapping's page faults and read-ahead
+        // carry the flags of the mapped file, so mmap is covered too.
+        let atime = self.atime.effective().for_open_flags(flags.0);
         // The engine's pages (and a snapshot's) go to the kernel as a gather
         // list, under the file's read lock: no copy into a buffer first.
         let mut reply = Some(reply);
@@ -1152,6 +1156,9 @@ impl Filesystem for MemFuse {
             }
             (Node::SnapDir, _) => Err(Errno::EISDIR),
             // A backing file's bytes are the kernel's: read into a buffer.
+            // Its atime is the backing tmpfs's to keep (merged into ours,
+            // `Backing::merge`), so O_NOATIME is not honoured on this path,
+            // nor on passthrough opens, whose reads never reach us.
             (_, Some(b)) => READ_BUF.with_borrow_mut(|buf| {
                 if buf.len() < size as usize {
                     buf.resize(size as usize, 0);
@@ -1162,7 +1169,7 @@ impl Filesystem for MemFuse {
             (_, None) => self
                 .fs
                 .get()
-                .read_with(ino.0, offset, size as usize, self.atime.effective(), send)
+                .read_with(ino.0, offset, size as usize, atime, send)
                 .map_err(stale),
         };
         if let (Err(e), Some(reply)) = (r, reply) {
