@@ -8,6 +8,10 @@
 //! `memfs-store`, and `memfs-bench` for `memfs bench ...`. No library depends
 //! on it; see docs/architecture.md.
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
 use clap::{CommandFactory, Parser, Subcommand};
 use memfs_bench::benchmarks::{
     block as bench_block, durability as bench_durability, fio as bench_fio, lock as bench_lock,
@@ -125,24 +129,49 @@ fn init_tracing() {
 /// for `-t fuse.memfs` and fstab entries: treat that as `memfs mount`, with
 /// SOURCE as the device column of /proc/mounts (like tmpfs) and no output on
 /// success. Without a source (`memfs MOUNTPOINT -o OPTIONS`) it is a mount too.
-fn mount_helper_args(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let is_command = |a: &std::ffi::OsStr| {
+///
+/// Only that shape is taken for it: SOURCE no command, MOUNTPOINT an existing
+/// directory (mount(8) checks that before it runs a helper), and nothing after
+/// but `-o` options. Anything else is left to clap, so that a mistyped command
+/// (`memfs snapshots list`, `memfs volume --help`) gets its error and its
+/// suggestion rather than being mounted.
+fn mount_helper_args(mut args: Vec<OsString>) -> Vec<OsString> {
+    let is_option = |a: &OsStr| a.as_bytes().starts_with(b"-");
+    let is_command = |a: &OsStr| {
         let s = a.to_string_lossy();
-        s.starts_with('-') || Cli::command().find_subcommand(&*s).is_some() || s == "help"
+        Cli::command().find_subcommand(&*s).is_some() || s == "help"
     };
-    if args.len() >= 3 && !is_command(&args[1]) {
-        if args[2].to_string_lossy().starts_with('-') {
-            args.insert(1, "mount".into());
-            args.insert(2, "--helper-source=".into());
-        } else {
-            let source = args.remove(1);
-            let mut flag = std::ffi::OsString::from("--helper-source=");
-            flag.push(source);
-            args.insert(1, "mount".into());
-            args.insert(2, flag);
+    let word = |a: &OsStr| !is_option(a) && !is_command(a);
+    let is_dir = |a: &OsStr| !is_option(a) && Path::new(a).is_dir();
+    let source = match args.get(1..).unwrap_or_default() {
+        [source, mp, rest @ ..] if word(source) && is_dir(mp) && only_o_options(rest) => {
+            Some(source.clone())
+        }
+        [mp, rest @ ..] if !rest.is_empty() && word(mp) && is_dir(mp) && only_o_options(rest) => {
+            None
+        }
+        _ => return args,
+    };
+    let mut flag = OsString::from("--helper-source=");
+    if let Some(source) = source {
+        args.remove(1);
+        flag.push(source);
+    }
+    args.insert(1, "mount".into());
+    args.insert(2, flag);
+    args
+}
+
+/// Whether `rest` is only `-o OPTIONS` (or `-oOPTIONS`), any number of times.
+fn only_o_options(mut rest: &[OsString]) -> bool {
+    loop {
+        rest = match rest {
+            [] => return true,
+            [o, _value, tail @ ..] if o == "-o" => tail,
+            [o, tail @ ..] if o.as_bytes().starts_with(b"-o") && o.len() > 2 => tail,
+            _ => return false,
         }
     }
-    args
 }
 
 fn main() -> std::process::ExitCode {
@@ -197,35 +226,67 @@ mod tests {
 
     #[test]
     fn mount_helper_source_becomes_the_fsname() {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().to_str().unwrap();
         // mount(8)'s source travels as --helper-source, which makes the
         // mount quiet and names it in the device column.
         assert_eq!(
-            helper(&["memfs", "scratch", "/mnt/x", "-o", "size=1G"]),
+            helper(&["memfs", "scratch", mp, "-o", "size=1G"]),
             [
                 "memfs",
                 "mount",
                 "--helper-source=scratch",
-                "/mnt/x",
+                mp,
                 "-o",
                 "size=1G"
             ]
         );
-        // No source: `memfs MOUNTPOINT -o OPTIONS` is a helper mount too.
         assert_eq!(
-            helper(&["memfs", "/mnt/x", "-o", "size=1G"]),
+            helper(&["memfs", "scratch", mp, "-osize=1G", "-o", "ro"]),
             [
                 "memfs",
                 "mount",
-                "--helper-source=",
-                "/mnt/x",
+                "--helper-source=scratch",
+                mp,
+                "-osize=1G",
                 "-o",
-                "size=1G"
+                "ro"
             ]
         );
-        // Commands are left alone.
         assert_eq!(
-            helper(&["memfs", "mount", "/mnt/x"]),
-            ["memfs", "mount", "/mnt/x"]
+            helper(&["memfs", "scratch", mp]),
+            ["memfs", "mount", "--helper-source=scratch", mp]
         );
+        // No source: `memfs MOUNTPOINT -o OPTIONS` is a helper mount too.
+        assert_eq!(
+            helper(&["memfs", mp, "-o", "size=1G"]),
+            ["memfs", "mount", "--helper-source=", mp, "-o", "size=1G"]
+        );
+        // Commands are left alone.
+        assert_eq!(helper(&["memfs", "mount", mp]), ["memfs", "mount", mp]);
+    }
+
+    /// What is not mount(8)'s shape goes to clap as it is, to be answered
+    /// as an unknown command.
+    #[test]
+    fn typos_are_not_mounts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().to_str().unwrap();
+        let missing = dir.path().join("missing");
+        let missing = missing.to_str().unwrap();
+        for args in [
+            &["memfs", "snapshots", "list"][..],
+            &["memfs", "volume", "--help"],
+            &["memfs", "volume", mp, "--help"],
+            &["memfs", "scratch", missing, "-o", "size=1G"],
+            &["memfs", "scratch", mp, "extra"],
+            &["memfs", "scratch", mp, "-o"],
+            &["memfs", "scratch", mp, "-o", "size=1G", "--foreground"],
+            &["memfs", "snapshot", mp, "-o", "size=1G"],
+            &["memfs", "--verbose", mp, "-o", "size=1G"],
+            &["memfs", mp],
+        ] {
+            assert_eq!(helper(args), args, "{args:?}");
+        }
     }
 }

@@ -1180,6 +1180,9 @@ fn cpath(p: &Path) -> CString {
 
 fn try_set_xattr(p: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let n = CString::new(name).unwrap();
+    // SAFETY: both strings are NUL-terminated CStrings (`cpath`'s temporary
+    // lives until the call returns) and the value pointer and length come
+    // from one live slice; the kernel only reads them.
     let r = unsafe {
         libc::lsetxattr(
             cpath(p).as_ptr(),
@@ -1198,6 +1201,8 @@ fn try_set_xattr(p: &Path, name: &str, value: &[u8]) -> io::Result<()> {
 
 fn try_remove_xattr(p: &Path, name: &str) -> io::Result<()> {
     let n = CString::new(name).unwrap();
+    // SAFETY: both are NUL-terminated CStrings alive for the call (`cpath`'s
+    // temporary until it returns); the kernel only reads them.
     let r = unsafe { libc::lremovexattr(cpath(p).as_ptr(), n.as_ptr()) };
     if r == 0 {
         Ok(())
@@ -1208,6 +1213,8 @@ fn try_remove_xattr(p: &Path, name: &str) -> io::Result<()> {
 
 fn set_xattr(p: &Path, name: &str, value: &[u8]) {
     let n = CString::new(name).unwrap();
+    // SAFETY: as in `try_set_xattr`: NUL-terminated names alive for the
+    // call, the value's pointer and length from one live slice.
     let r = unsafe {
         libc::lsetxattr(
             cpath(p).as_ptr(),
@@ -1228,6 +1235,7 @@ fn set_xattr(p: &Path, name: &str, value: &[u8]) {
 
 fn remove_xattr(p: &Path, name: &str) {
     let n = CString::new(name).unwrap();
+    // SAFETY: as in `try_remove_xattr`.
     let r = unsafe { libc::lremovexattr(cpath(p).as_ptr(), n.as_ptr()) };
     assert_eq!(
         r,
@@ -1241,6 +1249,8 @@ fn remove_xattr(p: &Path, name: &str) {
 fn xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
     let c = cpath(p);
     let mut out = BTreeMap::new();
+    // SAFETY: `c` is a NUL-terminated path alive for the call; a null
+    // buffer of size 0 only asks for the size, nothing is written.
     let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
     assert!(
         n >= 0,
@@ -1249,6 +1259,8 @@ fn xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
         io::Error::last_os_error()
     );
     let mut names = vec![0u8; n as usize];
+    // SAFETY: the kernel writes at most `names.len()` bytes into `names`,
+    // which is that long and ours for the call.
     let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
     assert!(n >= 0, "listxattr {}", p.display());
     for name in names[..n as usize]
@@ -1256,9 +1268,13 @@ fn xattrs(p: &Path) -> BTreeMap<String, Vec<u8>> {
         .filter(|n| !n.is_empty())
     {
         let cn = CString::new(name).unwrap();
+        // SAFETY: NUL-terminated path and name alive for the call; a null
+        // buffer of size 0 only asks for the size.
         let len = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), std::ptr::null_mut(), 0) };
         assert!(len >= 0, "getxattr {}", p.display());
         let mut v = vec![0u8; len as usize];
+        // SAFETY: the kernel writes at most `v.len()` bytes into `v`, which
+        // is that long and ours for the call.
         let len =
             unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
         assert!(len >= 0, "getxattr {}", p.display());
@@ -1274,6 +1290,8 @@ fn data_segments(p: &Path, size: u64) -> Option<Vec<(u64, u64)>> {
     let mut v = Vec::new();
     let mut off = 0i64;
     while (off as u64) < size {
+        // SAFETY: `fd` belongs to `f`, open for the whole loop; lseek
+        // touches no memory of ours.
         let d = unsafe { libc::lseek(fd, off, libc::SEEK_DATA) };
         if d < 0 {
             match io::Error::last_os_error().raw_os_error() {
@@ -1281,6 +1299,7 @@ fn data_segments(p: &Path, size: u64) -> Option<Vec<(u64, u64)>> {
                 _ => return None,
             }
         }
+        // SAFETY: as above.
         let h = unsafe { libc::lseek(fd, d, libc::SEEK_HOLE) };
         if h < 0 {
             return None;

@@ -196,3 +196,27 @@ fn fstab_line() {
     h.mount(&["-T", fstab.to_str().unwrap(), mp.to_str().unwrap()]);
     h.check_and_unmount("scratch", 32 << 20);
 }
+
+/// A mistyped command is answered as one, with clap's suggestion, not
+/// taken for mount(8)'s `memfs SOURCE MOUNTPOINT` and mounted.
+#[test]
+fn typos_get_a_suggestion_not_a_mount() {
+    let out = common::memfs(["snapshots", "list"]);
+    let err = common::failed(out);
+    assert!(
+        err.contains("unrecognized subcommand 'snapshots'")
+            && err.contains("similar subcommand exists: 'snapshot'"),
+        "no suggestion: {err}"
+    );
+    assert!(!err.contains("mount point"), "taken for a mount: {err}");
+
+    let out = common::memfs(["volume", "--help"]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let err = common::failed(out);
+    assert!(err.contains("volume"), "{err}");
+    let mount_help = String::from_utf8(common::memfs(["mount", "--help"]).stdout).unwrap();
+    assert!(
+        !stdout.contains(&mount_help) && !err.contains(&mount_help),
+        "printed mount's help: {stdout}{err}"
+    );
+}

@@ -1556,3 +1556,164 @@ fn large_writes_at_any_offset_read_back() {
         m.unmount();
     }
 }
+
+/// A tmpfs on a temporary directory, the reference for what Linux does;
+/// unmounted in every path (Drop runs on panics too).
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn new() -> Tmpfs {
+        let dir = tempfile::Builder::new()
+            .prefix("memfs-tmpfs-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().canonicalize().expect("canonical tempdir");
+        let t = Tmpfs { _dir: dir, path };
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "tmpfs"])
+            .arg(&t.path)
+            .status()
+            .expect("run mount(8)");
+        assert!(st.success(), "mount -t tmpfs failed: {st}");
+        t
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if common::is_mount_point(&self.path) {
+            let _ = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH);
+        }
+    }
+}
+
+/// The mode left on a file of uid and gid 2000 and mode 06755 once `writer`
+/// (a command line that writes its standard output) has written to it
+/// through a descriptor opened by root: not its owner, nor in its group, it
+/// could not open the file itself.
+fn mode_after_write_by(dir: &Path, writer: &[&str]) -> u32 {
+    let f = dir.join("suid");
+    fs::write(&f, b"old").unwrap();
+    std::os::unix::fs::chown(&f, Some(2000), Some(2000)).unwrap();
+    // After the chown, which clears setuid.
+    fs::set_permissions(&f, fs::Permissions::from_mode(0o6755)).unwrap();
+    assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o6755);
+    let out = OpenOptions::new().write(true).open(&f).unwrap();
+    let st = std::process::Command::new(writer[0])
+        .args(&writer[1..])
+        .stdout(out)
+        .status()
+        .unwrap_or_else(|e| panic!("run {writer:?}: {e}"));
+    assert!(st.success(), "{writer:?} failed: {st}");
+    assert_eq!(fs::read(&f).unwrap(), b"xld", "{writer:?} wrote");
+    fs::metadata(&f).unwrap().mode() & 0o7777
+}
+
+/// A write clears setuid and setgid (group-exec set) when the writer lacks
+/// CAP_FSETID, which the kernel tells memfs with FUSE_WRITE_KILL_SUIDGID:
+/// its uid does not tell (root without the capability loses the bits, a
+/// user holding it keeps them). Checked against tmpfs, written the same way.
+#[test]
+fn writes_clear_setuid_and_setgid_as_the_kernel_says() {
+    if !nix::unistd::geteuid().is_root() || !common::have("setpriv") {
+        eprintln!("skipped: needs root and setpriv(1) to drop privileges");
+        return;
+    }
+    const USER: [&str; 7] = [
+        "setpriv",
+        "--reuid=1000",
+        "--regid=1000",
+        "--clear-groups",
+        "--",
+        "printf",
+        "x",
+    ];
+    let writers: [(&str, &[&str], u32); 4] = [
+        ("root", &["printf", "x"], 0o6755),
+        ("uid 1000", &USER, 0o755),
+        (
+            "root without CAP_FSETID",
+            &["setpriv", "--bounding-set=-fsetid", "--", "printf", "x"],
+            0o755,
+        ),
+        (
+            "uid 1000 with CAP_FSETID",
+            &[
+                "setpriv",
+                "--reuid=1000",
+                "--regid=1000",
+                "--clear-groups",
+                "--inh-caps=+fsetid",
+                "--ambient-caps=+fsetid",
+                "--",
+                "printf",
+                "x",
+            ],
+            0o6755,
+        ),
+    ];
+    let tmpfs = Tmpfs::new();
+    let m = Mount::with_args(&["--allow-other"]);
+    for (who, writer, want) in writers {
+        let reference = mode_after_write_by(&tmpfs.path, writer);
+        assert_eq!(reference, want, "tmpfs, written by {who}");
+        let got = mode_after_write_by(&m.path(), writer);
+        assert_eq!(got, reference, "memfs against tmpfs, written by {who}");
+    }
+    m.unmount();
+    drop(tmpfs);
+}
+
+/// Reads one byte of `f` through a descriptor opened with `flags`, after
+/// dropping its cached pages so that the read reaches the file system.
+fn read_one_byte(f: &Path, flags: i32) {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(f)
+        .unwrap();
+    nix::fcntl::posix_fadvise(
+        &file,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+    let mut b = [0u8; 1];
+    file.read_exact(&mut b).unwrap();
+}
+
+/// LTP's open12: `touch -a -d 2020-01-01 f`, then a 1-byte read through
+/// `open(f, O_RDONLY | O_NOATIME)` leaves the atime at 2020-01-01; a plain
+/// read moves it (relatime: an access more than a day old). As on tmpfs.
+fn o_noatime_check(dir: &Path, what: &str) {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    let f = dir.join("noatime");
+    fs::write(&f, b"data").unwrap();
+    let y2020 = UNIX_EPOCH + Duration::from_secs(1_577_836_800);
+    File::open(&f)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_accessed(y2020))
+        .unwrap();
+    let atime = || fs::metadata(&f).unwrap().accessed().unwrap();
+    assert_eq!(atime(), y2020);
+    read_one_byte(&f, libc::O_NOATIME);
+    assert_eq!(atime(), y2020, "{what}: a read with O_NOATIME");
+    let before = SystemTime::now() - Duration::from_secs(60);
+    read_one_byte(&f, 0);
+    assert!(atime() > before, "{what}: a plain read moves the atime");
+}
+
+#[test]
+fn o_noatime_reads_leave_the_atime_alone() {
+    if nix::unistd::geteuid().is_root() {
+        let tmpfs = Tmpfs::new();
+        o_noatime_check(&tmpfs.path, "tmpfs");
+    }
+    let m = Mount::new();
+    o_noatime_check(&m.path(), "memfs");
+    m.unmount();
+}

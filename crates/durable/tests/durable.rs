@@ -506,7 +506,7 @@ fn writes_from_pages_replay_exactly() {
             }
             let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ (g as u8 * 41)).collect();
             let n = fs
-                .write_pages_as(c, &|_| true, f, off, len, &mut paged(&data), g == 4)
+                .write_pages_as(c, &|_| true, false, f, off, len, &mut paged(&data), g == 4)
                 .unwrap();
             assert_eq!(n, len);
         }

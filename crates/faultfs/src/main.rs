@@ -2,6 +2,8 @@
 //! BACKING at MOUNT that fails chosen operations on command (issue 15 part 3).
 //! See `faults.rs` for the command language and docs/faultfs.md.
 
+#![forbid(unsafe_code)]
+
 mod faults;
 
 use std::collections::HashMap;

@@ -3,6 +3,8 @@
 //! points, SIGKILL and restart with the faults cleared, then the tree must
 //! be exactly what was acknowledged (issue 15 part 3).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use std::io::ErrorKind;

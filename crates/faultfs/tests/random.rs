@@ -6,6 +6,8 @@
 //! commit acknowledged before the last fsync. A few seeds each for CI;
 //! `FAULTFS_ROUNDS=N` for a longer soak (`FAULTFS_SEED` replays one).
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use std::path::Path;

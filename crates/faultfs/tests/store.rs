@@ -3,6 +3,8 @@
 //! store stays at the previous block, and after a restart (every command is
 //! a new process that recovers the store) every acknowledged block is there.
 
+#![forbid(unsafe_code)]
+
 mod common;
 
 use std::collections::BTreeMap;

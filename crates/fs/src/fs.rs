@@ -148,14 +148,20 @@ pub(crate) fn list_dir(ino: u64, d: &Dir, offset: u64, f: &mut impl FnMut(DirEnt
 /// The file capability xattr, dropped with setuid when an unprivileged caller writes.
 const SECURITY_CAPABILITY: &[u8] = b"security.capability";
 
-/// Clears setuid and setgid as Linux does when a caller without CAP_FSETID
-/// modifies a file (`setattr_should_drop_suidgid`): setuid always; setgid when
-/// it means "run as group" (group-exec set) or when the caller is not in the
-/// file's group. `in_group` is asked only when it decides.
+/// [`drop_privs`] for a caller taken to hold CAP_FSETID if it is root: for
+/// the changes whose request does not say (a FUSE SETATTR's size or owner).
 fn kill_priv_of(perm: u16, gid: u32, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> u16 {
     if ctx.uid == 0 {
         return perm;
     }
+    drop_privs(perm, gid, ctx, in_group)
+}
+
+/// Clears setuid and setgid as Linux does when a caller without CAP_FSETID
+/// modifies a file (`setattr_should_drop_suidgid`): setuid always; setgid when
+/// it means "run as group" (group-exec set) or when the caller is not in the
+/// file's group. `in_group` is asked only when it decides.
+fn drop_privs(perm: u16, gid: u32, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> u16 {
     let mut p = kill_priv(perm);
     if p & libc::S_ISGID as u16 != 0 && ctx.gid != gid && !in_group(gid) {
         p &= !(libc::S_ISGID as u16);
@@ -1813,27 +1819,34 @@ impl Fs {
     /// Writes `data` at `off` (at the end of file with `append`); returns the
     /// count written, which is all of it or an error.
     ///
-    /// `write` by `ctx`, taken to be in every group it names: a caller
-    /// without CAP_FSETID then keeps setgid without group-exec. Callers that
-    /// know the caller's supplementary groups use [`Fs::write_as`].
+    /// `write` by `ctx`, taken to be in every group it names and to hold
+    /// CAP_FSETID if it is root: a caller without it then keeps setgid
+    /// without group-exec. Callers that know the caller's supplementary
+    /// groups or capabilities use [`Fs::write_as`].
     pub fn write(&self, ctx: Ctx, ino: u64, off: u64, data: &[u8], append: bool) -> Result<usize> {
-        self.write_as(ctx, &|_| true, ino, off, data, append)
+        self.write_as(ctx, &|_| true, ctx.uid != 0, ino, off, data, append)
     }
 
-    /// `write` on behalf of `ctx`: a caller without CAP_FSETID loses setuid,
-    /// the file capability, and setgid when group-exec is set or when it is
-    /// outside the file's group (`in_group(gid)`: its supplementary groups,
-    /// which only the caller's side knows; asked only when it decides).
+    /// `write` on behalf of `ctx`. With `kill_suidgid` (the caller lacks
+    /// CAP_FSETID: through FUSE, the kernel's FUSE_WRITE_KILL_SUIDGID says
+    /// so, which a uid cannot) the file loses setuid, its file capability,
+    /// and setgid when group-exec is set or when the caller is outside the
+    /// file's group (`in_group(gid)`: its supplementary groups, which only
+    /// the caller's side knows; asked only when it decides).
+    // `kill_suidgid` is the caller's to know, like `in_group`.
+    #[allow(clippy::too_many_arguments)]
     pub fn write_as(
         &self,
         ctx: Ctx,
         in_group: &dyn Fn(u32) -> bool,
+        kill_suidgid: bool,
         ino: u64,
         off: u64,
         data: &[u8],
         append: bool,
     ) -> Result<usize> {
-        self.write_from(ctx, in_group, ino, off, WriteSrc::Bytes(data), append)
+        let src = WriteSrc::Bytes(data);
+        self.write_from(ctx, in_group, kill_suidgid, ino, off, src, append)
     }
 
     /// [`Fs::write_as`] of the first `len` bytes held by `pages` (page `i`
@@ -1852,6 +1865,7 @@ impl Fs {
         &self,
         ctx: Ctx,
         in_group: &dyn Fn(u32) -> bool,
+        kill_suidgid: bool,
         ino: u64,
         off: u64,
         len: usize,
@@ -1865,6 +1879,7 @@ impl Fs {
         self.write_from(
             ctx,
             in_group,
+            kill_suidgid,
             ino,
             off,
             WriteSrc::Pages { len, pages },
@@ -1872,10 +1887,12 @@ impl Fs {
         )
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_from(
         &self,
         ctx: Ctx,
         in_group: &dyn Fn(u32) -> bool,
+        kill_suidgid: bool,
         ino: u64,
         off: u64,
         src: WriteSrc<'_>,
@@ -1941,8 +1958,8 @@ impl Fs {
         // to us what it would otherwise do with a GETXATTR round trip before
         // every write: drop setuid/setgid and the file capability.
         let mut dropped_caps = false;
-        if ctx.uid != 0 {
-            meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+        if kill_suidgid {
+            meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
             if let Some(xs) = meta.xattrs.as_mut() {
                 dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
                 if xs.is_empty() {
@@ -2008,17 +2025,19 @@ impl Fs {
     }
 
     pub fn fallocate(&self, ino: u64, off: u64, len: u64, mode: FallocateMode) -> Result<()> {
-        self.fallocate_as(Ctx::ROOT, &|_| true, ino, off, len, mode)
+        self.fallocate_as(Ctx::ROOT, &|_| true, false, ino, off, len, mode)
     }
 
-    /// `fallocate` on behalf of `ctx`: like a write, a caller without
-    /// CAP_FSETID loses setuid, and setgid unless it is in the file's group
-    /// (`in_group(gid)`: its supplementary groups, which only the caller's
-    /// side knows) and group-exec is off.
+    /// `fallocate` on behalf of `ctx`: like a write, with `kill_suidgid` (a
+    /// caller without CAP_FSETID) the file loses setuid, and setgid unless
+    /// the caller is in the file's group (`in_group(gid)`: its supplementary
+    /// groups, which only the caller's side knows) and group-exec is off.
+    #[allow(clippy::too_many_arguments)]
     pub fn fallocate_as(
         &self,
         ctx: Ctx,
         in_group: &dyn Fn(u32) -> bool,
+        kill_suidgid: bool,
         ino: u64,
         off: u64,
         len: u64,
@@ -2063,7 +2082,9 @@ impl Fs {
         file.check(meta.size, mode.punch_hole || mode.zero_range);
         meta.mtime = now;
         meta.ctime = now;
-        meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+        if kill_suidgid {
+            meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
+        }
         self.log(|| Mutation::Fallocate {
             attr: st.attr(ino, inode.kind),
             offset: off,
@@ -2089,7 +2110,8 @@ impl Fs {
 
     /// [`Fs::copy_file_range`] on behalf of `ctx`, whose supplementary groups
     /// `in_group` knows: the destination loses setuid and setgid as by
-    /// [`Fs::write_as`].
+    /// [`Fs::write_as`], root taken to hold CAP_FSETID (FUSE's
+    /// COPY_FILE_RANGE does not say whether the caller does).
     #[allow(clippy::too_many_arguments)]
     pub fn copy_file_range_as(
         &self,
@@ -2132,7 +2154,16 @@ impl Fs {
             if n == 0 {
                 break;
             }
-            self.write_as(ctx, in_group, ino_out, off_out + done, &buf[..n], false)?;
+            let kill = ctx.uid != 0;
+            self.write_as(
+                ctx,
+                in_group,
+                kill,
+                ino_out,
+                off_out + done,
+                &buf[..n],
+                false,
+            )?;
             done += n as u64;
         }
         Ok(done)

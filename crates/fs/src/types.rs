@@ -276,6 +276,20 @@ pub enum AtimeMode {
     Never,
 }
 
+impl AtimeMode {
+    /// The policy for a read through a descriptor opened with `flags`
+    /// (`open(2)` flags, as a FUSE READ carries them): `O_NOATIME` records
+    /// nothing, whatever the mount's policy. Whether the opener may ask for
+    /// it (owner or CAP_FOWNER) was checked by the kernel at open.
+    pub fn for_open_flags(self, flags: i32) -> AtimeMode {
+        if flags & libc::O_NOATIME != 0 {
+            AtimeMode::Never
+        } else {
+            self
+        }
+    }
+}
+
 /// Flags of `rename`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {

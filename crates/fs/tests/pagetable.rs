@@ -550,7 +550,7 @@ fn paged_writes_match_copied_writes() {
         let mut pages = paged(&data);
         let before: Vec<*const u8> = pages.iter().map(|p| p.as_ref().unwrap().as_ptr()).collect();
         let n = a
-            .write_pages_as(C, &|_| true, fa, off, len, &mut pages, false)
+            .write_pages_as(C, &|_| true, false, fa, off, len, &mut pages, false)
             .unwrap();
         assert_eq!(n, len);
         b.write(C, fb, off, &data, false).unwrap();
@@ -584,12 +584,21 @@ fn an_overwrite_hands_back_the_pages_it_replaced() {
     let fs = fs();
     let ino = file(&fs, "f");
     let old = bytes(3 * PS, 5);
-    fs.write_pages_as(C, &|_| true, ino, 0, 3 * PS, &mut paged(&old), false)
+    fs.write_pages_as(C, &|_| true, false, ino, 0, 3 * PS, &mut paged(&old), false)
         .unwrap();
     let new = bytes(2 * PS, 6);
     let mut pages = paged(&new);
-    fs.write_pages_as(C, &|_| true, ino, PS as u64, 2 * PS, &mut pages, false)
-        .unwrap();
+    fs.write_pages_as(
+        C,
+        &|_| true,
+        false,
+        ino,
+        PS as u64,
+        2 * PS,
+        &mut pages,
+        false,
+    )
+    .unwrap();
     let back: Vec<u8> = pages
         .iter()
         .flat_map(|p| p.as_ref().unwrap().to_vec())
@@ -612,8 +621,17 @@ fn a_paged_write_leaves_a_snapshot_its_pages() {
     let snap = fs.snapshot_create(b"s").unwrap().id;
     let new = bytes(4 * PS, 2);
     let mut pages = paged(&new);
-    fs.write_pages_as(C, &|_| true, ino, 2 * PS as u64, 4 * PS, &mut pages, false)
-        .unwrap();
+    fs.write_pages_as(
+        C,
+        &|_| true,
+        false,
+        ino,
+        2 * PS as u64,
+        4 * PS,
+        &mut pages,
+        false,
+    )
+    .unwrap();
     assert!(pages.iter().all(Option::is_none));
     let mut want = old.clone();
     want[2 * PS..6 * PS].copy_from_slice(&new);
@@ -633,13 +651,22 @@ fn a_missing_page_is_refused_and_changes_nothing() {
     let mut pages = paged(&bytes(2 * PS, 3));
     pages[1] = None;
     let e = fs
-        .write_pages_as(C, &|_| true, ino, 0, 2 * PS, &mut pages, false)
+        .write_pages_as(C, &|_| true, false, ino, 0, 2 * PS, &mut pages, false)
         .unwrap_err();
     assert_eq!(e, Errno::EINVAL);
     assert!(pages[0].is_some(), "nothing taken");
     assert_eq!(fs.getattr(ino).unwrap().size, 0);
     let e = fs
-        .write_pages_as(C, &|_| true, ino, 0, 3 * PS, &mut paged(&[1; 10]), false)
+        .write_pages_as(
+            C,
+            &|_| true,
+            false,
+            ino,
+            0,
+            3 * PS,
+            &mut paged(&[1; 10]),
+            false,
+        )
         .unwrap_err();
     assert_eq!(e, Errno::EINVAL, "fewer pages than the length needs");
 }
@@ -655,7 +682,7 @@ fn a_paged_write_past_the_capacity_fails_whole() {
     let ino = file(&fs, "f");
     let mut pages = paged(&bytes(8 * PS, 4));
     let e = fs
-        .write_pages_as(C, &|_| true, ino, 0, 8 * PS, &mut pages, false)
+        .write_pages_as(C, &|_| true, false, ino, 0, 8 * PS, &mut pages, false)
         .unwrap_err();
     assert_eq!(e, Errno::ENOSPC);
     assert!(pages.iter().all(Option::is_some));
@@ -689,7 +716,7 @@ fn a_paged_write_records_its_bytes() {
     for (off, len) in [(0u64, 2 * PS + 5), (PS as u64, PS), (3, PS)] {
         let data = bytes(len, off as u8);
         let mut pages = paged(&data);
-        fs.write_pages_as(C, &|_| true, ino, off, len, &mut pages, false)
+        fs.write_pages_as(C, &|_| true, false, ino, off, len, &mut pages, false)
             .unwrap();
         want.push((off, data, fs.getattr(ino).unwrap().size));
     }

@@ -219,6 +219,48 @@ fn atime_modes_of_reads() {
     assert!(atime().sec > day_old.sec, "relatime, day-old access");
 }
 
+/// A read through a descriptor opened with O_NOATIME (LTP open12) leaves
+/// the access time alone under every mount policy, even one that a plain
+/// read of the same file would move; other open flags change nothing.
+#[test]
+fn o_noatime_reads_record_nothing() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    fs.write(C, f, 0, b"hello", false).unwrap();
+    // 2020-01-01, as `touch -a -d 2020-01-01`: older than the last change
+    // and than a day, so relatime would move it.
+    let y2020 = Timespec {
+        sec: 1_577_836_800,
+        nsec: 0,
+    };
+    let atime = || fs.getattr(f).unwrap().atime;
+    let mut buf = [0u8; 1];
+    for mode in [AtimeMode::Relative, AtimeMode::Strict, AtimeMode::Never] {
+        let set_atime = || {
+            set(
+                &fs,
+                f,
+                SetAttr {
+                    atime: Some(SetTime::At(y2020)),
+                    ..Default::default()
+                },
+            )
+        };
+        set_atime();
+        fs.take_unrecorded_atimes();
+        let noatime = mode.for_open_flags(libc::O_RDONLY | libc::O_NOATIME);
+        assert_eq!(noatime, AtimeMode::Never);
+        fs.read_atime(f, 0, &mut buf, noatime).unwrap();
+        assert_eq!(atime(), y2020, "{mode:?}: O_NOATIME");
+        assert!(!fs.take_unrecorded_atimes(), "{mode:?}: O_NOATIME");
+
+        let plain = mode.for_open_flags(libc::O_RDWR | libc::O_APPEND | libc::O_CLOEXEC);
+        assert_eq!(plain, mode, "only O_NOATIME changes the policy");
+        fs.read_atime(f, 0, &mut buf, plain).unwrap();
+        assert_eq!(atime() != y2020, mode != AtimeMode::Never, "{mode:?}");
+    }
+}
+
 #[test]
 fn times_of_data_and_attribute_changes() {
     let fs = fs();
@@ -443,6 +485,56 @@ fn unprivileged_write_drops_the_file_capability() {
     fs.write(USER, f, 0, b"x", false).unwrap();
     assert_eq!(fs.getxattr(f, b"security.capability"), Err(Errno::ENODATA));
     assert_eq!(fs.getxattr(f, b"user.k").unwrap(), b"v");
+}
+
+/// Whether a write or fallocate clears setuid/setgid is the caller's
+/// CAP_FSETID, which the FUSE kernel states per write
+/// (FUSE_WRITE_KILL_SUIDGID), not its uid: root without the capability loses
+/// the bits, a user holding it keeps them.
+#[test]
+fn kill_suidgid_is_the_callers_capability_not_its_uid() {
+    let fs = fs();
+    let f = mkfile(&fs, C, ROOT_INO, "f", 0o644).ino;
+    let not_member = |_gid: u32| false;
+    let owner = SetAttr {
+        uid: Some(2000),
+        gid: Some(2000),
+        ..Default::default()
+    };
+    set(&fs, f, owner);
+    // Apart from the chown, which drops setuid.
+    let reset = || {
+        set(
+            &fs,
+            f,
+            SetAttr {
+                mode: Some(0o6755),
+                ..Default::default()
+            },
+        );
+    };
+    let mode = || fs.getattr(f).unwrap().perm;
+    let alloc = FallocateMode::ALLOCATE;
+    for (who, ctx, kill, after) in [
+        ("root without CAP_FSETID", C, true, 0o755),
+        ("root", C, false, 0o6755),
+        ("a user", USER, true, 0o755),
+        ("a user with CAP_FSETID", USER, false, 0o6755),
+    ] {
+        reset();
+        fs.write_as(ctx, &not_member, kill, f, 0, b"x", false)
+            .unwrap();
+        assert_eq!(mode(), after, "write by {who}");
+        reset();
+        let mut pages = vec![Some(Box::new([7u8; PAGE_SIZE]))];
+        fs.write_pages_as(ctx, &not_member, kill, f, 0, PAGE_SIZE, &mut pages, false)
+            .unwrap();
+        assert_eq!(mode(), after, "write of pages by {who}");
+        reset();
+        fs.fallocate_as(ctx, &not_member, kill, f, 0, P, alloc)
+            .unwrap();
+        assert_eq!(mode(), after, "fallocate by {who}");
+    }
 }
 
 // ---- limits ------------------------------------------------------------------------------
@@ -1254,7 +1346,8 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &not_member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &not_member, true, f, 0, P, m)
+            .unwrap();
         assert_eq!(
             mode_of(&fs),
             0o666,
@@ -1269,7 +1362,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &member, true, f, 0, P, m).unwrap();
         assert_eq!(
             mode_of(&fs),
             0o2666,
@@ -1284,7 +1377,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(USER, &member, f, 0, P, m).unwrap();
+        fs.fallocate_as(USER, &member, true, f, 0, P, m).unwrap();
         assert_eq!(
             mode_of(&fs),
             0o676,
@@ -1299,7 +1392,7 @@ fn fallocate_kills_setgid_of_non_members() {
                 ..Default::default()
             },
         );
-        fs.fallocate_as(C, &not_member, f, 0, P, m).unwrap();
+        fs.fallocate_as(C, &not_member, false, f, 0, P, m).unwrap();
         assert_eq!(mode_of(&fs), 0o6777, "{m:?}: root keeps both");
     }
 }
@@ -1315,7 +1408,8 @@ fn data_changes_kill_setgid_of_non_members() {
     type Change = fn(&Fs, Ctx, &dyn Fn(u32) -> bool, u64, u64);
     let changes: [(&str, Change); 4] = [
         ("write", |fs, ctx, g, f, _| {
-            fs.write_as(ctx, g, f, 0, b"x", false).unwrap();
+            fs.write_as(ctx, g, ctx.uid != 0, f, 0, b"x", false)
+                .unwrap();
         }),
         ("truncate", |fs, ctx, g, f, _| {
             let t = SetAttr {

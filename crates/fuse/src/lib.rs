@@ -575,19 +575,19 @@ fn reply_pages(reply: ReplyData, pages: &[&[u8]]) {
 const GENERATION: Generation = Generation(0);
 
 impl MemFuse {
-    /// Whether a write or fallocate by this caller may clear setuid/setgid on
-    /// `ino`: the engine drops them for unprivileged callers (HANDLE_KILLPRIV_V2),
-    /// but the kernel's reply to WRITE and FALLOCATE carries no attributes and
-    /// it does not mark the mode stale, so `stat` would show the old mode
-    /// until the attribute timeout. Root keeps the bits; so does a file
-    /// without them (the common case, checked without a second lookup for root).
-    fn privileges_may_drop(&self, caller: Ctx, ino: u64) -> bool {
-        caller.uid != 0
-            && self
-                .fs
-                .get()
-                .getattr(ino)
-                .is_ok_and(|a| a.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0)
+    /// Whether a write or fallocate that `kill`s setuid/setgid (its caller
+    /// lacks CAP_FSETID) may clear them on `ino`: the engine drops them
+    /// (HANDLE_KILLPRIV_V2), but the kernel's reply to WRITE and FALLOCATE
+    /// carries no attributes and it does not mark the mode stale, so `stat`
+    /// would show the old mode until the attribute timeout. A file without
+    /// them (the common case) keeps nothing to clear, and a caller that does
+    /// not kill costs no lookup.
+    fn privileges_may_drop(&self, kill: bool, ino: u64) -> bool {
+        kill && self
+            .fs
+            .get()
+            .getattr(ino)
+            .is_ok_and(|a| a.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0)
     }
 
     /// Makes the kernel fetch `ino`'s attributes again (only attributes: a
@@ -651,7 +651,7 @@ impl MemFuse {
     /// The engine's side of a data change made in a backing file: mtime and
     /// ctime, and setuid/setgid dropped as for a write (a punch over no
     /// engine data changes nothing else).
-    fn touch(&self, caller: Ctx, ino: u64) -> memfs_fs::Result<()> {
+    fn touch(&self, caller: Ctx, kill: bool, ino: u64) -> memfs_fs::Result<()> {
         let punch = FallocateMode {
             keep_size: true,
             punch_hole: true,
@@ -659,7 +659,7 @@ impl MemFuse {
         };
         self.fs
             .get()
-            .fallocate_as(caller, &caller_in_group(caller), ino, 0, 1, punch)
+            .fallocate_as(caller, &caller_in_group(caller), kill, ino, 0, 1, punch)
     }
 
     fn backed(&self, ino: u64) -> Option<Arc<passthrough::Backed>> {
@@ -1145,6 +1145,10 @@ impl Filesystem for MemFuse {
         if flags.0 & libc::O_DIRECT == 0 && snapdir::classify(ino.0) == Node::Live(ino.0) {
             self.dio.note_cached(ino.0);
         }
+        // The kernel never moves a FUSE file's atime itself, so O_NOATIME is
+        // ours to honour. READs made for a mapping's page faults and read-ahead
+        // carry the flags of the mapped file, so mmap is covered too.
+        let atime = self.atime.effective().for_open_flags(flags.0);
         // The engine's pages (and a snapshot's) go to the kernel as a gather
         // list, under the file's read lock: no copy into a buffer first.
         let mut reply = Some(reply);
@@ -1159,6 +1163,9 @@ impl Filesystem for MemFuse {
             }
             (Node::SnapDir, _) => Err(Errno::EISDIR),
             // A backing file's bytes are the kernel's: read into a buffer.
+            // Its atime is the backing tmpfs's to keep (merged into ours,
+            // `Backing::merge`), so O_NOATIME is not honoured on this path,
+            // nor on passthrough opens, whose reads never reach us.
             (_, Some(b)) => READ_BUF.with_borrow_mut(|buf| {
                 if buf.len() < size as usize {
                     buf.resize(size as usize, 0);
@@ -1169,7 +1176,7 @@ impl Filesystem for MemFuse {
             (_, None) => self
                 .fs
                 .get()
-                .read_with(ino.0, offset, size as usize, self.atime.effective(), send)
+                .read_with(ino.0, offset, size as usize, atime, send)
                 .map_err(stale),
         };
         if let (Err(e), Some(reply)) = (r, reply) {
@@ -1184,12 +1191,13 @@ impl Filesystem for MemFuse {
         _fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.write_from(req, ino, offset, WriteData::Bytes(data), flags, reply)
+        let data = WriteData::Bytes(data);
+        self.write_from(req, ino, offset, data, write_flags, flags, reply)
     }
 
     fn write_pages(
@@ -1199,12 +1207,13 @@ impl Filesystem for MemFuse {
         _fh: FileHandle,
         offset: u64,
         data: &mut WritePages,
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.write_from(req, ino, offset, WriteData::Pages(data), flags, reply)
+        let data = WriteData::Pages(data);
+        self.write_from(req, ino, offset, data, write_flags, flags, reply)
     }
 
     fn flush(
@@ -1658,16 +1667,22 @@ impl Filesystem for MemFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        // The kernel leaves killing setuid/setgid on fallocate to us.
+        // The kernel leaves killing setuid/setgid on fallocate to us
+        // (HANDLE_KILLPRIV_V2), but unlike WRITE's FUSE_WRITE_KILL_SUIDGID,
+        // FALLOCATE carries no flag saying whether the caller has CAP_FSETID
+        // (`fuse_fallocate_in` is fh, offset, length, mode): root is taken
+        // to have it.
         if let Err(e) = self.writable(ino.0) {
             return reply.error(err(e));
         }
         let caller = ctx(req);
-        let drops = self.privileges_may_drop(caller, ino.0);
+        let kill = caller.uid != 0;
+        let drops = self.privileges_may_drop(kill, ino.0);
         let r = FallocateMode::from_bits(mode).and_then(|m| match self.backed(ino.0) {
             None => self.fs.get().fallocate_as(
                 caller,
                 &caller_in_group(caller),
+                kill,
                 ino.0,
                 offset,
                 length,
@@ -1684,7 +1699,7 @@ impl Filesystem for MemFuse {
                     return Err(Errno::EFBIG);
                 }
                 b.fallocate(offset, length, m.keep_size, m.punch_hole, m.zero_range)?;
-                self.touch(caller, ino.0)
+                self.touch(caller, kill, ino.0)
             }
         });
         if drops && r.is_ok() {
@@ -1830,9 +1845,11 @@ impl Filesystem for MemFuse {
             return reply.error(fuser::Errno::EXDEV);
         }
         // The destination loses setuid/setgid as by a write; the kernel
-        // marks its size and times stale after the copy, not its mode.
+        // marks its size and times stale after the copy, not its mode. As
+        // for FALLOCATE, no flag says whether the caller has CAP_FSETID:
+        // root is taken to have it.
         let caller = ctx(req);
-        let drops = self.privileges_may_drop(caller, ino_out.0);
+        let drops = self.privileges_may_drop(caller.uid != 0, ino_out.0);
         let (b_in, b_out) = (self.backed(ino_in.0), self.backed(ino_out.0));
         let r = if b_in.is_some() || b_out.is_some() {
             self.copy_backed(
@@ -1872,12 +1889,15 @@ enum WriteData<'a> {
 }
 
 impl MemFuse {
+    // A WRITE's arguments, its data either way.
+    #[allow(clippy::too_many_arguments)]
     fn write_from(
         &self,
         req: &Request,
         ino: INodeNo,
         offset: u64,
         data: WriteData<'_>,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         reply: ReplyWrite,
     ) {
@@ -1895,7 +1915,12 @@ impl MemFuse {
         // The caller's ids once per request: under allow_idmap each
         // ctx() may read /proc.
         let caller = ctx(req);
-        let drops = self.privileges_may_drop(caller, ino.0);
+        // With HANDLE_KILLPRIV_V2 the kernel says whether the writer lacks
+        // CAP_FSETID, which its uid does not tell (root with the capability
+        // dropped, a user granted it). Writes from the page cache never
+        // carry it: the kernel writes through, flagged, when they would kill.
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let drops = self.privileges_may_drop(kill, ino.0);
         let in_group = caller_in_group(caller);
         let r = match (self.backed(ino.0), data) {
             (Some(b), data) => {
@@ -1909,18 +1934,27 @@ impl MemFuse {
                 };
                 (if append { b.size() } else { Ok(offset) })
                     .and_then(|off| b.write_at(off, data))
-                    .and_then(|n| self.touch(caller, ino.0).map(|()| n))
+                    .and_then(|n| self.touch(caller, kill, ino.0).map(|()| n))
             }
             (None, WriteData::Bytes(data)) => self
                 .fs
                 .get()
-                .write_as(caller, &in_group, ino.0, offset, data, append)
+                .write_as(caller, &in_group, kill, ino.0, offset, data, append)
                 .map_err(stale),
             (None, WriteData::Pages(p)) => {
                 let len = p.len();
                 self.fs
                     .get()
-                    .write_pages_as(caller, &in_group, ino.0, offset, len, p.pages_mut(), append)
+                    .write_pages_as(
+                        caller,
+                        &in_group,
+                        kill,
+                        ino.0,
+                        offset,
+                        len,
+                        p.pages_mut(),
+                        append,
+                    )
                     .map_err(stale)
             }
         };
@@ -1987,6 +2021,7 @@ impl MemFuse {
                         None => self.fs.get().write_as(
                             caller,
                             &caller_in_group(caller),
+                            caller.uid != 0,
                             ino_out,
                             off_out + done,
                             &buf[..n],
@@ -1999,7 +2034,7 @@ impl MemFuse {
             }
         };
         if b_out.is_some() && done > 0 {
-            self.touch(caller, ino_out)?;
+            self.touch(caller, caller.uid != 0, ino_out)?;
         }
         Ok(done)
     }

@@ -21,6 +21,8 @@
 //! Promises: a commit is recovered whole or not at all, as durable as its
 //! mode says. Depends on std, `nix` and `crc32c` only; no memfs crate.
 
+#![forbid(unsafe_code)]
+
 pub mod dir;
 pub mod durability;
 pub mod format;

@@ -6,6 +6,8 @@
 //!
 //! Case counts: `MEMFS_CRASH_SIM_CASES` (per durability mode, default 150).
 
+#![forbid(unsafe_code)]
+
 use memfs_journal::manifest::Manifest;
 use memfs_journal::snapshot::{SnapshotReader, SnapshotWriter, list_snapshots};
 use memfs_journal::{

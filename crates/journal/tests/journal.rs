@@ -1,5 +1,7 @@
 //! Journal behaviour on real files: modes, rotation, recovery, damage.
 
+#![forbid(unsafe_code)]
+
 use memfs_journal::recovery::{repair, verify};
 use memfs_journal::{DataDir, Durability, Error, Journal, JournalOptions, SimStorage, storage};
 use rand::{Rng, SeedableRng, rngs::StdRng};

@@ -156,9 +156,14 @@ impl ThreadTimer {
             return Err(io::Error::last_os_error());
         }
         // Make sure the signal can reach this thread while it waits.
-        // SAFETY: plain sigset manipulation on local values.
+        // SAFETY: sigset_t is plain data, for which all zeroes is a valid
+        // (if unspecified) value; sigemptyset below makes it a proper set.
         let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; pthread_sigmask overwrites it.
         let mut old_mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` and `old_mask` are live locals, `sig` a signal number
+        // the timer was just created with; changing this thread's own mask
+        // touches no memory of others.
         unsafe {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, sig);

@@ -288,8 +288,10 @@ fn flock_worker(spec: &WorkerSpec) -> Result<(), BenchError> {
     let mut n = 0u64;
     loop {
         for _ in 0..64 {
-            // SAFETY: fd is a valid open descriptor for the whole loop.
+            // SAFETY: fd is a valid open descriptor for the whole loop (`f`
+            // owns it and outlives the loop).
             if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0
+                // SAFETY: as above.
                 || unsafe { libc::flock(fd, libc::LOCK_UN) } != 0
             {
                 return Err(std::io::Error::last_os_error().into());
