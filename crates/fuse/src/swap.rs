@@ -225,18 +225,14 @@ impl Swapper {
             }
         }
         r.notifications = inval.len();
-        for (parent, n) in &out.entries {
-            if fs.kernel_holds(*parent) {
-                inval.push(Inval::Entry {
-                    parent: *parent,
-                    name: n.clone(),
-                });
+        for (parent, name) in out.entries {
+            if fs.kernel_holds(parent) {
+                inval.push(Inval::Entry { parent, name });
                 r.names += 1;
             }
         }
         // Nothing held: the cell was released above, and the caller holds
         // no lock a request waits for (docs/fuse.md, "Notifications").
-        drop(fs);
         self.notify.send_and_wait("online rollback", inval);
         r.invalidate = t1.elapsed();
         if let Ok(t) = freeing {
