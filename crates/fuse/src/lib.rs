@@ -25,6 +25,8 @@ use passthrough::{Backing, PASSTHROUGH_FH};
 use snapdir::Node;
 use snapops::EROFS;
 pub mod swap;
+mod tree;
+pub use tree::Tree;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
