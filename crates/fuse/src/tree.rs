@@ -585,3 +585,248 @@ impl Tree for Fs {
         Fs::release_locks(self, ino, owner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use memfs_fs::{
+        AtimeMode, Attr, Config, Ctx, DirEntry, Errno, FallocateMode, Fs, PAGE_SIZE, ROOT_INO,
+        RenameFlags, Result, SetAttr, StatFs, XattrMode,
+    };
+
+    use super::Tree;
+    use crate::{MountOptions, Mounted};
+
+    /// A second kind of tree: what a cluster volume must provide, no more
+    /// (here answered by an engine that it does not show as `local`).
+    struct Plain(Fs);
+
+    impl Tree for Plain {
+        fn settle(&self) -> Result<()> {
+            self.0.settle()
+        }
+        fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr> {
+            self.0.lookup(parent, name)
+        }
+        fn forget(&self, ino: u64, n: u64) {
+            self.0.forget(ino, n)
+        }
+        fn getattr(&self, ino: u64) -> Result<Attr> {
+            self.0.getattr(ino)
+        }
+        fn setattr_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            ino: u64,
+            set: &SetAttr,
+        ) -> Result<Attr> {
+            self.0.setattr_as(ctx, in_group, ino, set)
+        }
+        fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
+            self.0.readlink(ino)
+        }
+        fn mknod_umask(
+            &self,
+            ctx: Ctx,
+            parent: u64,
+            name: &[u8],
+            mode: u32,
+            rdev: u32,
+            umask: u32,
+        ) -> Result<Attr> {
+            self.0.mknod_umask(ctx, parent, name, mode, rdev, umask)
+        }
+        fn mkdir_umask(
+            &self,
+            ctx: Ctx,
+            parent: u64,
+            name: &[u8],
+            mode: u32,
+            umask: u32,
+        ) -> Result<Attr> {
+            self.0.mkdir_umask(ctx, parent, name, mode, umask)
+        }
+        fn symlink(&self, ctx: Ctx, parent: u64, name: &[u8], target: &[u8]) -> Result<Attr> {
+            self.0.symlink(ctx, parent, name, target)
+        }
+        fn create_umask(
+            &self,
+            ctx: Ctx,
+            parent: u64,
+            name: &[u8],
+            mode: u32,
+            excl: bool,
+            umask: u32,
+        ) -> Result<(Attr, bool)> {
+            self.0.create_umask(ctx, parent, name, mode, excl, umask)
+        }
+        fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Result<Attr> {
+            self.0.link(ino, newparent, newname)
+        }
+        fn unlink(&self, parent: u64, name: &[u8]) -> Result<()> {
+            self.0.unlink(parent, name)
+        }
+        fn rmdir(&self, parent: u64, name: &[u8]) -> Result<()> {
+            self.0.rmdir(parent, name)
+        }
+        fn rename(
+            &self,
+            parent: u64,
+            name: &[u8],
+            newparent: u64,
+            newname: &[u8],
+            flags: RenameFlags,
+        ) -> Result<()> {
+            self.0.rename(parent, name, newparent, newname, flags)
+        }
+        fn open(&self, ino: u64, flags: i32) -> Result<()> {
+            self.0.open(ino, flags)
+        }
+        fn release(&self, ino: u64) {
+            self.0.release(ino)
+        }
+        fn read_with<R>(
+            &self,
+            ino: u64,
+            off: u64,
+            len: usize,
+            mode: AtimeMode,
+            f: impl FnOnce(&[&[u8]]) -> R,
+        ) -> Result<R> {
+            self.0.read_with(ino, off, len, mode, f)
+        }
+        fn read_atime(&self, ino: u64, off: u64, buf: &mut [u8], mode: AtimeMode) -> Result<usize> {
+            self.0.read_atime(ino, off, buf, mode)
+        }
+        fn write_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            kill_suidgid: bool,
+            ino: u64,
+            off: u64,
+            data: &[u8],
+            append: bool,
+        ) -> Result<usize> {
+            self.0
+                .write_as(ctx, in_group, kill_suidgid, ino, off, data, append)
+        }
+        fn write_pages_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            kill_suidgid: bool,
+            ino: u64,
+            off: u64,
+            len: usize,
+            pages: &mut [Option<Box<[u8; PAGE_SIZE]>>],
+            append: bool,
+        ) -> Result<usize> {
+            self.0
+                .write_pages_as(ctx, in_group, kill_suidgid, ino, off, len, pages, append)
+        }
+        fn fsync(&self, ino: u64) -> Result<()> {
+            self.0.fsync(ino)
+        }
+        fn lseek(&self, ino: u64, off: u64, whence: i32) -> Result<u64> {
+            self.0.lseek(ino, off, whence)
+        }
+        fn fallocate_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            kill_suidgid: bool,
+            ino: u64,
+            off: u64,
+            len: u64,
+            mode: FallocateMode,
+        ) -> Result<()> {
+            self.0
+                .fallocate_as(ctx, in_group, kill_suidgid, ino, off, len, mode)
+        }
+        fn copy_file_range_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            ino_in: u64,
+            off_in: u64,
+            ino_out: u64,
+            off_out: u64,
+            len: u64,
+        ) -> Result<u64> {
+            self.0
+                .copy_file_range_as(ctx, in_group, ino_in, off_in, ino_out, off_out, len)
+        }
+        fn readdir(
+            &self,
+            ino: u64,
+            offset: u64,
+            f: impl FnMut(DirEntry<'_>) -> bool,
+        ) -> Result<()> {
+            self.0.readdir(ino, offset, f)
+        }
+        fn readdirplus(
+            &self,
+            ino: u64,
+            offset: u64,
+            f: impl FnMut(DirEntry<'_>, &Attr) -> bool,
+        ) -> Result<()> {
+            self.0.readdirplus(ino, offset, f)
+        }
+        fn statfs(&self) -> StatFs {
+            self.0.statfs()
+        }
+        fn setxattr_as(
+            &self,
+            ctx: Ctx,
+            in_group: &dyn Fn(u32) -> bool,
+            ino: u64,
+            name: &[u8],
+            value: &[u8],
+            mode: XattrMode,
+        ) -> Result<()> {
+            self.0.setxattr_as(ctx, in_group, ino, name, value, mode)
+        }
+        fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+            self.0.getxattr(ino, name)
+        }
+        fn listxattr(&self, ino: u64) -> Result<Vec<u8>> {
+            self.0.listxattr(ino)
+        }
+        fn removexattr(&self, ino: u64, name: &[u8]) -> Result<()> {
+            self.0.removexattr(ino, name)
+        }
+    }
+
+    #[test]
+    fn a_second_tree_plugs_into_the_same_adapter() {
+        // The whole adapter, monomorphised for another tree.
+        let _mount: fn(Arc<Plain>, &Path, &MountOptions) -> std::io::Result<Mounted<Plain>> =
+            crate::mount_tree::<Plain>;
+        let t = Plain(Fs::new(Config::default()));
+        assert!(t.local().is_none());
+        assert!(!t.keeps_locks());
+        assert_eq!(t.get_flags(ROOT_INO), Err(Errno(libc::ENOTTY)));
+        assert_eq!(
+            t.getlk(ROOT_INO, 1, 0, 0, libc::F_WRLCK, 1).map(|_| ()),
+            Err(Errno(libc::ENOLCK))
+        );
+        let a = t
+            .mkdir_umask(Ctx::ROOT, ROOT_INO, b"d", 0o755, 0o022)
+            .expect("mkdir");
+        assert_eq!(
+            t.getattr_flags(a.ino).map(|(b, f)| (b.ino, f)),
+            Ok((a.ino, 0))
+        );
+    }
+
+    #[test]
+    fn the_local_engine_is_local() {
+        let fs = Fs::new(Config::default());
+        assert!(fs.local().is_some_and(|l| std::ptr::eq(l, &fs)));
+        assert!(fs.keeps_locks());
+    }
+}
