@@ -1,4 +1,5 @@
-//! memfs kernel adapter: serves a [`memfs_fs::Fs`] through FUSE.
+//! memfs kernel adapter: serves a [`memfs_fs::Fs`] through FUSE, or any
+//! other [`Tree`] (tree.rs: the seam; [`mount_tree`]).
 //!
 //! This crate is a translation layer only: every decision about file system
 //! semantics lives in the engine. What is decided here is how the kernel is
@@ -25,6 +26,8 @@ use passthrough::{Backing, PASSTHROUGH_FH};
 use snapdir::Node;
 use snapops::EROFS;
 pub mod swap;
+mod tree;
+pub use tree::Tree;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -197,9 +200,9 @@ pub fn default_threads() -> usize {
 }
 
 /// A mounted file system that is not served yet; [`Mounted::run`] serves it.
-pub struct Mounted {
-    session: fuser::Session<MemFuse>,
-    swapper: swap::Swapper,
+pub struct Mounted<T: Tree = Fs> {
+    session: fuser::Session<MemFuse<T>>,
+    swapper: swap::Swapper<T>,
 }
 
 /// Unmounts a [`Mounted`] from another thread (signal handlers).
@@ -216,7 +219,9 @@ impl Mounted {
     pub fn swapper(&self) -> swap::Swapper {
         self.swapper.clone()
     }
+}
 
+impl<T: Tree> Mounted<T> {
     pub fn unmounter(&mut self) -> Unmounter {
         Unmounter(self.session.unmount_callable())
     }
@@ -230,6 +235,34 @@ impl Mounted {
 /// Mounts `fs` at `mountpoint`. Returns once the kernel has completed the
 /// FUSE handshake, so the mount is usable when this returns.
 pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<Mounted> {
+    mount_tree(fs, mountpoint, opts)
+}
+
+/// [`mount`] for any [`Tree`]. What only the local engine has
+/// ([`Tree::local`]) is off for another tree whatever `opts` says:
+/// `.snapshots`, passthrough backing files (they would keep the data on
+/// this machine), and record locks kept by a tree that keeps none.
+pub fn mount_tree<T: Tree>(
+    fs: Arc<T>,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> io::Result<Mounted<T>> {
+    let local = fs.local().is_some();
+    let mut opts = opts.clone();
+    if !local {
+        if opts.data_path != DataPath::Fuse {
+            tracing::info!("passthrough is the local engine's only: serving the fuse data path");
+            opts.data_path = DataPath::Fuse;
+        }
+        // An empty name is never looked up: no `.snapshots`.
+        opts.snapdir_name = Vec::new();
+        opts.snapdir_visible = false;
+    }
+    if opts.locks == LockMode::Engine && !fs.keeps_locks() {
+        tracing::warn!("the served tree keeps no record locks: the kernel keeps them");
+        opts.locks = LockMode::Kernel;
+    }
+    let opts = &opts;
     let mut mount_options = vec![
         MountOption::FSName(opts.fsname.clone()),
         MountOption::DefaultPermissions,
@@ -291,7 +324,9 @@ pub fn mount(fs: Arc<Fs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<
             }
         },
     };
-    snapdir::check_dir_name(&opts.snapdir_name).map_err(io::Error::other)?;
+    if local {
+        snapdir::check_dir_name(&opts.snapdir_name).map_err(io::Error::other)?;
+    }
     let io_uring = opts.io_uring && opts.locks != LockMode::Engine;
     if opts.io_uring && !io_uring {
         // A blocked F_SETLKW keeps its request's ring entry until the lock
@@ -400,10 +435,10 @@ fn kernel_option(o: &str) -> MountOption {
     }
 }
 
-/// The FUSE face of the engine.
-pub struct MemFuse {
+/// The FUSE face of a [`Tree`], monomorphised for each (tree.rs).
+pub struct MemFuse<T: Tree = Fs> {
     /// The served tree: replaced whole by an online rollback (swap.rs).
-    fs: Arc<swap::FsCell>,
+    fs: Arc<swap::FsCell<T>>,
     /// Every open gets its own handle, so that locks can be tied to it.
     next_fh: AtomicU64,
     /// Lock owners that set record locks through each handle. The kernel
@@ -574,7 +609,7 @@ fn reply_pages(reply: ReplyData, pages: &[&[u8]]) {
 /// FUSE library in use cannot tell a flock request from a record lock).
 const GENERATION: Generation = Generation(0);
 
-impl MemFuse {
+impl<T: Tree> MemFuse<T> {
     /// Whether a write or fallocate that `kill`s setuid/setgid (its caller
     /// lacks CAP_FSETID) may clear them on `ino`: the engine drops them
     /// (HANDLE_KILLPRIV_V2), but the kernel's reply to WRITE and FALLOCATE
@@ -605,7 +640,7 @@ impl MemFuse {
     /// durability mode promises (nothing to do without a data directory).
     /// Runs after the engine has dropped its locks, so that concurrent
     /// requests share one fsync.
-    fn settled<T>(&self, r: memfs_fs::Result<T>) -> memfs_fs::Result<T> {
+    fn settled<V>(&self, r: memfs_fs::Result<V>) -> memfs_fs::Result<V> {
         let s = self.fs.get().settle();
         r.and_then(|v| s.map(|()| v))
     }
@@ -676,7 +711,7 @@ impl MemFuse {
     fn reply_created(&self, a: Attr, reply: ReplyCreate) {
         let fh = self.new_fh();
         if let Some(b) = &self.backing {
-            if let Ok(bk) = b.back(&self.fs.get(), a.ino) {
+            if let Ok(bk) = b.back(&*self.fs.get(), a.ino) {
                 let id = bk.id(|f| reply.open_backing(f));
                 if let Some(Ok(id)) = id.as_ref() {
                     bk.pt_opened();
@@ -731,7 +766,7 @@ impl MemFuse {
     }
 }
 
-impl Filesystem for MemFuse {
+impl<T: Tree> Filesystem for MemFuse<T> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let wanted = [
             InitFlags::FUSE_ASYNC_READ,
@@ -855,7 +890,7 @@ impl Filesystem for MemFuse {
         // The kernel forgets an inode when it evicts it, pages and all.
         self.dio.forget(ino.0);
         if let Some(b) = &self.backing {
-            b.maybe_drop(&self.fs.get(), ino.0);
+            b.maybe_drop(&*self.fs.get(), ino.0);
         }
     }
 
@@ -1097,7 +1132,7 @@ impl Filesystem for MemFuse {
                 return reply.error(err(e));
             }
             let fh = self.new_fh();
-            if let Ok(bk) = b.back(&self.fs.get(), ino.0)
+            if let Ok(bk) = b.back(&*self.fs.get(), ino.0)
                 && self
                     .fs
                     .get()
@@ -1277,7 +1312,7 @@ impl Filesystem for MemFuse {
             } else if let Some(bk) = b.get(ino.0) {
                 bk.pt_released();
             }
-            b.maybe_drop(&self.fs.get(), ino.0);
+            b.maybe_drop(&*self.fs.get(), ino.0);
         }
         reply.ok();
     }
@@ -1888,7 +1923,7 @@ enum WriteData<'a> {
     Pages(&'a mut WritePages),
 }
 
-impl MemFuse {
+impl<T: Tree> MemFuse<T> {
     // A WRITE's arguments, its data either way.
     #[allow(clippy::too_many_arguments)]
     fn write_from(

@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use fuser::BackingId;
-use memfs_fs::{Attr, Ctx, Errno, FileType, Fs, SetAttr, SetTime, Timespec};
+use memfs_fs::{AtimeMode, Attr, Ctx, Errno, FileType, SetAttr, SetTime, Timespec};
+
+use crate::Tree;
 use nix::fcntl::{FallocateFlags, OFlag};
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::stat::Mode;
@@ -211,7 +213,7 @@ impl Backing {
     /// `Err` leaves the file in the engine (to be served through FUSE): it is
     /// open through FUSE already, has setuid/setgid (which passthrough writes
     /// would not drop), or its bytes do not fit.
-    pub(crate) fn back(&self, fs: &Fs, ino: u64) -> Result<Arc<Backed>, Errno> {
+    pub(crate) fn back<T: Tree>(&self, fs: &T, ino: u64) -> Result<Arc<Backed>, Errno> {
         if let Some(b) = self.get(ino) {
             return Ok(b);
         }
@@ -234,7 +236,7 @@ impl Backing {
         Ok(b)
     }
 
-    fn make(&self, fs: &Fs, a: &Attr) -> Result<Backed, Errno> {
+    fn make<T: Tree>(&self, fs: &T, a: &Attr) -> Result<Backed, Errno> {
         let fd = nix::fcntl::openat(
             self.dir.as_fd(),
             ".",
@@ -249,7 +251,7 @@ impl Backing {
         let mut off = 0u64;
         while off < a.size {
             let want = ((a.size - off) as usize).min(CHUNK);
-            let n = fs.read(a.ino, off, &mut buf[..want])?;
+            let n = fs.read_atime(a.ino, off, &mut buf[..want], AtimeMode::Relative)?;
             if n == 0 {
                 break;
             }
@@ -268,8 +270,9 @@ impl Backing {
         let m = file.metadata().map_err(io_errno)?;
         // The engine's copy goes; its times stay as they were.
         if a.size > 0 {
-            fs.setattr(
+            fs.setattr_as(
                 Ctx::ROOT,
+                &|_| true,
                 a.ino,
                 &SetAttr {
                     size: Some(0),
@@ -315,7 +318,7 @@ impl Backing {
 
     /// Drops the backing file of `ino` once the engine has freed the inode
     /// (after its last FORGET or RELEASE).
-    pub(crate) fn maybe_drop(&self, fs: &Fs, ino: u64) {
+    pub(crate) fn maybe_drop<T: Tree>(&self, fs: &T, ino: u64) {
         if self.get(ino).is_some() && fs.getattr(ino) == Err(Errno::ENOENT) {
             let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
             st.backed.remove(&ino);

@@ -12,20 +12,22 @@ use memfs_fs::{Attr, Errno, FileType, Fs, ROOT_INO, Result};
 
 use crate::snapdir::{self, Listed, Node, SNAPDIR, SNAPDIR_ENTRY_OFFSET, Target};
 use crate::swap::FsGuard;
-use crate::{GENERATION, MemFuse, kind};
+use crate::{GENERATION, MemFuse, Tree, kind};
 
 /// The tree a snapshot's slot reads, held for one request: the served tree
 /// (one of its engine snapshots) or a durable snapshot's tree built aside.
-pub(crate) enum SnapFs<'a> {
-    Served(FsGuard<'a>),
+/// Only the local engine has snapshots ([`Tree::local`]): a served tree
+/// without one has no slot that shows it.
+pub(crate) enum SnapFs<'a, T: Tree> {
+    Served(FsGuard<'a, T>),
     Aside(Arc<Fs>),
 }
 
-impl Deref for SnapFs<'_> {
+impl<T: Tree> Deref for SnapFs<'_, T> {
     type Target = Fs;
     fn deref(&self) -> &Fs {
         match self {
-            SnapFs::Served(g) => g,
+            SnapFs::Served(g) => g.local().expect("a served slot of a tree with snapshots"),
             SnapFs::Aside(fs) => fs,
         }
     }
@@ -37,7 +39,7 @@ pub(crate) const EROFS: Errno = Errno(libc::EROFS);
 /// first) at `FIRST + i`.
 const FIRST: u64 = 2;
 
-impl MemFuse {
+impl<T: Tree> MemFuse<T> {
     /// A change to `nodeid` (or a new name in it): only live nodes change.
     pub(crate) fn writable(&self, nodeid: u64) -> Result<()> {
         match snapdir::classify(nodeid) {
@@ -83,9 +85,15 @@ impl MemFuse {
     /// The tree and engine snapshot id that `slot` shows; a durable
     /// snapshot's tree is built here on first use, with no lock of the
     /// served tree held (only requests for the same snapshot wait for it).
-    fn snap_at(&self, slot: u64) -> Result<(SnapFs<'_>, u64)> {
+    fn snap_at(&self, slot: u64) -> Result<(SnapFs<'_, T>, u64)> {
         match self.slots.target(slot)? {
-            Target::Served(id) => Ok((SnapFs::Served(self.fs.get()), id)),
+            Target::Served(id) => {
+                let served = self.fs.get();
+                if served.local().is_none() {
+                    return Err(Errno::ENOENT);
+                }
+                Ok((SnapFs::Served(served), id))
+            }
             Target::Aside(view) => {
                 let (fs, id) = view.get()?;
                 Ok((SnapFs::Aside(fs), id))
@@ -103,9 +111,11 @@ impl MemFuse {
     /// else a durable snapshot (its tree built now if need be).
     pub(crate) fn lookup_snapshot(&self, name: &[u8]) -> Result<Attr> {
         {
-            let fs = self.fs.get();
+            let served = self.fs.get();
             // By name only: `snapshot_by_name` would sum what each snapshot preserved.
-            if let Some(id) = fs.snapshot_id(name) {
+            if let Some(fs) = served.local()
+                && let Some(id) = fs.snapshot_id(name)
+            {
                 let slot = self.slots.slot_of(id)?;
                 return Self::renumber(slot, fs.snap_getattr(id, ROOT_INO)?);
             }
@@ -183,7 +193,12 @@ impl MemFuse {
     /// long the kernel may keep them; `None`: deleted meanwhile.
     fn listed_root(&self, s: &Listed) -> Option<(Attr, Duration)> {
         let root = match &s.target {
-            Target::Served(id) => self.fs.get().snap_getattr(*id, ROOT_INO),
+            Target::Served(id) => self
+                .fs
+                .get()
+                .local()
+                .ok_or(Errno::ENOENT)
+                .and_then(|fs| fs.snap_getattr(*id, ROOT_INO)),
             Target::Aside(v) if v.is_built() => {
                 v.get().and_then(|(fs, id)| fs.snap_getattr(id, ROOT_INO))
             }
@@ -239,7 +254,11 @@ impl MemFuse {
                     }
                 }
                 // Names only: sizes would cost O(what each preserved).
-                let engine = self.fs.get().snapshot_names();
+                let engine = self
+                    .fs
+                    .get()
+                    .local()
+                    .map_or_else(Vec::new, |fs| fs.snapshot_names());
                 let list = self.slots.listing(&engine);
                 for (i, s) in list
                     .iter()

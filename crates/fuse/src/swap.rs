@@ -16,6 +16,7 @@ use memfs_fs::{
     Config, Errno, FIRST_ENTRY_OFFSET, Fs, PAGE_SIZE, Released, RollbackOutcome, SnapshotInfo,
 };
 
+use crate::Tree;
 use crate::notify::{Inval, Notifications};
 use crate::snapdir::{BuildTree, DurableSnapshot, SNAPDIR, Slots, VIEW_SNAPSHOT};
 use parking_lot::{RwLock, RwLockReadGuard};
@@ -52,35 +53,38 @@ pub struct RollbackReport {
     pub freed: Duration,
 }
 
-/// The tree a mount serves.
-pub struct FsCell {
-    current: RwLock<Arc<Fs>>,
+/// The tree a mount serves (any [`Tree`]; only the local engine's is
+/// ever replaced, by a [`Swapper`]).
+pub struct FsCell<T: Tree = Fs> {
+    current: RwLock<Arc<T>>,
 }
 
 /// The served tree, held for as long as this lives.
-pub struct FsGuard<'a>(RwLockReadGuard<'a, Arc<Fs>>);
+pub struct FsGuard<'a, T: Tree = Fs>(RwLockReadGuard<'a, Arc<T>>);
 
-impl Deref for FsGuard<'_> {
-    type Target = Fs;
-    fn deref(&self) -> &Fs {
+impl<T: Tree> Deref for FsGuard<'_, T> {
+    type Target = T;
+    #[inline]
+    fn deref(&self) -> &T {
         &self.0
     }
 }
 
-impl Drop for FsGuard<'_> {
+impl<T: Tree> Drop for FsGuard<'_, T> {
     fn drop(&mut self) {
         HELD.with(|h| h.set(h.get() - 1));
     }
 }
 
-impl FsCell {
-    pub fn new(fs: Arc<Fs>) -> Self {
+impl<T: Tree> FsCell<T> {
+    pub fn new(fs: Arc<T>) -> Self {
         FsCell {
             current: RwLock::new(fs),
         }
     }
 
-    pub fn get(&self) -> FsGuard<'_> {
+    #[inline]
+    pub fn get(&self) -> FsGuard<'_, T> {
         let nested = HELD.with(|h| {
             let n = h.get();
             h.set(n + 1);
@@ -94,18 +98,30 @@ impl FsCell {
     }
 }
 
-/// Replaces the tree of a running mount; see the module comment.
-#[derive(Clone)]
-pub struct Swapper {
-    cell: Arc<FsCell>,
+/// Replaces the tree of a running mount; see the module comment. Only the
+/// local engine's ([`Tree::local`]): online rollback, swaps and snapshots
+/// are the engine's own, so every method is on `Swapper<Fs>`.
+pub struct Swapper<T: Tree = Fs> {
+    cell: Arc<FsCell<T>>,
     notify: Notifications,
     slots: Arc<Slots>,
     snapdir_name: Vec<u8>,
 }
 
-impl Swapper {
+impl<T: Tree> Clone for Swapper<T> {
+    fn clone(&self) -> Self {
+        Swapper {
+            cell: self.cell.clone(),
+            notify: self.notify.clone(),
+            slots: self.slots.clone(),
+            snapdir_name: self.snapdir_name.clone(),
+        }
+    }
+}
+
+impl<T: Tree> Swapper<T> {
     pub(crate) fn new(
-        cell: Arc<FsCell>,
+        cell: Arc<FsCell<T>>,
         notify: Notifications,
         slots: Arc<Slots>,
         snapdir_name: Vec<u8>,
@@ -117,7 +133,9 @@ impl Swapper {
             snapdir_name,
         }
     }
+}
 
+impl Swapper {
     /// The tree served now.
     pub fn fs(&self) -> Arc<Fs> {
         self.cell.current.read().clone()
