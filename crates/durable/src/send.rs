@@ -47,12 +47,12 @@ use memfs_journal::{
 };
 
 use crate::codec::kind_code;
-use crate::durable::{
-    CheckpointEntry, Error, History, ROLLBACK_PREFIX, Result, SnapshotEntry, check_snapshot_name,
-    finish_rollback, reach,
-};
-use crate::history::{materialize, materialize_config};
+use crate::error::{Error, Result};
+use crate::history_file::{CheckpointEntry, History, SnapshotEntry, check_snapshot_name};
 use crate::image::{self, ImageInfo};
+use crate::reach::reach;
+use crate::rebuild::{materialize, materialize_config};
+use crate::rollback::{ROLLBACK_PREFIX, finish_rollback};
 
 /// The first 8 bytes of every stream.
 pub const STREAM_MAGIC: &[u8; 8] = b"MFSSEND\0";
