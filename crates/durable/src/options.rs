@@ -49,27 +49,13 @@ pub fn parse_duration_arg(s: &str) -> std::result::Result<Duration, String> {
     parse_duration(s)
 }
 
+/// Sizes read as everywhere else in memfs (`parse-size`, binary units):
+/// `512M`, `4G`, `1GiB`, `4gb`, `100`.
 fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad size {s:?}: expected e.g. 512M, 4G"))?;
-    let shift = match unit
-        .to_ascii_uppercase()
-        .trim_end_matches("IB")
-        .trim_end_matches('B')
-    {
-        "" => 0,
-        "K" => 10,
-        "M" => 20,
-        "G" => 30,
-        "T" => 40,
-        _ => return Err(format!("bad size unit in {s:?}: use K, M, G or T")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {s:?} is too large"))
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s.trim())
+        .map_err(|e| format!("bad size {s:?}: {e} (expected e.g. 512M, 4G)"))
 }
 
 impl std::str::FromStr for Retention {
@@ -177,5 +163,26 @@ mod tests {
                 .unwrap_err()
                 .contains("relaxed=N")
         );
+    }
+
+    #[test]
+    fn sizes_keep_the_grammar_of_the_hand_written_parser() {
+        for (s, want) in [
+            ("100", 100),
+            ("4K", 4 << 10),
+            ("512M", 512 << 20),
+            ("512m", 512 << 20),
+            ("1G", 1 << 30),
+            ("1GB", 1 << 30),
+            ("1GiB", 1 << 30),
+            ("1gib", 1 << 30),
+            ("2T", 2 << 40),
+            (" 8M ", 8 << 20),
+        ] {
+            assert_eq!(parse_bytes(s), Ok(want), "{s}");
+        }
+        for s in ["", "G", "1X", "-1M", "99999999999T"] {
+            assert!(parse_bytes(s).unwrap_err().contains("bad size"), "{s}");
+        }
     }
 }
