@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use memfs_fs::Fs;
-use memfs_journal::snapshot::snapshot_file_name;
-use memfs_journal::{Manifest, SnapshotReader, SnapshotRef, SnapshotWriter};
+use memfs_journal::checkpoint::checkpoint_file_name;
+use memfs_journal::{CheckpointReader, CheckpointRef, CheckpointWriter, Manifest};
 
 use crate::clock::now_ns;
 use crate::error::{Error, Result, image_err};
@@ -29,7 +29,7 @@ pub struct CheckpointReport {
 /// After recovering around a damaged checkpoint: write a good one, then set
 /// the damaged file aside (`.damaged`, for inspection) so that nothing
 /// points to it. Failures only delay this to the next open.
-pub(crate) fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
+pub(crate) fn replace_damaged(fs: &Fs, shared: &Shared, bad: CheckpointRef) {
     let dir = shared.path.as_path();
     let r = (|| -> Result<()> {
         {
@@ -41,7 +41,7 @@ pub(crate) fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
         if checkpoint(fs, shared)?.is_none() {
             return Err(Error::Invalid("no checkpoint was written".into()));
         }
-        let name = snapshot_file_name(bad.commit);
+        let name = checkpoint_file_name(bad.commit);
         std::fs::rename(dir.join(&name), dir.join(format!("{name}.damaged")))
             .map_err(|e| Error::Invalid(format!("cannot set {name} aside: {e}")))?;
         Ok(())
@@ -49,7 +49,7 @@ pub(crate) fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
     match r {
         Ok(()) => tracing::warn!(
             "replaced damaged checkpoint {} (kept as .damaged)",
-            snapshot_file_name(bad.commit)
+            checkpoint_file_name(bad.commit)
         ),
         Err(e) => tracing::error!("could not replace the damaged checkpoint yet: {e}"),
     }
@@ -57,7 +57,7 @@ pub(crate) fn replace_damaged(fs: &Fs, shared: &Shared, bad: SnapshotRef) {
 
 /// Reads a just-written checkpoint back through the loader's checks.
 fn validate_checkpoint(path: &Path, want: &ImageInfo) -> Result<()> {
-    let mut r = SnapshotReader::open(path)
+    let mut r = CheckpointReader::open(path)
         .map_err(|e| image_err(path, format!("cannot be read back: {e}")))?;
     let got = image::validate_image(&mut r).map_err(|e| image_err(path, e))?;
     if got != *want {
@@ -162,14 +162,14 @@ pub(crate) fn rewrite_checkpoint(fs: &Fs, shared: &Shared) -> Result<bool> {
     let _nice = BackgroundPriority::enter();
     let dir = shared.path.as_path();
     let commit = shared.journal.last_commit();
-    let current = SnapshotRef {
+    let current = CheckpointRef {
         commit,
         required_end: commit,
     };
     let history = History::load(dir)?;
     let newest = history.checkpoints.last();
     if newest.is_none_or(|c| c.commit != commit || c.required_end != commit)
-        || Manifest::load(dir)?.and_then(|m| m.snapshot) != Some(current)
+        || Manifest::load(dir)?.and_then(|m| m.checkpoint) != Some(current)
     {
         return Ok(false);
     }
@@ -211,7 +211,7 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
     // must never become the one a restart depends on.
     if let Err(e) = validate_checkpoint(&path, &info) {
         tracing::error!("new checkpoint failed validation, keeping the previous one: {e}");
-        let _ = memfs_journal::dir::remove_file(dir, &snapshot_file_name(commit));
+        let _ = memfs_journal::dir::remove_file(dir, &checkpoint_file_name(commit));
         return Err(e);
     }
     let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
@@ -223,7 +223,7 @@ fn write_checkpoint(fs: &Fs, shared: &Shared) -> Result<Option<CheckpointReport>
     // HISTORY first: a checkpoint the manifest names is always listed there.
     history.save(dir)?;
     let mut m = Manifest::load(dir)?.unwrap_or_default();
-    m.snapshot = Some(SnapshotRef {
+    m.checkpoint = Some(CheckpointRef {
         commit,
         required_end: info.required_end,
     });
@@ -247,13 +247,13 @@ fn write_image(
     dir: &Path,
     commit: u64,
     required_end: impl FnOnce() -> u64,
-) -> Result<(SnapshotWriter, ImageInfo)> {
-    let mut w = SnapshotWriter::create(dir, commit)?;
+) -> Result<(CheckpointWriter, ImageInfo)> {
+    let mut w = CheckpointWriter::create(dir, commit)?;
     let (nodes, pages) = match image::write_nodes(fs, commit, &mut w) {
         Ok(n) => n,
         Err(e) => {
             w.abandon();
-            return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
+            return Err(image_write_err(&dir.join(checkpoint_file_name(commit)), e));
         }
     };
     let info = ImageInfo {
@@ -264,7 +264,7 @@ fn write_image(
     };
     if let Err(e) = image::write_trailer(&mut w, &info) {
         w.abandon();
-        return Err(image_write_err(&dir.join(snapshot_file_name(commit)), e));
+        return Err(image_write_err(&dir.join(checkpoint_file_name(commit)), e));
     }
     Ok((w, info))
 }

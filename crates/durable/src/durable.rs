@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::recovery::{self, RecoveryReport};
-use memfs_journal::snapshot::snapshot_file_name;
 use memfs_journal::{DataDir, Durability, Journal, JournalOptions, Manifest};
 use parking_lot::{Condvar, Mutex};
 
@@ -177,14 +177,14 @@ impl DurableFs {
         report.finished_rollback = finish_rollback(path)?;
         let manifest = Manifest::load(path)?;
         let t0 = Instant::now();
-        let named = manifest.as_ref().and_then(|m| m.snapshot);
+        let named = manifest.as_ref().and_then(|m| m.checkpoint);
         let (fs, base, info, damaged) = load_base(path, config, named)?;
         report.checkpoint = info;
         if let Some((bad, why)) = &damaged {
             let msg = format!(
                 "checkpoint {} is damaged ({why}); recovered from {} and the journal instead",
-                snapshot_file_name(bad.commit),
-                base.map_or("commit 0".to_string(), |b| snapshot_file_name(b.commit))
+                checkpoint_file_name(bad.commit),
+                base.map_or("commit 0".to_string(), |b| checkpoint_file_name(b.commit))
             );
             tracing::error!("{msg}");
             report.fell_back = Some(msg);

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use memfs_journal::SnapshotRef;
+use memfs_journal::CheckpointRef;
+use memfs_journal::checkpoint::{checkpoint_file_name, list_checkpoints};
 use memfs_journal::recovery;
-use memfs_journal::snapshot::{list_snapshots, snapshot_file_name};
 
 use crate::clock::now_ns;
 use crate::error::Result;
@@ -81,7 +81,7 @@ pub(crate) fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> 
     h.checkpoints.retain(|c| c.commit >= base.commit);
     h.save(dir)?;
     for c in &doomed {
-        memfs_journal::dir::remove_file(dir, &snapshot_file_name(c.commit))?;
+        memfs_journal::dir::remove_file(dir, &checkpoint_file_name(c.commit))?;
     }
     let pruned = shared.journal.prune(base.commit)?;
     Ok((pruned, doomed.len()))
@@ -97,14 +97,14 @@ fn segments_before(dir: &Path, commit: u64) -> Result<bool> {
 pub(crate) fn remove_stray_checkpoints(
     dir: &Path,
     h: &History,
-    current: Option<SnapshotRef>,
+    current: Option<CheckpointRef>,
 ) -> Result<()> {
-    for (c, _) in list_snapshots(dir)? {
+    for (c, _) in list_checkpoints(dir)? {
         let known =
             h.checkpoints.iter().any(|k| k.commit == c) || current.is_some_and(|s| s.commit == c);
         if !known {
-            tracing::warn!("removing unrecorded checkpoint {}", snapshot_file_name(c));
-            memfs_journal::dir::remove_file(dir, &snapshot_file_name(c))?;
+            tracing::warn!("removing unrecorded checkpoint {}", checkpoint_file_name(c));
+            memfs_journal::dir::remove_file(dir, &checkpoint_file_name(c))?;
         }
     }
     Ok(())

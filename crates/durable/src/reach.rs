@@ -34,7 +34,7 @@ pub fn reach(dir: &Path) -> Result<Reach> {
     }
     let h = History::load(dir)?;
     let manifest = Manifest::load(dir)?;
-    let base_commit = manifest.and_then(|m| m.snapshot).map(|s| s.commit);
+    let base_commit = manifest.and_then(|m| m.checkpoint).map(|s| s.commit);
     let from_journal = match journal_first_commit(dir)? {
         Some(1) => Some(0),
         _ => None,

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use memfs_fs::{Config, Fs};
+use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::recovery;
-use memfs_journal::snapshot::snapshot_file_name;
-use memfs_journal::{SnapshotReader, SnapshotRef};
+use memfs_journal::{CheckpointReader, CheckpointRef};
 
 use crate::error::{Error, Result, image_err};
 use crate::history_file::{CheckpointEntry, History};
@@ -14,9 +14,9 @@ use crate::image::{self, ImageInfo};
 use crate::reach::reach;
 
 /// Loads checkpoint `c` of `dir` into `fs`.
-pub(crate) fn load_checkpoint(dir: &Path, c: &SnapshotRef, fs: &Fs) -> Result<ImageInfo> {
-    let path = dir.join(snapshot_file_name(c.commit));
-    let mut r = SnapshotReader::open(&path).map_err(|e| {
+pub(crate) fn load_checkpoint(dir: &Path, c: &CheckpointRef, fs: &Fs) -> Result<ImageInfo> {
+    let path = dir.join(checkpoint_file_name(c.commit));
+    let mut r = CheckpointReader::open(&path).map_err(|e| {
         image_err(
             &path,
             format!("the manifest names this checkpoint but it cannot be opened: {e}"),
@@ -44,12 +44,12 @@ pub(crate) fn load_checkpoint(dir: &Path, c: &SnapshotRef, fs: &Fs) -> Result<Im
 pub(crate) fn load_base(
     dir: &Path,
     config: Config,
-    named: Option<SnapshotRef>,
+    named: Option<CheckpointRef>,
 ) -> Result<(
     Fs,
-    Option<SnapshotRef>,
+    Option<CheckpointRef>,
     Option<ImageInfo>,
-    Option<(SnapshotRef, String)>,
+    Option<(CheckpointRef, String)>,
 )> {
     let Some(named) = named else {
         return Ok((Fs::new(config), None, None, None));
@@ -69,7 +69,7 @@ pub(crate) fn load_base(
         .rev()
         .collect();
     for c in older {
-        let r = SnapshotRef {
+        let r = CheckpointRef {
             commit: c.commit,
             required_end: c.required_end,
         };
@@ -90,7 +90,7 @@ pub(crate) fn load_base(
 /// rollback previews.
 pub fn rebuild(
     dir: &Path,
-    base: Option<SnapshotRef>,
+    base: Option<CheckpointRef>,
     upto: Option<u64>,
     config: Config,
 ) -> Result<(Fs, u64)> {
@@ -142,7 +142,7 @@ pub fn materialize(dir: &Path, commit: u64, config: Config) -> Result<Fs> {
             r.oldest
         )));
     }
-    let base = History::load(dir)?.base_for(commit).map(|c| SnapshotRef {
+    let base = History::load(dir)?.base_for(commit).map(|c| CheckpointRef {
         commit: c.commit,
         required_end: c.required_end,
     });

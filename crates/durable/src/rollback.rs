@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::recovery;
-use memfs_journal::snapshot::snapshot_file_name;
-use memfs_journal::{DataDir, Manifest, SnapshotRef};
+use memfs_journal::{CheckpointRef, DataDir, Manifest};
 
 use crate::error::{Error, Result};
 use crate::history_file::{CheckpointEntry, History, SnapshotEntry};
@@ -92,7 +92,7 @@ pub fn rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
 /// The rollback protocol proper (the caller holds the directory's lock).
 pub(crate) fn publish_rollback(dir: &Path, plan: &RollbackPlan) -> Result<()> {
     let mut m = Manifest::load(dir)?.unwrap_or_default();
-    m.snapshot = plan.base.map(|b| SnapshotRef {
+    m.checkpoint = plan.base.map(|b| CheckpointRef {
         commit: b.commit,
         required_end: b.required_end,
     });
@@ -117,7 +117,7 @@ pub(crate) fn finish_rollback(dir: &Path) -> Result<Option<u64>> {
     };
     recovery::truncate_after(dir, target)?;
     let mut h = History::load(dir)?;
-    let keep = m.snapshot.map(|s| s.commit);
+    let keep = m.checkpoint.map(|s| s.commit);
     let doomed: Vec<u64> = h
         .checkpoints
         .iter()
@@ -129,7 +129,7 @@ pub(crate) fn finish_rollback(dir: &Path) -> Result<Option<u64>> {
     h.snapshots.retain(|s| s.commit <= target);
     h.save(dir)?;
     for c in doomed {
-        memfs_journal::dir::remove_file(dir, &snapshot_file_name(c))?;
+        memfs_journal::dir::remove_file(dir, &checkpoint_file_name(c))?;
     }
     m.user.clear();
     m.publish(dir)?;
