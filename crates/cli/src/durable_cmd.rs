@@ -597,7 +597,7 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
         );
     }
     let manifest = memfs_journal::Manifest::load(dir)?;
-    let base = manifest.as_ref().and_then(|m| m.snapshot);
+    let base = manifest.as_ref().and_then(|m| m.checkpoint);
     match &base {
         Some(b) => println!(
             "checkpoint: commit {} (journal needed through {})",

@@ -5,10 +5,14 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use memfs_fs::{Attr, Config, FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
-use memfs_journal::SnapshotRef;
+use memfs_fs::{Attr, FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
 
-use crate::durable::{DurableFs, Error, History, Result, reach, rebuild};
+use crate::durable::DurableFs;
+use crate::error::{Error, Result};
+use crate::history_file::History;
+use crate::reach::reach;
+/// Rebuilding a retained commit lives with the rest of rebuilding.
+pub use crate::rebuild::{materialize, materialize_config};
 
 /// One side of a diff: a retained commit, or the live tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,46 +38,6 @@ pub fn resolve_side(h: &History, spec: &str) -> Result<Side> {
                 "{spec:?} is neither a commit id, a snapshot name nor - (the live tree); memfs snapshot list shows the names"
             ))
         })
-}
-
-/// Rebuilds the tree as it was after `commit`, from the newest checkpoint
-/// before it and the journal, into a new [`Fs`] with no recorder. The data
-/// directory is only read; the caller keeps checkpoints from being pruned
-/// meanwhile (the directory lock, or the running server's admin lock).
-pub fn materialize(dir: &Path, commit: u64, config: Config) -> Result<Fs> {
-    let r = reach(dir)?;
-    if commit > r.last {
-        return Err(Error::Invalid(format!(
-            "commit {commit} does not exist: the newest is {}",
-            r.last
-        )));
-    }
-    if commit < r.oldest {
-        return Err(Error::Invalid(format!(
-            "commit {commit} is older than the retained history, which reaches back to commit {}",
-            r.oldest
-        )));
-    }
-    let base = History::load(dir)?.base_for(commit).map(|c| SnapshotRef {
-        commit: c.commit,
-        required_end: c.required_end,
-    });
-    let (fs, last) = rebuild(dir, base, Some(commit), config)?;
-    if last != commit {
-        return Err(Error::Invalid(format!(
-            "the journal in {} stops at commit {last}, before commit {commit}",
-            dir.display()
-        )));
-    }
-    Ok(fs)
-}
-
-/// A materialized tree gets room for anything a retained commit can hold.
-pub fn materialize_config() -> Config {
-    Config {
-        capacity: u64::MAX / 2,
-        max_inodes: u64::MAX / 2,
-    }
 }
 
 /// The changes from `a` to `b` in a data directory that is not in use.
@@ -327,7 +291,7 @@ pub fn diff_trees(a: &Fs, b: &Fs) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memfs_fs::Ctx;
+    use memfs_fs::{Config, Ctx};
 
     #[test]
     fn names_are_escaped_to_one_line() {

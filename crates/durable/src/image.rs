@@ -227,7 +227,7 @@ const AHEAD_BLOCKS: usize = 4;
 /// Runs `f` over `r` read ahead by a helper thread, in blocks.
 ///
 /// Why: a load was one thread doing everything in turn: the kernel's copy
-/// out of the page cache and the checksums of [`SnapshotReader`]'s chunks
+/// out of the page cache and the checksums of [`CheckpointReader`]'s chunks
 /// (about a third of its time), then parsing and building the tree, while
 /// the machine's other CPU idled (`perf record -a` of a 1 GiB mount's
 /// recovery: 50 % idle). Reading and checking the next block now overlaps
@@ -238,7 +238,7 @@ const AHEAD_BLOCKS: usize = 4;
 /// block. Blocks go back to the helper once parsed, so a load of any size
 /// touches `AHEAD_BLOCKS + 2` blocks of memory.
 ///
-/// [`SnapshotReader`]: memfs_journal::snapshot::SnapshotReader
+/// [`CheckpointReader`]: memfs_journal::checkpoint::CheckpointReader
 fn read_ahead<T>(r: &mut (dyn Read + Send), f: impl FnOnce(&mut dyn Read) -> T) -> io::Result<T> {
     use std::sync::mpsc::{channel, sync_channel};
     let (tx, rx) = sync_channel::<io::Result<Vec<u8>>>(AHEAD_BLOCKS);

@@ -10,14 +10,41 @@
 //! above it (FUSE, CLI).
 
 mod check;
+mod checkpoint;
+mod clock;
 mod codec;
 pub mod control;
 mod durable;
+mod error;
 pub mod history;
+mod history_file;
 mod image;
+mod log;
+mod marker;
+mod named;
+mod options;
+mod prune;
+mod reach;
+mod rebuild;
+mod recorder;
+mod rollback;
 pub mod send;
+mod shared;
+
+/// The journal underneath (verify, repair, the data directory lock).
+pub use memfs_journal as journal;
 
 pub use check::FsCheck;
+pub use checkpoint::CheckpointReport;
 pub use codec::{decode as decode_record, encode as encode_record};
-pub use durable::*;
+pub use durable::{DurableFs, Materializer, OpenReport};
+pub use error::{Error, Result};
+pub use history_file::{CheckpointEntry, History, SnapshotEntry, check_snapshot_name};
 pub use image::ImageInfo;
+pub use log::{LogEntry, log};
+pub use marker::{READ_ONLY_FILE, ReadOnlyMarker, read_only_marker};
+pub use named::{snapshot_create_offline, snapshot_delete_offline};
+pub use options::{Durability, Options, Retention, parse_durability, parse_duration_arg};
+pub use reach::{Reach, reach};
+pub use rebuild::rebuild;
+pub use rollback::{RollbackPlan, plan_rollback, resolve_target, rollback};

@@ -41,18 +41,18 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
-use memfs_journal::snapshot::snapshot_file_name;
+use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::{
-    DataDir, Durability, Journal, JournalOptions, Manifest, SnapshotReader, SnapshotRef,
+    CheckpointReader, CheckpointRef, DataDir, Durability, Journal, JournalOptions, Manifest,
 };
 
 use crate::codec::kind_code;
-use crate::durable::{
-    CheckpointEntry, Error, History, ROLLBACK_PREFIX, Result, SnapshotEntry, check_snapshot_name,
-    finish_rollback, reach,
-};
-use crate::history::{materialize, materialize_config};
+use crate::error::{Error, Result};
+use crate::history_file::{CheckpointEntry, History, SnapshotEntry, check_snapshot_name};
 use crate::image::{self, ImageInfo};
+use crate::reach::reach;
+use crate::rebuild::{materialize, materialize_config};
+use crate::rollback::{ROLLBACK_PREFIX, finish_rollback};
 
 /// The first 8 bytes of every stream.
 pub const STREAM_MAGIC: &[u8; 8] = b"MFSSEND\0";
@@ -726,8 +726,8 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
                 .iter()
                 .any(|c| c.commit == snap.commit && c.required_end == snap.commit)
             {
-                let path = dir.join(snapshot_file_name(snap.commit));
-                let mut img = SnapshotReader::open(&path)?;
+                let path = dir.join(checkpoint_file_name(snap.commit));
+                let mut img = CheckpointReader::open(&path)?;
                 let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
                 io::copy(&mut img, &mut w)
                     .map_err(|e| io_error(&format!("copying {}", path.display()), e))?;
@@ -982,7 +982,7 @@ fn receive_full(
     }
     let mut staging = Staging(Some(staging_path.clone()));
     let lock = DataDir::open(&staging_path, true)?;
-    let checkpoint = staging_path.join(snapshot_file_name(commit));
+    let checkpoint = staging_path.join(checkpoint_file_name(commit));
     sink.link(&checkpoint)
         .map_err(|e| io_error(&checkpoint.display().to_string(), e))?;
     let t = now_ns();
@@ -1000,7 +1000,7 @@ fn receive_full(
     }
     .save(&staging_path)?;
     let mut m = Manifest {
-        snapshot: Some(SnapshotRef {
+        checkpoint: Some(CheckpointRef {
             commit,
             required_end: commit,
         }),
@@ -1083,7 +1083,7 @@ impl CheckpointSink {
                 (f, Some(p))
             }
         };
-        let head = memfs_journal::snapshot::snapshot_header(commit);
+        let head = memfs_journal::checkpoint::checkpoint_header(commit);
         file.write_all(&head)
             .map_err(|e| io_error("writing the received checkpoint", e))?;
         Ok(CheckpointSink {
@@ -1112,7 +1112,7 @@ impl CheckpointSink {
 
     fn write_chunk(&mut self, payload: &[u8], sum: u32) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        let head = memfs_journal::snapshot::snapshot_chunk_header(payload.len(), sum);
+        let head = memfs_journal::checkpoint::checkpoint_chunk_header(payload.len(), sum);
         self.file.write_all(&head)?;
         self.file.write_all(payload)?;
         self.total += payload.len() as u64;
@@ -1142,7 +1142,7 @@ impl CheckpointSink {
 
     /// Writes the end marker and makes the file durable.
     fn finish(&mut self) -> io::Result<()> {
-        let end = memfs_journal::snapshot::snapshot_end_marker(self.total);
+        let end = memfs_journal::checkpoint::checkpoint_end_marker(self.total);
         self.file.write_all(&end)?;
         self.file.sync_all()
     }
@@ -1150,7 +1150,7 @@ impl CheckpointSink {
     /// Loads the written (finished) checkpoint into a new tree.
     fn load(&self, commit: u64) -> std::result::Result<Fs, String> {
         let path = self.proc_path();
-        let mut rd = SnapshotReader::open(&path).map_err(|e| e.to_string())?;
+        let mut rd = CheckpointReader::open(&path).map_err(|e| e.to_string())?;
         let fs = Fs::new(materialize_config());
         let info = image::read_image(&fs, &mut rd)?;
         rd.finish().map_err(|e| e.to_string())?;
@@ -1356,7 +1356,7 @@ fn receive_incremental(
     // Commit: the intent makes everything below one step. Until it is
     // cleared, a crash brings the directory back to BASE at the next open.
     let mut m = Manifest::load(dir)?.unwrap_or_default();
-    let after = m.snapshot.map_or(0, |s| s.commit);
+    let after = m.checkpoint.map_or(0, |s| s.commit);
     m.user = format!("{ROLLBACK_PREFIX}{base_commit}").into_bytes();
     m.publish(dir)?;
     let jopts = JournalOptions {

@@ -174,7 +174,9 @@ fn a_damaged_newest_checkpoint_falls_back_to_the_previous_one() {
     // Damage a byte in the middle of the newest checkpoint.
     let snap = t
         .path()
-        .join(memfs_durable::journal::snapshot::snapshot_file_name(newest));
+        .join(memfs_durable::journal::checkpoint::checkpoint_file_name(
+            newest,
+        ));
     let mut bytes = std::fs::read(&snap).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x40;

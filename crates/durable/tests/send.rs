@@ -357,7 +357,7 @@ fn a_crash_inside_the_incremental_commit_leaves_the_base() {
 /// The payload of a snapshot (checkpoint) file, its chunks checked.
 fn checkpoint_payload(path: &Path) -> Vec<u8> {
     use std::io::Read;
-    let mut r = memfs_journal::SnapshotReader::open(path).unwrap();
+    let mut r = memfs_journal::CheckpointReader::open(path).unwrap();
     let mut v = Vec::new();
     r.read_to_end(&mut v).unwrap();
     r.finish().unwrap();
@@ -371,7 +371,7 @@ fn a_full_receive_keeps_the_streams_image_as_its_checkpoint() {
     source(&src);
     let h = History::load(&src).unwrap();
     let s3 = h.snapshots.iter().find(|s| s.name == "s3").unwrap().commit;
-    let name = memfs_journal::snapshot::snapshot_file_name(s3);
+    let name = memfs_journal::checkpoint::checkpoint_file_name(s3);
 
     // s3 has a checkpoint at its commit: the stream is that image, with no
     // TreeSum, so none is computed, and the received checkpoint holds the

@@ -10,7 +10,7 @@
 //! - [`Journal`]: append commits with strictly increasing ids; durability modes
 //!   ([`Durability`]) with group commit and a background writer.
 //! - [`recovery`]: replay, verify (fsck) and repair of the segment files.
-//! - [`manifest`] and [`snapshot`]: checksummed snapshot files published through
+//! - [`manifest`] and [`checkpoint`]: checksummed checkpoint files published through
 //!   two alternating manifest slots.
 //! - [`storage`]: the file operations all of the above go through; a
 //!   [`SimStorage`] registered for a path prefix simulates crashes at any write
@@ -23,22 +23,22 @@
 
 #![forbid(unsafe_code)]
 
+pub mod checkpoint;
 pub mod dir;
 pub mod durability;
 pub mod format;
 pub mod manifest;
 pub mod recovery;
 pub mod sim;
-pub mod snapshot;
 pub mod storage;
 pub mod writer;
 
+pub use checkpoint::{CheckpointReader, CheckpointWriter, SealedCheckpoint};
 pub use dir::DataDir;
 pub use durability::Durability;
-pub use manifest::{Manifest, SnapshotRef};
+pub use manifest::{CheckpointRef, Manifest};
 pub use recovery::{Damage, RecoveryReport, RepairReport, VerifyReport};
 pub use sim::{RecoverMode, SimStorage, SplitMix64};
-pub use snapshot::{SealedSnapshot, SnapshotReader, SnapshotWriter};
 pub use storage::{OpenMode, RealStorage, Storage, StorageFile};
 pub use writer::{Journal, JournalId, JournalOptions, JournalStats, Token};
 

@@ -1,4 +1,4 @@
-//! Two alternating checksummed manifest slots naming the current snapshot.
+//! Two alternating checksummed manifest slots naming the current checkpoint.
 //!
 //! A new manifest is written into the slot that does *not* hold the newest valid
 //! one, then fdatasynced. A crash during the write can only damage that slot;
@@ -19,13 +19,13 @@ const FIXED_LEN: usize = 8 + 4 + 4 + 8 + 1 + 8 + 8 + 4;
 /// Room for the client's own bytes in a slot.
 pub const MAX_USER_LEN: usize = SLOT_LEN - FIXED_LEN - 4;
 
-/// Which snapshot is current and what it needs from the journal.
+/// Which checkpoint is current and what it needs from the journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SnapshotRef {
-    /// The snapshot holds every commit up to and including this one; replay
+pub struct CheckpointRef {
+    /// The checkpoint holds every commit up to and including this one; replay
     /// starts after it.
     pub commit: u64,
-    /// The snapshot may also hold effects of commits up to this one (it was
+    /// The checkpoint may also hold effects of commits up to this one (it was
     /// copied while writers ran); the journal must reach it for the recovered
     /// state to be consistent.
     pub required_end: u64,
@@ -36,7 +36,7 @@ pub struct SnapshotRef {
 pub struct Manifest {
     /// Increases by one per publication; the newer valid slot wins.
     pub seq: u64,
-    pub snapshot: Option<SnapshotRef>,
+    pub checkpoint: Option<CheckpointRef>,
     /// Opaque to the journal (at most [`MAX_USER_LEN`] bytes).
     pub user: Vec<u8>,
 }
@@ -54,7 +54,7 @@ impl Manifest {
         s[8..12].copy_from_slice(&MANIFEST_VERSION.to_le_bytes());
         s[12..16].copy_from_slice(&(self.user.len() as u32).to_le_bytes());
         s[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        let (has, c, r) = match self.snapshot {
+        let (has, c, r) = match self.checkpoint {
             Some(sr) => (1u8, sr.commit, sr.required_end),
             None => (0, 0, 0),
         };
@@ -88,17 +88,17 @@ impl Manifest {
             return Err("user length out of range".into());
         }
         let u64_at = |o: usize| u64::from_le_bytes(s[o..o + 8].try_into().unwrap());
-        let snapshot = match s[24] {
+        let checkpoint = match s[24] {
             0 => None,
-            1 => Some(SnapshotRef {
+            1 => Some(CheckpointRef {
                 commit: u64_at(25),
                 required_end: u64_at(33),
             }),
-            _ => return Err("bad snapshot flag".into()),
+            _ => return Err("bad checkpoint flag".into()),
         };
         Ok(Manifest {
             seq: u64_at(16),
-            snapshot,
+            checkpoint,
             user: s[FIXED_LEN..FIXED_LEN + ulen].to_vec(),
         })
     }
@@ -187,20 +187,20 @@ mod tests {
         assert_eq!(Manifest::load(t.path()).unwrap(), None);
         let mut m = Manifest {
             seq: 0,
-            snapshot: Some(SnapshotRef {
+            checkpoint: Some(CheckpointRef {
                 commit: 10,
                 required_end: 12,
             }),
             user: b"abc".to_vec(),
         };
         assert_eq!(m.publish(t.path()).unwrap(), 1);
-        m.snapshot = Some(SnapshotRef {
+        m.checkpoint = Some(CheckpointRef {
             commit: 20,
             required_end: 25,
         });
         assert_eq!(m.publish(t.path()).unwrap(), 2);
         let got = Manifest::load(t.path()).unwrap().unwrap();
-        assert_eq!(got.snapshot.unwrap().commit, 20);
+        assert_eq!(got.checkpoint.unwrap().commit, 20);
         // Damage the newest slot (seq 2 lives in slot 0): the older one wins.
         let path = t.path().join(MANIFEST_FILE);
         let mut bytes = std::fs::read(&path).unwrap();
@@ -208,7 +208,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let got = Manifest::load(t.path()).unwrap().unwrap();
         assert_eq!(got.seq, 1);
-        assert_eq!(got.snapshot.unwrap().commit, 10);
+        assert_eq!(got.checkpoint.unwrap().commit, 10);
         // Both damaged: a clear error naming the file.
         bytes[SLOT_LEN + 30] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();

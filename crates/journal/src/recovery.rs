@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// What recovery did, for the caller to report.
 #[derive(Debug, Clone, Default)]
 pub struct RecoveryReport {
-    /// Replay started after this commit (the snapshot's commit, or 0).
+    /// Replay started after this commit (the checkpoint's commit, or 0).
     pub start_after: u64,
     /// Highest commit present in the journal after recovery.
     pub last_commit: u64,
@@ -264,7 +264,7 @@ pub(crate) fn scan(
             path,
             0,
             format!(
-                "the journal ends at commit {} but the snapshot needs it to reach commit {after}",
+                "the journal ends at commit {} but the checkpoint needs it to reach commit {after}",
                 report.last_commit
             ),
         ));
@@ -298,8 +298,8 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     };
     let mut count = 0u64;
     let mut first_commit = None;
-    // A journal pruned behind a snapshot starts later than commit 1: that is
-    // not damage (whether the snapshot covers the gap is the client's check).
+    // A journal pruned behind a checkpoint starts later than commit 1: that is
+    // not damage (whether the checkpoint covers the gap is the client's check).
     let start = segments.first().map_or(0, |s| s.0.saturating_sub(1));
     let res = scan(st, dir, start, false, &mut |id, p| {
         count += 1;

@@ -1,6 +1,6 @@
 //! The storage the journal does its file I/O through.
 //!
-//! Every file operation of the journal (segments, manifest, snapshots, the data
+//! Every file operation of the journal (segments, manifest, checkpoints, the data
 //! directory lock, atomic small files) goes through a [`Storage`]. The real one,
 //! [`RealStorage`], is `std::fs` plus `flock`. Tests register another one (the
 //! crash simulator [`SimStorage`](crate::sim::SimStorage)) for a path prefix with
@@ -9,7 +9,7 @@
 //!
 //! Cost on the commit path: the storage is resolved once when a
 //! [`DataDir`](crate::DataDir), [`Journal`](crate::Journal) or
-//! [`SnapshotWriter`](crate::SnapshotWriter) is opened and kept as an `Arc`;
+//! [`CheckpointWriter`](crate::CheckpointWriter) is opened and kept as an `Arc`;
 //! each write or fsync is then one dynamic call. The lookup itself is one
 //! relaxed atomic load while nothing is registered.
 

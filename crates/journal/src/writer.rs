@@ -201,7 +201,7 @@ impl std::fmt::Debug for Journal {
 
 impl Journal {
     /// Recovers the journal in `dir` and opens it for appending. Every commit
-    /// after `after` (the snapshot's commit, or 0) is passed to `replay` in
+    /// after `after` (the checkpoint's commit, or 0) is passed to `replay` in
     /// order; an error from it aborts the open. A torn tail is truncated.
     pub fn open(
         dir: &DataDir,
@@ -727,7 +727,7 @@ impl Journal {
     }
 
     /// Deletes segments whose commits are all at or below `upto` (covered by a
-    /// published snapshot). The segment being appended to is never deleted.
+    /// published checkpoint). The segment being appended to is never deleted.
     /// Returns the number of files removed.
     pub fn prune(&self, upto: CommitId) -> Result<usize> {
         let doomed: Vec<PathBuf> = {

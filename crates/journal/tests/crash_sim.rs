@@ -8,11 +8,11 @@
 
 #![forbid(unsafe_code)]
 
+use memfs_journal::checkpoint::{CheckpointReader, CheckpointWriter, list_checkpoints};
 use memfs_journal::manifest::Manifest;
-use memfs_journal::snapshot::{SnapshotReader, SnapshotWriter, list_snapshots};
 use memfs_journal::{
-    DataDir, Durability, Journal, JournalOptions, RecoverMode, SimStorage, SnapshotRef, SplitMix64,
-    storage,
+    CheckpointRef, DataDir, Durability, Journal, JournalOptions, RecoverMode, SimStorage,
+    SplitMix64, storage,
 };
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -347,7 +347,7 @@ fn snapshot_workload(dir: &Path, seed: u64, sim: &SimStorage) -> u64 {
         }
         let res = (|| -> memfs_journal::Result<()> {
             let c = id;
-            let mut w = SnapshotWriter::create(dir, c)?;
+            let mut w = CheckpointWriter::create(dir, c)?;
             if let Err(e) = w.write_all(&snapshot_content(c)) {
                 w.abandon();
                 return Err(memfs_journal::Error::Io {
@@ -358,7 +358,7 @@ fn snapshot_workload(dir: &Path, seed: u64, sim: &SimStorage) -> u64 {
             j.wait_durable(c)?;
             w.finish()?;
             let mut m = Manifest {
-                snapshot: Some(SnapshotRef {
+                checkpoint: Some(CheckpointRef {
                     commit: c,
                     required_end: c,
                 }),
@@ -366,7 +366,7 @@ fn snapshot_workload(dir: &Path, seed: u64, sim: &SimStorage) -> u64 {
             };
             m.publish(dir)?;
             j.prune(c)?;
-            for (old, p) in list_snapshots(dir)? {
+            for (old, p) in list_checkpoints(dir)? {
                 if old < c {
                     memfs_journal::dir::remove_file(dir, p.file_name().unwrap().to_str().unwrap())?;
                 }
@@ -410,10 +410,10 @@ fn snapshot_publish_and_prune_crashed_at_every_step_recover_old_or_new_snapshot(
             reg.swap(&rec);
             let dd = DataDir::open(&dir, true).unwrap();
             let man = Manifest::load(&dir).unwrap_or_else(|e| panic!("{ctx}: manifest: {e}"));
-            let after = match man.and_then(|m| m.snapshot) {
+            let after = match man.and_then(|m| m.checkpoint) {
                 Some(s) => {
-                    let path = dir.join(memfs_journal::snapshot::snapshot_file_name(s.commit));
-                    let mut rd = SnapshotReader::open(&path)
+                    let path = dir.join(memfs_journal::checkpoint::checkpoint_file_name(s.commit));
+                    let mut rd = CheckpointReader::open(&path)
                         .unwrap_or_else(|e| panic!("{ctx}: snapshot {} missing: {e}", s.commit));
                     let mut data = Vec::new();
                     rd.read_to_end(&mut data).unwrap();

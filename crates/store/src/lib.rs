@@ -25,8 +25,10 @@ mod table;
 pub use memfs_journal::{self as journal, Durability};
 pub use table::hash_key;
 
-use memfs_journal::snapshot::{SnapshotReader, SnapshotWriter, list_snapshots, snapshot_file_name};
-use memfs_journal::{DataDir, Journal, JournalOptions, Manifest, SnapshotRef};
+use memfs_journal::checkpoint::{
+    CheckpointReader, CheckpointWriter, checkpoint_file_name, list_checkpoints,
+};
+use memfs_journal::{CheckpointRef, DataDir, Journal, JournalOptions, Manifest};
 use metrics::Metrics;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
@@ -394,10 +396,10 @@ impl Store {
             }
         }
         let manifest = Manifest::load(&dir)?;
-        let snap = manifest.as_ref().and_then(|m| m.snapshot);
+        let snap = manifest.as_ref().and_then(|m| m.checkpoint);
         let after = match snap {
             Some(s) => {
-                let path = dir.join(snapshot_file_name(s.commit));
+                let path = dir.join(checkpoint_file_name(s.commit));
                 report.snapshot_entries = load_snapshot(&path, &opts, &mut tables, &mut rec)?;
                 report.snapshot_commit = Some(s.commit);
                 s.commit
@@ -946,7 +948,7 @@ impl Store {
             entries += t.len() as u64;
             table_bytes += t.memory_bytes() as u64;
         }
-        let snapshot_bytes = list_snapshots(&self.shared.dir)
+        let snapshot_bytes = list_checkpoints(&self.shared.dir)
             .unwrap_or_default()
             .iter()
             .filter_map(|(_, p)| memfs_journal::dir::file_len(p).ok())
@@ -1505,7 +1507,7 @@ const SNAP_VERSION: u32 = 2;
 impl SnapshotJob {
     fn run(self) -> Result<u64> {
         let dir = self.shared.dir.clone();
-        let mut sw = SnapshotWriter::create(&dir, self.commit)?;
+        let mut sw = CheckpointWriter::create(&dir, self.commit)?;
         let (block, required_end) = match self.write_body(&mut sw) {
             Ok(x) => x,
             Err(e) => {
@@ -1519,7 +1521,7 @@ impl SnapshotJob {
         self.journal.wait_durable(required_end)?;
         let path = sw.finish()?;
         let mut m = Manifest {
-            snapshot: Some(SnapshotRef {
+            checkpoint: Some(CheckpointRef {
                 commit: self.commit,
                 required_end,
             }),
@@ -1527,9 +1529,9 @@ impl SnapshotJob {
         };
         m.publish(&dir)?;
         let pruned = self.journal.prune(self.commit)?;
-        for (c, _) in list_snapshots(&dir)? {
+        for (c, _) in list_checkpoints(&dir)? {
             if c < self.commit {
-                memfs_journal::dir::remove_file(&dir, &snapshot_file_name(c))?;
+                memfs_journal::dir::remove_file(&dir, &checkpoint_file_name(c))?;
             }
         }
         let bytes = memfs_journal::dir::file_len(&path).unwrap_or(0);
@@ -1549,7 +1551,7 @@ impl SnapshotJob {
 
     /// Streams the tables, then (block, window, last commit) taken together
     /// under the gate once the copy is done. Returns (block, last commit).
-    fn write_body(&self, sw: &mut SnapshotWriter) -> Result<(u64, u64)> {
+    fn write_body(&self, sw: &mut CheckpointWriter) -> Result<(u64, u64)> {
         let dir = self.shared.dir.clone();
         let mut hdr = Vec::new();
         hdr.extend_from_slice(&SNAP_VERSION.to_le_bytes());
@@ -1613,14 +1615,14 @@ fn load_snapshot(
     tables: &mut [Table],
     rec: &mut Recovered,
 ) -> Result<u64> {
-    let mut r = SnapshotReader::open(path)?;
+    let mut r = CheckpointReader::open(path)?;
     let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
-    fn u32_(r: &mut SnapshotReader) -> std::io::Result<u32> {
+    fn u32_(r: &mut CheckpointReader) -> std::io::Result<u32> {
         let mut b = [0u8; 4];
         r.read_exact(&mut b)?;
         Ok(u32::from_le_bytes(b))
     }
-    fn u64_(r: &mut SnapshotReader) -> std::io::Result<u64> {
+    fn u64_(r: &mut CheckpointReader) -> std::io::Result<u64> {
         let mut b = [0u8; 8];
         r.read_exact(&mut b)?;
         Ok(u64::from_le_bytes(b))
@@ -1730,7 +1732,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
         ));
     }
     let snap = match Manifest::load(dir) {
-        Ok(m) => m.and_then(|m| m.snapshot),
+        Ok(m) => m.and_then(|m| m.checkpoint),
         Err(e) => {
             r.problems.push(e.to_string());
             return Ok(r);
@@ -1742,7 +1744,7 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     let mut rec = Recovered::new(opts.rollback_window);
     let after = match snap {
         Some(s) => {
-            let path = dir.join(snapshot_file_name(s.commit));
+            let path = dir.join(checkpoint_file_name(s.commit));
             match load_snapshot(&path, &opts, &mut tables, &mut rec) {
                 Ok(n) => r.snapshot = Some((s.commit, n)),
                 Err(e) => {

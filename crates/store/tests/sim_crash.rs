@@ -86,7 +86,7 @@ fn run(mode: &str) {
         let _reg = storage::register_scoped(&p, Arc::new(sim.clone()));
         let (attempts, acked) = workload(&p.join("store"), mode, n, &sim);
         // Snapshots (background and published) ran on the simulated disk.
-        let snaps = memfs_store::journal::snapshot::list_snapshots(&p.join("store")).unwrap();
+        let snaps = memfs_store::journal::checkpoint::list_checkpoints(&p.join("store")).unwrap();
         assert!(!snaps.is_empty(), "no snapshot written");
         assert_eq!(attempts, n);
         assert!(acked >= n - n % 5, "dry run acknowledged {acked}");

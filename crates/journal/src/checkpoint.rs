@@ -1,10 +1,10 @@
-//! Snapshot files: a client-defined byte stream cut into checksummed chunks.
+//! Checkpoint files: a client-defined byte stream cut into checksummed chunks.
 //!
 //! Layout: a 32-byte header (magic, version, commit id, checksum), then chunks
 //! `[len u32][crc32c u32][len bytes]`, then an end marker `[0u32][crc32c of the
 //! total payload length as u64 LE]`, then end of file. The client streams its
-//! state through [`SnapshotWriter`] (an `io::Write`) and reads it back through
-//! [`SnapshotReader`] (an `io::Read`) which verifies every chunk before handing
+//! state through [`CheckpointWriter`] (an `io::Write`) and reads it back through
+//! [`CheckpointReader`] (an `io::Read`) which verifies every chunk before handing
 //! out a byte of it.
 
 use crate::storage::{self, OpenMode, Storage, StorageFile};
@@ -13,28 +13,28 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub const SNAPSHOT_MAGIC: [u8; 8] = *b"MEMFSSNP";
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"MEMFSSNP";
+pub const CHECKPOINT_VERSION: u32 = 1;
 const HEADER_LEN: usize = 32;
 const CHUNK: usize = 1 << 20;
-/// The largest chunk a snapshot file may hold.
-pub const SNAPSHOT_MAX_CHUNK: usize = CHUNK;
+/// The largest chunk a checkpoint file may hold.
+pub const CHECKPOINT_MAX_CHUNK: usize = CHUNK;
 
-/// The 32-byte header of a snapshot file at `commit`.
-pub fn snapshot_header(commit: u64) -> [u8; HEADER_LEN] {
+/// The 32-byte header of a checkpoint file at `commit`.
+pub fn checkpoint_header(commit: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
-    h[0..8].copy_from_slice(&SNAPSHOT_MAGIC);
-    h[8..12].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    h[0..8].copy_from_slice(&CHECKPOINT_MAGIC);
+    h[8..12].copy_from_slice(&CHECKPOINT_VERSION.to_le_bytes());
     h[16..24].copy_from_slice(&commit.to_le_bytes());
     let crc = crc32c::crc32c(&h[0..28]);
     h[28..32].copy_from_slice(&crc.to_le_bytes());
     h
 }
 
-/// The 8 bytes before a chunk of `len` (1 ..= [`SNAPSHOT_MAX_CHUNK`]) bytes
+/// The 8 bytes before a chunk of `len` (1 ..= [`CHECKPOINT_MAX_CHUNK`]) bytes
 /// whose CRC32C is `crc`: writers that already know the checksum of their
 /// bytes (a received stream) write chunks without another pass over them.
-pub fn snapshot_chunk_header(len: usize, crc: u32) -> [u8; 8] {
+pub fn checkpoint_chunk_header(len: usize, crc: u32) -> [u8; 8] {
     debug_assert!(len > 0 && len <= CHUNK);
     let mut h = [0u8; 8];
     h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
@@ -43,17 +43,20 @@ pub fn snapshot_chunk_header(len: usize, crc: u32) -> [u8; 8] {
 }
 
 /// The end marker after chunks holding `total` bytes in all.
-pub fn snapshot_end_marker(total: u64) -> [u8; 8] {
+pub fn checkpoint_end_marker(total: u64) -> [u8; 8] {
     let mut end = [0u8; 8];
     end[4..8].copy_from_slice(&crc32c::crc32c(&total.to_le_bytes()).to_le_bytes());
     end
 }
 
-pub fn snapshot_file_name(commit: u64) -> String {
+/// The files keep the name (and the magic `MEMFSSNP`) they had when these
+/// images were called snapshots: data directories and stores written before
+/// the rename open unchanged, and no reader has to accept two names.
+pub fn checkpoint_file_name(commit: u64) -> String {
     format!("snapshot-{commit:020}.snap")
 }
 
-pub fn parse_snapshot_file_name(name: &str) -> Option<u64> {
+pub fn parse_checkpoint_file_name(name: &str) -> Option<u64> {
     let d = name.strip_prefix("snapshot-")?.strip_suffix(".snap")?;
     if d.len() != 20 || !d.bytes().all(|b| b.is_ascii_digit()) {
         return None;
@@ -61,9 +64,9 @@ pub fn parse_snapshot_file_name(name: &str) -> Option<u64> {
     d.parse().ok()
 }
 
-/// Streams a snapshot into a temporary file; [`SnapshotWriter::finish`]
+/// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`]
 /// makes it durable under its final name.
-pub struct SnapshotWriter {
+pub struct CheckpointWriter {
     storage: Arc<dyn Storage>,
     file: Box<dyn StorageFile>,
     tmp: PathBuf,
@@ -73,18 +76,18 @@ pub struct SnapshotWriter {
     total: u64,
 }
 
-impl SnapshotWriter {
+impl CheckpointWriter {
     pub fn create(dir: &Path, commit: u64) -> Result<Self> {
-        let name = snapshot_file_name(commit);
+        let name = checkpoint_file_name(commit);
         let tmp = dir.join(format!("{name}.tmp"));
         let dst = dir.join(name);
         let storage = storage::for_path(&tmp);
         let mut file = storage
             .open(&tmp, OpenMode::CreateTruncate)
             .map_err(io_err(&tmp))?;
-        file.write_all(&snapshot_header(commit))
+        file.write_all(&checkpoint_header(commit))
             .map_err(io_err(&tmp))?;
-        Ok(SnapshotWriter {
+        Ok(CheckpointWriter {
             storage,
             file,
             tmp,
@@ -99,7 +102,7 @@ impl SnapshotWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let h = snapshot_chunk_header(self.buf.len(), crc32c::crc32c(&self.buf));
+        let h = checkpoint_chunk_header(self.buf.len(), crc32c::crc32c(&self.buf));
         self.file.write_all(&h)?;
         self.file.write_all(&self.buf)?;
         self.total += self.buf.len() as u64;
@@ -114,14 +117,14 @@ impl SnapshotWriter {
     }
 
     /// Writes the end marker and fsyncs, leaving the file under its
-    /// temporary name: it can be read back ([`SealedSnapshot::path`]) before
-    /// it replaces a snapshot of the same commit.
-    pub fn seal(mut self) -> Result<SealedSnapshot> {
+    /// temporary name: it can be read back ([`SealedCheckpoint::path`]) before
+    /// it replaces a checkpoint of the same commit.
+    pub fn seal(mut self) -> Result<SealedCheckpoint> {
         self.flush_chunk().map_err(io_err(&self.tmp))?;
-        let end = snapshot_end_marker(self.total);
+        let end = checkpoint_end_marker(self.total);
         self.file.write_all(&end).map_err(io_err(&self.tmp))?;
         self.file.sync_all().map_err(io_err(&self.tmp))?;
-        Ok(SealedSnapshot {
+        Ok(SealedCheckpoint {
             storage: self.storage,
             tmp: self.tmp,
             dst: self.dst,
@@ -129,27 +132,27 @@ impl SnapshotWriter {
         })
     }
 
-    /// Drops the temporary file (after a failed snapshot).
+    /// Drops the temporary file (after a failed checkpoint).
     pub fn abandon(self) {
         let _ = self.storage.remove_file(&self.tmp);
     }
 }
 
-/// A complete, durable snapshot file not yet under its final name.
-pub struct SealedSnapshot {
+/// A complete, durable checkpoint file not yet under its final name.
+pub struct SealedCheckpoint {
     storage: Arc<dyn Storage>,
     tmp: PathBuf,
     dst: PathBuf,
     dir: PathBuf,
 }
 
-impl SealedSnapshot {
+impl SealedCheckpoint {
     /// Where it is now (for reading it back).
     pub fn path(&self) -> &Path {
         &self.tmp
     }
 
-    /// Renames it into place (atomically replacing a snapshot of the same
+    /// Renames it into place (atomically replacing a checkpoint of the same
     /// commit) and fsyncs the directory. Returns the final path.
     pub fn publish(self) -> Result<PathBuf> {
         self.storage
@@ -159,13 +162,13 @@ impl SealedSnapshot {
         Ok(self.dst)
     }
 
-    /// Drops the file; a snapshot of the same commit stays as it was.
+    /// Drops the file; a checkpoint of the same commit stays as it was.
     pub fn abandon(self) {
         let _ = self.storage.remove_file(&self.tmp);
     }
 }
 
-impl Write for SnapshotWriter {
+impl Write for CheckpointWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         let room = CHUNK - self.buf.len();
         let n = room.min(data.len());
@@ -181,9 +184,9 @@ impl Write for SnapshotWriter {
     }
 }
 
-/// Reads a snapshot back, verifying each chunk. Errors carry the file and
+/// Reads a checkpoint back, verifying each chunk. Errors carry the file and
 /// offset of the damage (as `io::ErrorKind::InvalidData`).
-pub struct SnapshotReader {
+pub struct CheckpointReader {
     inner: BufReader<Box<dyn StorageFile>>,
     path: PathBuf,
     commit: u64,
@@ -194,7 +197,7 @@ pub struct SnapshotReader {
     done: bool,
 }
 
-impl SnapshotReader {
+impl CheckpointReader {
     pub fn open(path: &Path) -> Result<Self> {
         let file = storage::for_path(path)
             .open(path, OpenMode::Read)
@@ -208,18 +211,20 @@ impl SnapshotReader {
         };
         inner
             .read_exact(&mut h)
-            .map_err(|_| corrupt("snapshot header truncated"))?;
-        if h[0..8] != SNAPSHOT_MAGIC {
-            return Err(corrupt("bad snapshot magic"));
+            .map_err(|_| corrupt("checkpoint header truncated"))?;
+        if h[0..8] != CHECKPOINT_MAGIC {
+            return Err(corrupt("bad checkpoint magic"));
         }
         if u32::from_le_bytes(h[28..32].try_into().unwrap()) != crc32c::crc32c(&h[0..28]) {
-            return Err(corrupt("snapshot header checksum mismatch"));
+            return Err(corrupt("checkpoint header checksum mismatch"));
         }
         let version = u32::from_le_bytes(h[8..12].try_into().unwrap());
-        if version != SNAPSHOT_VERSION {
-            return Err(corrupt(&format!("unsupported snapshot version {version}")));
+        if version != CHECKPOINT_VERSION {
+            return Err(corrupt(&format!(
+                "unsupported checkpoint version {version}"
+            )));
         }
-        Ok(SnapshotReader {
+        Ok(CheckpointReader {
             inner,
             path: path.to_path_buf(),
             commit: u64::from_le_bytes(h[16..24].try_into().unwrap()),
@@ -243,7 +248,7 @@ impl SnapshotReader {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "corrupt snapshot {} at offset {offset}: {reason}",
+                "corrupt checkpoint {} at offset {offset}: {reason}",
                 self.path.display()
             ),
         )
@@ -290,19 +295,19 @@ impl SnapshotReader {
     /// Confirms that the whole stream was consumed and the end marker is valid.
     pub fn finish(mut self) -> io::Result<()> {
         if self.pos < self.chunk.len() {
-            return Err(self.bad(self.offset, "snapshot has unread data"));
+            return Err(self.bad(self.offset, "checkpoint has unread data"));
         }
         while !self.done {
             self.next_chunk()?;
             if !self.chunk.is_empty() {
-                return Err(self.bad(self.offset, "snapshot has unread data"));
+                return Err(self.bad(self.offset, "checkpoint has unread data"));
             }
         }
         Ok(())
     }
 }
 
-impl Read for SnapshotReader {
+impl Read for CheckpointReader {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
         while self.pos == self.chunk.len() {
             if self.done {
@@ -317,11 +322,11 @@ impl Read for SnapshotReader {
     }
 }
 
-/// Lists snapshot files in `dir` as (commit, path), oldest first.
-pub fn list_snapshots(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+/// Lists checkpoint files in `dir` as (commit, path), oldest first.
+pub fn list_checkpoints(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     let mut v = Vec::new();
     for name in storage::for_path(dir).read_dir(dir).map_err(io_err(dir))? {
-        if let Some(c) = name.to_str().and_then(parse_snapshot_file_name) {
+        if let Some(c) = name.to_str().and_then(parse_checkpoint_file_name) {
             v.push((c, dir.join(&name)));
         }
     }
@@ -334,7 +339,7 @@ mod tests {
     use super::*;
 
     fn write(dir: &Path, data: &[u8]) -> PathBuf {
-        let mut w = SnapshotWriter::create(dir, 9).unwrap();
+        let mut w = CheckpointWriter::create(dir, 9).unwrap();
         w.write_all(data).unwrap();
         w.finish().unwrap()
     }
@@ -344,7 +349,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let data: Vec<u8> = (0..3 * CHUNK + 77).map(|i| (i * 31 % 251) as u8).collect();
         let p = write(t.path(), &data);
-        let mut r = SnapshotReader::open(&p).unwrap();
+        let mut r = CheckpointReader::open(&p).unwrap();
         assert_eq!(r.commit(), 9);
         let mut back = Vec::new();
         r.read_to_end(&mut back).unwrap();
@@ -357,7 +362,7 @@ mod tests {
             let mut b = orig.clone();
             b[i] ^= 0x10;
             std::fs::write(&small, &b).unwrap();
-            let res = SnapshotReader::open(&small).and_then(|mut r| {
+            let res = CheckpointReader::open(&small).and_then(|mut r| {
                 let mut v = Vec::new();
                 r.read_to_end(&mut v).map_err(io_err(&small))?;
                 r.finish().map_err(io_err(&small))
@@ -366,7 +371,7 @@ mod tests {
         }
         for cut in 0..orig.len() {
             std::fs::write(&small, &orig[..cut]).unwrap();
-            let res = SnapshotReader::open(&small).and_then(|mut r| {
+            let res = CheckpointReader::open(&small).and_then(|mut r| {
                 let mut v = Vec::new();
                 r.read_to_end(&mut v).map_err(io_err(&small))?;
                 r.finish().map_err(io_err(&small))
@@ -375,22 +380,45 @@ mod tests {
         }
     }
 
+    /// Directories written before the images were called checkpoints hold
+    /// these names and this magic: changing either would orphan them.
+    #[test]
+    fn checkpoint_files_keep_their_published_name_and_magic() {
+        assert_eq!(
+            checkpoint_file_name(7),
+            "snapshot-00000000000000000007.snap"
+        );
+        assert_eq!(
+            parse_checkpoint_file_name("snapshot-00000000000000000007.snap"),
+            Some(7)
+        );
+        assert_eq!(&CHECKPOINT_MAGIC, b"MEMFSSNP");
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = CheckpointWriter::create(dir.path(), 7).unwrap();
+        w.write_all(b"old").unwrap();
+        w.finish().unwrap();
+        let listed = list_checkpoints(dir.path()).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].0, 7);
+        assert_eq!(read_back(&listed[0].1), b"old");
+    }
+
     fn read_back(p: &Path) -> Vec<u8> {
-        let mut r = SnapshotReader::open(p).unwrap();
+        let mut r = CheckpointReader::open(p).unwrap();
         let mut v = Vec::new();
         r.read_to_end(&mut v).unwrap();
         r.finish().unwrap();
         v
     }
 
-    /// A sealed snapshot is complete and readable under its temporary name
+    /// A sealed checkpoint is complete and readable under its temporary name
     /// while the one of the same commit stays; abandoning it leaves that one,
     /// publishing replaces it.
     #[test]
-    fn sealed_snapshot_replaces_only_when_published() {
+    fn sealed_checkpoint_replaces_only_when_published() {
         let t = tempfile::tempdir().unwrap();
         let p = write(t.path(), b"first");
-        let mut w = SnapshotWriter::create(t.path(), 9).unwrap();
+        let mut w = CheckpointWriter::create(t.path(), 9).unwrap();
         w.write_all(b"second").unwrap();
         let sealed = w.seal().unwrap();
         assert_ne!(sealed.path(), p.as_path());
@@ -401,7 +429,7 @@ mod tests {
         assert!(!tmp.exists(), "abandon removes the sealed file");
         assert_eq!(read_back(&p), b"first");
 
-        let mut w = SnapshotWriter::create(t.path(), 9).unwrap();
+        let mut w = CheckpointWriter::create(t.path(), 9).unwrap();
         w.write_all(b"third").unwrap();
         let sealed = w.seal().unwrap();
         assert_eq!(sealed.publish().unwrap(), p);
