@@ -17,6 +17,26 @@ pub struct Reach {
     pub last: u64,
 }
 
+impl Reach {
+    /// Whether `commit` lies in the retained history: the one check every
+    /// operation on a past commit (rollback, rebuild, diff) starts with.
+    pub fn check(&self, commit: u64) -> Result<()> {
+        if commit > self.last {
+            return Err(Error::Invalid(format!(
+                "commit {commit} does not exist: the newest is {}",
+                self.last
+            )));
+        }
+        if commit < self.oldest {
+            return Err(Error::Invalid(format!(
+                "commit {commit} is older than the retained history, which reaches back to commit {}",
+                self.oldest
+            )));
+        }
+        Ok(())
+    }
+}
+
 pub(crate) fn journal_first_commit(dir: &Path) -> Result<Option<u64>> {
     Ok(recovery::list_segments(dir)?.first().map(|s| s.0))
 }

@@ -130,18 +130,7 @@ pub fn rebuild(
 /// meanwhile (the directory lock, or the running server's admin lock).
 pub fn materialize(dir: &Path, commit: u64, config: Config) -> Result<Fs> {
     let r = reach(dir)?;
-    if commit > r.last {
-        return Err(Error::Invalid(format!(
-            "commit {commit} does not exist: the newest is {}",
-            r.last
-        )));
-    }
-    if commit < r.oldest {
-        return Err(Error::Invalid(format!(
-            "commit {commit} is older than the retained history, which reaches back to commit {}",
-            r.oldest
-        )));
-    }
+    r.check(commit)?;
     let base = History::load(dir)?.base_for(commit).map(|c| CheckpointRef {
         commit: c.commit,
         required_end: c.required_end,

@@ -49,18 +49,7 @@ pub fn resolve_target(dir: &Path, target: &str) -> Result<u64> {
 /// Checks that `target` is reachable; says what a rollback would discard.
 pub fn plan_rollback(dir: &Path, target: u64) -> Result<RollbackPlan> {
     let r = reach(dir)?;
-    if target > r.last {
-        return Err(Error::Invalid(format!(
-            "commit {target} does not exist: the newest is {}",
-            r.last
-        )));
-    }
-    if target < r.oldest {
-        return Err(Error::Invalid(format!(
-            "commit {target} is older than the retained history, which reaches back to commit {}",
-            r.oldest
-        )));
-    }
+    r.check(target)?;
     let h = History::load(dir)?;
     Ok(RollbackPlan {
         target,
