@@ -92,10 +92,6 @@ impl Notifications {
     /// Call it holding nothing a FUSE request may wait for (the module
     /// comment says why).
     pub(crate) fn send_and_wait(&self, what: &str, items: Vec<Inval>) -> Option<Sent> {
-        self.send_and_wait_for(what, items, WAIT)
-    }
-
-    fn send_and_wait_for(&self, what: &str, items: Vec<Inval>, wait: Duration) -> Option<Sent> {
         if items.is_empty() {
             return Some(Sent {
                 took: Duration::ZERO,
@@ -116,11 +112,11 @@ impl Notifications {
             // The thread is gone only when the session is: no kernel to tell.
             return None;
         }
-        match rx.recv_timeout(wait) {
+        match rx.recv_timeout(WAIT) {
             Ok(s) => Some(s),
             Err(_) => {
                 tracing::warn!(
-                    "{what}: the kernel has not taken {n} cache invalidations in {wait:?}; \
+                    "{what}: the kernel has not taken {n} cache invalidations in {WAIT:?}; \
                      going on without them (they are still queued: a process holding a \
                      directory or page lock of this mount is not letting go)"
                 );

@@ -57,11 +57,7 @@ pub fn checkpoint_file_name(commit: u64) -> String {
 }
 
 pub fn parse_checkpoint_file_name(name: &str) -> Option<u64> {
-    let d = name.strip_prefix("snapshot-")?.strip_suffix(".snap")?;
-    if d.len() != 20 || !d.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    d.parse().ok()
+    crate::format::parse_numbered_name(name, "snapshot-", ".snap")
 }
 
 /// Streams a checkpoint into a temporary file; [`CheckpointWriter::finish`]

@@ -21,7 +21,14 @@ pub fn segment_file_name(first: u64) -> String {
 }
 
 pub fn parse_segment_file_name(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix("journal-")?.strip_suffix(".log")?;
+    parse_numbered_name(name, "journal-", ".log")
+}
+
+/// The commit in `PREFIX<20 digits>SUFFIX`, the shape of every numbered
+/// file of a data directory (segments, checkpoints); anything else is not
+/// one of ours.
+pub fn parse_numbered_name(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
