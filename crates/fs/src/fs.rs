@@ -23,8 +23,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
-
-pub(crate) type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::acl::{self, Acl};
@@ -33,15 +31,12 @@ use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
 use crate::invariant::uncount;
 use crate::locks::{Family, LockCallback, LockTable, RangeLock};
-use crate::mutation::{Mutation, Recorder};
+use crate::mutation::{META_RECORD, Mutation, Recorder};
 use crate::types::*;
 use crate::xattr::{self, Xattrs};
 use crate::{Errno, Result};
 
 const PAGE: u64 = PAGE_SIZE as u64;
-/// The largest journal record of an operation, not counting its names'
-/// and data's bytes: four attribute blocks, two names, framing.
-pub(crate) const META_RECORD: u64 = 1024;
 
 /// One directory entry as `readdir` returns it.
 #[derive(Debug, Clone, Copy)]
@@ -73,7 +68,7 @@ pub struct Fs {
     /// the only nodes with no link that `link` may name (Linux's
     /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
     /// than a field in every inode.
-    linkable: DashMap<u64, (), InoHasher>,
+    linkable: DashMap<u64, (), crate::table::InoHasher>,
     /// Set when a read moved an access time: reads make no commit (that
     /// would make every read a write), so a recorder that keeps the tree in
     /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
@@ -275,7 +270,7 @@ impl Fs {
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
-            linkable: DashMap::with_hasher(InoHasher::default()),
+            linkable: DashMap::with_hasher(Default::default()),
             unrecorded_atimes: AtomicBool::new(false),
             locked: AtomicBool::new(false),
         }
@@ -855,7 +850,7 @@ impl Fs {
         };
         let st = dir.state.read();
         // Inherited inode flags are one more record.
-        let flags = if st.meta.flags as u32 & crate::flags::INHERITED != 0 {
+        let flags = if st.meta.inherited_flags() != 0 {
             META_RECORD
         } else {
             0
@@ -898,9 +893,7 @@ impl Fs {
             Self::inherit_acl(parent, kind, umask, perm)
         };
         let flags = match kind {
-            FileType::RegularFile | FileType::Directory => {
-                (parent.flags as u32 & crate::flags::INHERITED) as u8
-            }
+            FileType::RegularFile | FileType::Directory => parent.inherited_flags(),
             _ => 0,
         };
         (gid, xattrs, flags)
@@ -1663,7 +1656,7 @@ impl Fs {
         {
             return Err(Errno::EISDIR);
         }
-        crate::flags::check_open(&inode.state.read().meta, flags)?;
+        inode.state.read().meta.check_open(flags)?;
         if flags & libc::O_TRUNC != 0
             && acc != libc::O_RDONLY
             && inode.kind == FileType::RegularFile
