@@ -53,7 +53,7 @@ pub struct Fs {
     /// The node table and the snapshots, shared with the lazy clones taken
     /// of this file system's snapshots (`lazy.rs`), which read them after
     /// this object is gone.
-    pub(crate) core: Arc<crate::lazy::Core>,
+    pub(crate) core: Arc<crate::core::Core>,
     pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
@@ -257,7 +257,7 @@ impl Fs {
         let used_pages = Arc::new(AtomicU64::new(0));
         let used_inodes = Arc::new(AtomicU64::new(1));
         Fs {
-            core: Arc::new(crate::lazy::Core::new(
+            core: Arc::new(crate::core::Core::new(
                 inodes,
                 used_pages.clone(),
                 used_inodes.clone(),

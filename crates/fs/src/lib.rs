@@ -13,6 +13,7 @@
 //! (`parking_lot`, `dashmap`, `hashbrown`, `libc` for errno values).
 
 pub mod acl;
+mod core;
 mod data;
 mod dir;
 mod error;

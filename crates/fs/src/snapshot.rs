@@ -3,17 +3,17 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
+use crossbeam_utils::sync::ShardedLockReadGuard;
+use parking_lot::RwLockWriteGuard;
 
+use crate::core::{Base, Core, Frozen, Preserved, Snap};
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::fs::{DirEntry, Fs, check_access, list_dir};
 use crate::inode::{Body, Inode, Meta, State, attr_of};
 use crate::invariant::uncount;
-use crate::lazy::{Base, Core};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
 use crate::{Errno, Result};
 
@@ -81,17 +81,6 @@ impl Drop for Released {
     }
 }
 
-/// A node as a snapshot holds it: the state it had before its first change
-/// after the snapshot. What it holds counts in the file system's usage
-/// until it goes.
-pub(crate) struct Frozen {
-    kind: FileType,
-    meta: Meta,
-    body: Body,
-    /// The file system's page and node counters (shared with it).
-    used: (Arc<AtomicU64>, Arc<AtomicU64>),
-}
-
 impl Frozen {
     /// Pages only this copy holds.
     fn unique_pages(&self) -> u64 {
@@ -99,16 +88,6 @@ impl Frozen {
             Body::File(d) => d.unique_pages(),
             _ => 0,
         }
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        if let Body::File(d) = &mut self.body {
-            let freed = std::mem::take(d).release();
-            uncount(&self.used.0, freed, "pages");
-        }
-        uncount(&self.used.1, 1, "inodes");
     }
 }
 
@@ -132,26 +111,6 @@ fn release_body(body: Body) -> u64 {
     }
 }
 
-/// What a snapshot keeps of the nodes changed since it: the state each had
-/// at the snapshot (`None`: the node did not exist then).
-type Preserved = HashMap<u64, Option<Arc<Frozen>>>;
-
-pub(crate) struct Snap {
-    id: u64,
-    name: Vec<u8>,
-    created: Timespec,
-    /// The epoch this snapshot closed: nodes whose last change is in this
-    /// epoch or an earlier one read as they are in the live table.
-    epoch: u64,
-    /// Nodes changed after this snapshot and before the next one, as they
-    /// were. A node changed after several snapshots is kept once, in the
-    /// newest of them; older snapshots find it there (see [`Core::snap_node`]).
-    map: Mutex<Preserved>,
-    /// Lazy clones still reading this snapshot (`lazy.rs`): deleting it
-    /// first makes them whole.
-    pub(crate) clones: Mutex<Vec<std::sync::Weak<Core>>>,
-}
-
 impl Snap {
     fn info(&self) -> SnapshotInfo {
         let map = self.map.lock();
@@ -169,51 +128,6 @@ impl Snap {
             nodes,
             bytes,
         }
-    }
-}
-
-/// The snapshots of one file system.
-#[derive(Default)]
-pub(crate) struct Snapshots {
-    /// Oldest first; ids and epochs ascend. Readers of a snapshot hold this
-    /// shared while they resolve a node, so that a deletion (exclusive)
-    /// never moves a preserved node under them. They and writers preserving
-    /// a node (under the node's lock) take it with `read_recursive`: a
-    /// reader waits for a node lock while holding this shared, and a fair
-    /// `read` would queue behind a waiting create or delete (deadlock).
-    pub(crate) list: RwLock<Vec<Arc<Snap>>>,
-    /// `list.len()`, readable without its lock.
-    count: AtomicUsize,
-    next_id: AtomicU64,
-    /// The current epoch; taking a snapshot closes it.
-    epoch: AtomicU64,
-    /// Held shared by every operation that changes the tree, for its whole
-    /// body, and exclusively while a snapshot is taken or a rollback runs:
-    /// so a snapshot never sees half of a rename. Readers never take it.
-    pub(crate) gate: Gate,
-}
-
-/// The lock behind [`Snapshots::gate`]: a reader-writer lock split into
-/// shards on cache lines of their own, a thread taking it shared touching
-/// only its shard (`crossbeam_utils::sync::ShardedLock`), and taking it
-/// exclusive taking every shard. Every change takes it shared; one lock
-/// word shared by all of them bounced between the CPUs on each change:
-/// `memfs bench workload` on 2 threads ran creates and deletes ~20 %
-/// slower than with no gate at all (docs/engine.md "The gate and the benchmark's clock"). Taken
-/// exclusively only to take a snapshot or roll back, where the cost of
-/// taking eight shards does not matter.
-#[derive(Default)]
-pub(crate) struct Gate(ShardedLock<()>);
-
-impl Gate {
-    pub(crate) fn read(&self) -> ShardedLockReadGuard<'_, ()> {
-        // Poisoned only by a panic inside an operation; the lock guards no
-        // data, so there is nothing to distrust.
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn write(&self) -> ShardedLockWriteGuard<'_, ()> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
