@@ -22,7 +22,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use dashmap::DashMap;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::acl::{self, Acl};
@@ -64,11 +63,6 @@ pub struct Fs {
     rename_lock: Mutex<()>,
     pub(crate) commit: AtomicU64,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
-    /// Files made by [`Fs::tmpfile`] without `excl` that have no name yet:
-    /// the only nodes with no link that `link` may name (Linux's
-    /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
-    /// than a field in every inode.
-    linkable: DashMap<u64, (), crate::table::InoHasher>,
     /// Set when a read moved an access time: reads make no commit (that
     /// would make every read a write), so a recorder that keeps the tree in
     /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
@@ -270,7 +264,6 @@ impl Fs {
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
-            linkable: DashMap::with_hasher(Default::default()),
             unrecorded_atimes: AtomicBool::new(false),
             locked: AtomicBool::new(false),
         }
@@ -416,7 +409,6 @@ impl Fs {
         self.core
             .inodes
             .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
-        self.linkable.remove(&inode.ino);
         self.release_pages(pages);
         uncount(&self.used_inodes, 1, "inodes");
         // No commit: the node left the tree when its last name went (that
@@ -1104,7 +1096,7 @@ impl Fs {
         inode.nlookup.store(1, Ordering::Relaxed);
         inode.nopen.store(1, Ordering::Relaxed);
         if !excl {
-            self.linkable.insert(ino, ());
+            inode.linkable.store(true, Ordering::Relaxed);
         }
         // Published, then recorded under the node's lock, as a create is: a
         // checkpoint that copies the node sees it with its record already
@@ -1130,7 +1122,6 @@ impl Fs {
             // Nobody else knows the number yet: take the node back whole.
             drop(st);
             self.core.inodes.remove(&ino);
-            self.linkable.remove(&ino);
             uncount(&self.used_inodes, 1, "inodes");
             return Err(e);
         }
@@ -1141,7 +1132,10 @@ impl Fs {
     /// checkpoint keeps such a node although it has no link: a link
     /// recorded after the copy began finds its data there.
     pub fn is_linkable_tmpfile(&self, ino: u64) -> bool {
-        self.linkable.contains_key(&ino)
+        self.core
+            .inodes
+            .get(&ino)
+            .is_some_and(|n| n.linkable.load(Ordering::Acquire))
     }
 
     /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
@@ -1160,7 +1154,7 @@ impl Fs {
         let mut st = self.write_state(&inode);
         // A removed node stays removed, except a linkable tmpfile's first
         // name; it is an ordinary file from then on, as with Linux's I_LINKABLE.
-        if st.meta.nlink == 0 && self.linkable.remove(&ino).is_none() {
+        if st.meta.nlink == 0 && !inode.linkable.swap(false, Ordering::AcqRel) {
             return Err(Errno::ENOENT);
         }
         st.meta.check_modify()?;
