@@ -1445,170 +1445,36 @@ impl Fs {
         chains: Option<(&[u64], &[u64])>,
     ) -> Result<Option<Arc<Inode>>> {
         let cross = parent != newparent;
-        let (sino, skind) = pair
-            .src()
-            .dir()
-            .expect("dir")
-            .get(name)
-            .ok_or(Errno::ENOENT)?;
-        let target = pair.dst().dir().expect("dir").get(newname);
-        if let Some((src_chain, dst_chain)) = chains {
-            // A directory cannot move into its own subtree (checked on the
-            // locked entries: the names may have changed since the chains were taken).
-            if skind == FileType::Directory && dst_chain.contains(&sino) {
-                return Err(Errno::EINVAL);
-            }
-            if flags.exchange
-                && let Some((dino, FileType::Directory)) = target
-                && src_chain.contains(&dino)
-            {
-                return Err(Errno::EINVAL);
-            }
-        }
-        if pair.dst().meta.nlink == 0 {
-            return Err(Errno::ENOENT);
-        }
-        if target.is_none() && flags.exchange {
-            return Err(Errno::ENOENT);
-        }
-        if let Some((dino, _)) = target {
-            if flags.noreplace {
-                return Err(Errno::EEXIST);
-            }
-            if dino == sino {
-                // Two names of one node: POSIX says do nothing.
-                return Ok(None);
-            }
-        }
+        let Some(((sino, skind), target)) =
+            check_rename(pair, parent, name, newparent, newname, flags, chains)?
+        else {
+            return Ok(None);
+        };
         let sdir = skind == FileType::Directory;
-        if !flags.exchange
-            && let Some((dino, dkind)) = target
-        {
-            let ddir = dkind == FileType::Directory;
-            if sdir && !ddir {
-                return Err(Errno::ENOTDIR);
-            }
-            if !sdir && ddir {
-                return Err(Errno::EISDIR);
-            }
-            // A target that is an ancestor of the source's directory is not
-            // empty (Linux's rename trap). Decided here, before the child
-            // locks: locking an ancestor of a held directory breaks the lock order.
-            let ancestor = match chains {
-                Some((src_chain, _)) => src_chain.contains(&dino),
-                None => dino == parent,
-            };
-            if ddir && ancestor {
-                return Err(Errno::ENOTEMPTY);
-            }
-        }
-        if !flags.exchange && target.is_none() && sdir && cross && pair.dst().meta.nlink >= LINK_MAX
-        {
-            return Err(Errno::EMLINK);
-        }
         let moved = self.get(sino)?;
-        let other = match target {
-            Some((dino, _)) => Some(self.get(dino)?),
-            None => None,
-        };
-        // Child locks: a directory before a non-directory, else in ascending
-        // inode number. A file may also be an entry of the directory it is
-        // exchanged with (a hard link), and `readdirplus` holds a directory
-        // while it reads its entries; locking the file first would deadlock
-        // against it.
-        let other_first = match (&other, target) {
-            (Some(o), Some((_, dkind))) => {
-                let odir = dkind == FileType::Directory;
-                if odir != sdir {
-                    odir
-                } else {
-                    o.ino < moved.ino
-                }
-            }
-            _ => false,
-        };
-        let (mut ms, mut os);
-        match &other {
-            Some(o) if other_first => {
-                os = Some(self.write_state(o));
-                ms = self.write_state(&moved);
-            }
-            Some(o) => {
-                ms = self.write_state(&moved);
-                os = Some(self.write_state(o));
-            }
-            None => {
-                ms = self.write_state(&moved);
-                os = None;
-            }
-        }
-        pair.src().meta.check_modify()?;
-        match &os {
-            Some(o) => {
-                pair.dst().meta.check_modify()?;
-                o.meta.check_modify()?;
-            }
-            None => pair.dst().meta.check_add_entry()?,
-        }
-        ms.meta.check_modify()?;
+        let other = target.map(|(dino, _)| self.get(dino)).transpose()?;
+        let odir = target.is_some_and(|(_, dkind)| dkind == FileType::Directory);
+        let (mut ms, mut os) = self.lock_rename_children(&moved, other.as_deref(), sdir, odir);
+        check_rename_flags(pair, &ms, os.as_deref())?;
         let now = Timespec::now();
         if flags.exchange {
             let (dino, dkind) = target.expect("checked");
             let os = os.as_mut().expect("exchange has two nodes");
-            pair.src()
-                .dir_mut()
-                .expect("dir")
-                .replace(name, dino, dkind);
-            pair.dst()
-                .dir_mut()
-                .expect("dir")
-                .replace(newname, sino, skind);
+            pair.src_dir().replace(name, dino, dkind);
+            pair.dst_dir().replace(newname, sino, skind);
             if cross {
-                let ddir = dkind == FileType::Directory;
-                if let Some(d) = ms.dir_mut() {
-                    d.parent = newparent;
-                }
-                if let Some(d) = os.dir_mut() {
-                    d.parent = parent;
-                }
-                match (sdir, ddir) {
-                    (true, false) => {
-                        pair.src().meta.drop_link();
-                        pair.dst().meta.nlink += 1;
-                    }
-                    (false, true) => {
-                        pair.src().meta.nlink += 1;
-                        pair.dst().meta.drop_link();
-                    }
-                    _ => {}
-                }
+                exchange_across(pair, &mut ms, os, parent, newparent, sdir, odir);
             }
             os.meta.ctime = now;
         } else {
             if let Some(os) = os.as_mut() {
-                if os.dir().is_some_and(|d| !d.is_empty()) {
-                    return Err(Errno::ENOTEMPTY);
-                }
-                if sdir {
-                    os.meta.nlink = 0;
-                    pair.dst().meta.drop_link();
-                } else {
-                    os.meta.drop_link();
-                }
-                os.meta.ctime = now;
+                unlink_replaced(pair.dst(), os, sdir, now)?;
             }
-            pair.src().dir_mut().expect("dir").remove(name);
+            pair.src_dir().remove(name);
+            let dst = pair.dst_dir();
             match target {
-                Some(_) => pair
-                    .dst()
-                    .dir_mut()
-                    .expect("dir")
-                    .replace(newname, sino, skind),
-                None => pair
-                    .dst()
-                    .dir_mut()
-                    .expect("dir")
-                    .insert(newname, sino, skind),
+                Some(_) => dst.replace(newname, sino, skind),
+                None => dst.insert(newname, sino, skind),
             }
             if sdir {
                 if let Some(d) = ms.dir_mut() {
@@ -1637,6 +1503,43 @@ impl Fs {
         drop(ms);
         drop(os);
         Ok(if flags.exchange { None } else { other })
+    }
+
+    /// Locks the node a rename moves and the one it replaces or exchanges
+    /// with (`other`), in the child order. `sdir` and `odir`: whether each
+    /// is a directory.
+    fn lock_rename_children<'a>(
+        &self,
+        moved: &'a Inode,
+        other: Option<&'a Inode>,
+        sdir: bool,
+        odir: bool,
+    ) -> (
+        RwLockWriteGuard<'a, State>,
+        Option<RwLockWriteGuard<'a, State>>,
+    ) {
+        // Child locks: a directory before a non-directory, else in ascending
+        // inode number. A file may also be an entry of the directory it is
+        // exchanged with (a hard link), and `readdirplus` holds a directory
+        // while it reads its entries; locking the file first would deadlock
+        // against it.
+        match other {
+            Some(o)
+                if if odir != sdir {
+                    odir
+                } else {
+                    o.ino < moved.ino
+                } =>
+            {
+                let os = self.write_state(o);
+                (self.write_state(moved), Some(os))
+            }
+            Some(o) => {
+                let ms = self.write_state(moved);
+                (ms, Some(self.write_state(o)))
+            }
+            None => (self.write_state(moved), None),
+        }
     }
 
     // ---- open files ------------------------------------------------------------------
@@ -2760,6 +2663,169 @@ impl DirPair<'_, '_> {
             DirPair::Two(_, d) => d,
         }
     }
+
+    /// The source directory's entries: a pair is made of directories only.
+    fn src_dir(&mut self) -> &mut Dir {
+        self.src().dir_mut().expect("dir")
+    }
+
+    fn dst_dir(&mut self) -> &mut Dir {
+        self.dst().dir_mut().expect("dir")
+    }
+}
+
+/// A directory entry's node and type.
+type Entry = (u64, FileType);
+
+/// The checks of a rename on the entries of its locked directories (the
+/// names may have changed since the caller looked them up): the source's
+/// entry and the target's, if any; `None` when there is nothing to do.
+fn check_rename(
+    pair: &mut DirPair<'_, '_>,
+    parent: u64,
+    name: &[u8],
+    newparent: u64,
+    newname: &[u8],
+    flags: RenameFlags,
+    chains: Option<(&[u64], &[u64])>,
+) -> Result<Option<(Entry, Option<Entry>)>> {
+    let cross = parent != newparent;
+    let (sino, skind) = pair
+        .src()
+        .dir()
+        .expect("dir")
+        .get(name)
+        .ok_or(Errno::ENOENT)?;
+    let target = pair.dst().dir().expect("dir").get(newname);
+    if let Some((src_chain, dst_chain)) = chains {
+        // A directory cannot move into its own subtree (checked on the
+        // locked entries: the names may have changed since the chains were taken).
+        if skind == FileType::Directory && dst_chain.contains(&sino) {
+            return Err(Errno::EINVAL);
+        }
+        if flags.exchange
+            && let Some((dino, FileType::Directory)) = target
+            && src_chain.contains(&dino)
+        {
+            return Err(Errno::EINVAL);
+        }
+    }
+    if pair.dst().meta.nlink == 0 {
+        return Err(Errno::ENOENT);
+    }
+    if target.is_none() && flags.exchange {
+        return Err(Errno::ENOENT);
+    }
+    if let Some((dino, _)) = target {
+        if flags.noreplace {
+            return Err(Errno::EEXIST);
+        }
+        if dino == sino {
+            // Two names of one node: POSIX says do nothing.
+            return Ok(None);
+        }
+    }
+    let sdir = skind == FileType::Directory;
+    if !flags.exchange
+        && let Some(replaced) = target
+    {
+        check_replace(sdir, replaced, parent, chains)?;
+    }
+    if !flags.exchange && target.is_none() && sdir && cross && pair.dst().meta.nlink >= LINK_MAX {
+        return Err(Errno::EMLINK);
+    }
+    Ok(Some(((sino, skind), target)))
+}
+
+/// What a rename that replaces entry `(dino, dkind)` with a node that is a
+/// directory or not (`sdir`) requires of it.
+fn check_replace(
+    sdir: bool,
+    (dino, dkind): Entry,
+    parent: u64,
+    chains: Option<(&[u64], &[u64])>,
+) -> Result<()> {
+    let ddir = dkind == FileType::Directory;
+    if sdir && !ddir {
+        return Err(Errno::ENOTDIR);
+    }
+    if !sdir && ddir {
+        return Err(Errno::EISDIR);
+    }
+    // A target that is an ancestor of the source's directory is not
+    // empty (Linux's rename trap). Decided here, before the child
+    // locks: locking an ancestor of a held directory breaks the lock order.
+    let ancestor = match chains {
+        Some((src_chain, _)) => src_chain.contains(&dino),
+        None => dino == parent,
+    };
+    if ddir && ancestor {
+        return Err(Errno::ENOTEMPTY);
+    }
+    Ok(())
+}
+
+/// The inode flags of a rename's nodes (both directories, the node moved
+/// and the one replaced or exchanged, `os`) must allow it.
+fn check_rename_flags(pair: &mut DirPair<'_, '_>, ms: &State, os: Option<&State>) -> Result<()> {
+    pair.src().meta.check_modify()?;
+    match os {
+        Some(o) => {
+            pair.dst().meta.check_modify()?;
+            o.meta.check_modify()?;
+        }
+        None => pair.dst().meta.check_add_entry()?,
+    }
+    ms.meta.check_modify()
+}
+
+/// An exchange between two directories: a directory exchanged points its
+/// `..` at its new parent, and one exchanged with a non-directory takes a
+/// link from its old parent to its new one. `sdir`, `odir`: whether the
+/// moved node and the other are directories.
+fn exchange_across(
+    pair: &mut DirPair<'_, '_>,
+    ms: &mut State,
+    os: &mut State,
+    parent: u64,
+    newparent: u64,
+    sdir: bool,
+    odir: bool,
+) {
+    if let Some(d) = ms.dir_mut() {
+        d.parent = newparent;
+    }
+    if let Some(d) = os.dir_mut() {
+        d.parent = parent;
+    }
+    match (sdir, odir) {
+        (true, false) => {
+            pair.src().meta.drop_link();
+            pair.dst().meta.nlink += 1;
+        }
+        (false, true) => {
+            pair.src().meta.nlink += 1;
+            pair.dst().meta.drop_link();
+        }
+        _ => {}
+    }
+}
+
+/// The node a rename replaces loses the name (`os`: its locked state; `dst`:
+/// the target directory's). A directory must be empty; it loses its links
+/// and the target directory its `..`.
+fn unlink_replaced(dst: &mut State, os: &mut State, sdir: bool, now: Timespec) -> Result<()> {
+    if os.dir().is_some_and(|d| !d.is_empty()) {
+        return Err(Errno::ENOTEMPTY);
+    }
+    if sdir {
+        os.meta.nlink = 0;
+        dst.meta.drop_link();
+    } else {
+        os.meta.drop_link();
+    }
+    os.meta.ctime = now;
+    Ok(())
 }
 
 /// A write's bytes: one slice, or pages the file may take as they are
