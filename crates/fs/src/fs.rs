@@ -168,6 +168,79 @@ fn kill_priv(perm: u16) -> u16 {
     p
 }
 
+/// utimensat's EINVAL. The FUSE adapter's times are always in range; a
+/// direct caller's need not be, and a journal record of such a time would
+/// not decode again (recovery would fail on it).
+fn check_set_times(set: &SetAttr) -> Result<()> {
+    let explicit = [set.atime, set.mtime]
+        .into_iter()
+        .flatten()
+        .filter_map(|t| match t {
+            SetTime::At(t) => Some(t),
+            SetTime::Now => None,
+        });
+    if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// A setattr's new owner or group (at least one of them is set).
+fn chown(
+    meta: &mut Meta,
+    kind: FileType,
+    set: &SetAttr,
+    ctx: Ctx,
+    in_group: &dyn Fn(u32) -> bool,
+    now: Timespec,
+) {
+    // Whether setgid goes depends on the group the file had.
+    let old_gid = meta.gid;
+    if let Some(uid) = set.uid {
+        meta.uid = uid;
+    }
+    if let Some(gid) = set.gid {
+        meta.gid = gid;
+    }
+    // Linux's chown_common asks to kill setuid (and setgid with
+    // group-exec) on every chown of a non-directory, by root too and
+    // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
+    // kernel leaves that to us. An unprivileged caller outside the
+    // file's (old) group loses setgid too (chown_common asks
+    // setattr_should_drop_sgid).
+    if kind != FileType::Directory {
+        meta.perm = kill_priv(meta.perm);
+        meta.perm = kill_priv_of(meta.perm, old_gid, ctx, in_group);
+    }
+    meta.ctime = now;
+}
+
+/// A setattr's times (each changes ctime too).
+fn set_times(meta: &mut Meta, set: &SetAttr, now: Timespec) {
+    if let Some(t) = set.atime {
+        meta.atime = match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        meta.ctime = now;
+    }
+    if let Some(t) = set.mtime {
+        meta.mtime = match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        meta.ctime = now;
+    }
+    if let Some(t) = set.ctime {
+        meta.ctime = t;
+    }
+    if *set == SetAttr::default() {
+        // chown(f, -1, -1) reaches us as a change of nothing: it still
+        // changes ctime, as on tmpfs.
+        meta.ctime = now;
+    }
+}
+
 /// The permission check of `access(2)` on a node's attributes and access ACL.
 pub(crate) fn check_access(
     ctx: Ctx,
@@ -557,58 +630,16 @@ impl Fs {
         ino: u64,
         set: &SetAttr,
     ) -> Result<Attr> {
-        // utimensat's EINVAL. The FUSE adapter's times are always in range;
-        // a direct caller's need not be, and a journal record of such a time
-        // would not decode again (recovery would fail on it).
-        let explicit = [set.atime, set.mtime]
-            .into_iter()
-            .flatten()
-            .filter_map(|t| match t {
-                SetTime::At(t) => Some(t),
-                SetTime::Now => None,
-            });
-        if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
-            return Err(Errno::EINVAL);
-        }
+        check_set_times(set)?;
         let _gate = self.enter();
         let inode = self.get(ino)?;
-        // A chmod rewrites the access ACL too: its record is admitted with it.
-        let acl_bytes = match (&self.recorder, set.mode) {
-            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
-                x.get(acl::ACL_ACCESS).map_or(0, |v| {
-                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
-                })
-            }),
-            _ => 0,
-        };
-        self.admit(META_RECORD + acl_bytes)?;
+        self.admit(META_RECORD + self.chmod_acl_bytes(&inode, set))?;
         let mut st = self.write_state(&inode);
         st.meta.check_setattr(set)?;
         let now = Timespec::now();
         let mut chmod_acl = None;
         if let Some(size) = set.size {
-            match inode.kind {
-                FileType::RegularFile => {}
-                FileType::Directory => return Err(Errno::EISDIR),
-                _ => return Err(Errno::EINVAL),
-            }
-            if size > MAX_FILE_SIZE {
-                return Err(Errno::EFBIG);
-            }
-        }
-        if let Some(size) = set.size {
-            let State { meta, body, .. } = &mut *st;
-            if let Body::File(data) = body {
-                if size < meta.size {
-                    self.give_back(data.truncate(size));
-                }
-                meta.size = size;
-                #[cfg(debug_assertions)]
-                data.check(size, true);
-            }
-            meta.mtime = now;
-            meta.ctime = now;
-            meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+            self.set_size(&mut st, inode.kind, size, ctx, in_group, now)?;
         }
         if let Some(mode) = set.mode {
             // Stored as given: whether an unprivileged caller may keep setgid
@@ -622,48 +653,9 @@ impl Fs {
             });
         }
         if set.uid.is_some() || set.gid.is_some() {
-            // Whether setgid goes depends on the group the file had.
-            let old_gid = st.meta.gid;
-            if let Some(uid) = set.uid {
-                st.meta.uid = uid;
-            }
-            if let Some(gid) = set.gid {
-                st.meta.gid = gid;
-            }
-            // Linux's chown_common asks to kill setuid (and setgid with
-            // group-exec) on every chown of a non-directory, by root too and
-            // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
-            // kernel leaves that to us. An unprivileged caller outside the
-            // file's (old) group loses setgid too (chown_common asks
-            // setattr_should_drop_sgid).
-            if inode.kind != FileType::Directory {
-                st.meta.perm = kill_priv(st.meta.perm);
-                st.meta.perm = kill_priv_of(st.meta.perm, old_gid, ctx, in_group);
-            }
-            st.meta.ctime = now;
+            chown(&mut st.meta, inode.kind, set, ctx, in_group, now);
         }
-        if let Some(t) = set.atime {
-            st.meta.atime = match t {
-                SetTime::Now => now,
-                SetTime::At(t) => t,
-            };
-            st.meta.ctime = now;
-        }
-        if let Some(t) = set.mtime {
-            st.meta.mtime = match t {
-                SetTime::Now => now,
-                SetTime::At(t) => t,
-            };
-            st.meta.ctime = now;
-        }
-        if let Some(t) = set.ctime {
-            st.meta.ctime = t;
-        }
-        if *set == SetAttr::default() {
-            // chown(f, -1, -1) reaches us as a change of nothing: it still
-            // changes ctime, as on tmpfs.
-            st.meta.ctime = now;
-        }
+        set_times(&mut st.meta, set, now);
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::SetAttr { attr })?;
         if let Some(value) = chmod_acl {
@@ -678,6 +670,53 @@ impl Fs {
             })?;
         }
         Ok(attr)
+    }
+
+    /// The bytes of the access ACL's record that a chmod by `set` rewrites
+    /// too, admitted with it.
+    fn chmod_acl_bytes(&self, inode: &Inode, set: &SetAttr) -> u64 {
+        match (&self.recorder, set.mode) {
+            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
+                x.get(acl::ACL_ACCESS).map_or(0, |v| {
+                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
+                })
+            }),
+            _ => 0,
+        }
+    }
+
+    /// A setattr's new size: a truncate (or extension) of a regular file,
+    /// which drops setuid and setgid as [`kill_priv_of`] says.
+    fn set_size(
+        &self,
+        st: &mut State,
+        kind: FileType,
+        size: u64,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        now: Timespec,
+    ) -> Result<()> {
+        match kind {
+            FileType::RegularFile => {}
+            FileType::Directory => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let State { meta, body, .. } = st;
+        if let Body::File(data) = body {
+            if size < meta.size {
+                self.give_back(data.truncate(size));
+            }
+            meta.size = size;
+            #[cfg(debug_assertions)]
+            data.check(size, true);
+        }
+        meta.mtime = now;
+        meta.ctime = now;
+        meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
