@@ -168,6 +168,16 @@ fn kill_priv(perm: u16) -> u16 {
     p
 }
 
+/// The contents of a new node of `kind` in directory `parent`.
+fn new_body(kind: FileType, parent: u64, symlink: Option<&[u8]>, rdev: u32) -> Body {
+    match kind {
+        FileType::RegularFile => Body::File(FileData::default()),
+        FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
+        FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
+        _ => Body::special(kind, rdev),
+    }
+}
+
 /// utimensat's EINVAL. The FUSE adapter's times are always in range; a
 /// direct caller's need not be, and a journal record of such a time would
 /// not decode again (recovery would fail on it).
@@ -787,12 +797,8 @@ impl Fs {
         umask: u32,
     ) -> Result<Attr> {
         let _gate = self.enter();
-        let inherited = if self.recorder.is_some() {
-            self.inherited_bytes(parent)
-        } else {
-            0
-        };
-        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64) + inherited)?;
+        let target = symlink.map_or(0, |t| t.len() as u64);
+        self.admit(META_RECORD + target + self.inherited_bytes(parent))?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
@@ -804,28 +810,11 @@ impl Fs {
         }
         let ino = self.reserve_inode()?;
         let now = Timespec::now();
-        let mut perm = (mode & 0o7777) as u16;
-        let (gid, xattrs, inherited_flags) =
-            Self::inherit_from_parent(&st.meta, ctx, kind, umask, &mut perm);
-        let body = match kind {
-            FileType::RegularFile => Body::File(FileData::default()),
-            FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
-            FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
-            _ => Body::special(kind, rdev),
-        };
-        let meta = Meta {
-            perm,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
-            uid: ctx.uid,
-            gid,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs,
-            flags: inherited_flags,
-        };
+        let nlink = if kind == FileType::Directory { 2 } else { 1 };
+        let meta = Self::new_meta(&st.meta, ctx, kind, mode, umask, nlink, now);
+        let inherited_flags = meta.flags;
+        let inherited_acls = meta.xattrs.is_some();
+        let body = new_body(kind, parent, symlink, rdev);
         let inode = self.new_inode(ino, kind, meta, body);
         let attr = inode.state.read().attr(ino, kind);
         if take_ref {
@@ -834,13 +823,7 @@ impl Fs {
         if open {
             inode.nopen.store(1, Ordering::Relaxed);
         }
-        let inherited = inode
-            .state
-            .read()
-            .meta
-            .xattrs
-            .is_some()
-            .then(|| inode.clone());
+        let inherited = inherited_acls.then(|| inode.clone());
         self.core.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
         if kind == FileType::Directory {
@@ -857,10 +840,7 @@ impl Fs {
         if let Some(node) = inherited {
             // The inherited ACLs, recorded while the parent is still locked:
             // no one can reach the node to change them before.
-            let nst = node.state.read();
-            for (name, value) in nst.meta.xattrs.iter().flat_map(|x| x.iter()) {
-                self.log(|| Mutation::SetXattr { attr, name, value })?;
-            }
+            self.log_xattrs(attr, &node.state.read().meta)?;
         }
         if inherited_flags != 0 {
             self.log(|| Mutation::SetFlags {
@@ -871,11 +851,22 @@ impl Fs {
         Ok(attr)
     }
 
+    /// Records the xattrs of new node `attr` (the ACLs it inherited).
+    fn log_xattrs(&self, attr: Attr, meta: &Meta) -> Result<()> {
+        for (name, value) in meta.xattrs.iter().flat_map(|x| x.iter()) {
+            self.log(|| Mutation::SetXattr { attr, name, value })?;
+        }
+        Ok(())
+    }
+
     /// A bound on the records of the ACLs a node created in `parent` would
     /// inherit (an access and a default ACL, each at most the parent's
     /// default ACL) and of its inherited flags, for admission before
-    /// anything is locked.
+    /// anything is locked (none without a recorder: nothing to admit).
     fn inherited_bytes(&self, parent: u64) -> u64 {
+        if self.recorder.is_none() {
+            return 0;
+        }
         let Ok(dir) = self.get(parent) else {
             return 0;
         };
@@ -928,6 +919,35 @@ impl Fs {
             _ => 0,
         };
         (gid, xattrs, flags)
+    }
+
+    /// The metadata of a new node of `kind` made by `ctx` in directory
+    /// `parent` with `mode` (and `umask`, see [`Fs::inherit_from_parent`]),
+    /// born at `now` with `nlink` links.
+    fn new_meta(
+        parent: &Meta,
+        ctx: Ctx,
+        kind: FileType,
+        mode: u32,
+        umask: u32,
+        nlink: u32,
+        now: Timespec,
+    ) -> Meta {
+        let mut perm = (mode & 0o7777) as u16;
+        let (gid, xattrs, flags) = Self::inherit_from_parent(parent, ctx, kind, umask, &mut perm);
+        Meta {
+            perm,
+            nlink,
+            uid: ctx.uid,
+            gid,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            xattrs,
+            flags,
+        }
     }
 
     /// `posix_acl_create`: a new node in a directory with a default ACL
@@ -1102,35 +1122,17 @@ impl Fs {
         excl: bool,
     ) -> Result<Attr> {
         let _gate = self.enter();
-        let inherited = if self.recorder.is_some() {
-            self.inherited_bytes(dir)
-        } else {
-            0
-        };
-        self.admit(META_RECORD + inherited)?;
+        self.admit(META_RECORD + self.inherited_bytes(dir))?;
         let d = self.get(dir)?;
-        let mut perm = (mode & 0o7777) as u16;
-        let (gid, xattrs, inherited_flags) = {
+        let kind = FileType::RegularFile;
+        let now = Timespec::now();
+        let meta = {
             let st = d.state.read();
             st.dir().ok_or(Errno::ENOTDIR)?;
-            Self::inherit_from_parent(&st.meta, ctx, FileType::RegularFile, umask, &mut perm)
+            Self::new_meta(&st.meta, ctx, kind, mode, umask, 0, now)
         };
+        let inherited_flags = meta.flags;
         let ino = self.reserve_inode()?;
-        let now = Timespec::now();
-        let meta = Meta {
-            perm,
-            nlink: 0,
-            uid: ctx.uid,
-            gid,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs,
-            flags: inherited_flags,
-        };
-        let kind = FileType::RegularFile;
         let inode = self.new_inode(ino, kind, meta, Body::File(FileData::default()));
         inode.nlookup.store(1, Ordering::Relaxed);
         inode.nopen.store(1, Ordering::Relaxed);
@@ -1146,9 +1148,7 @@ impl Fs {
         let logged = self.log(|| Mutation::Tmpfile { attr }).and_then(|()| {
             // The inherited ACLs, after the node's record: no one else can
             // reach the node before this returns.
-            for (name, value) in st.meta.xattrs.iter().flat_map(|x| x.iter()) {
-                self.log(|| Mutation::SetXattr { attr, name, value })?;
-            }
+            self.log_xattrs(attr, &st.meta)?;
             if inherited_flags != 0 {
                 self.log(|| Mutation::SetFlags {
                     attr,
