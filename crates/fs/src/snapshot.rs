@@ -632,50 +632,15 @@ impl Fs {
             match (want, live) {
                 (None, None) => {}
                 (None, Some(node)) => {
-                    let mut st = self.write_state(&node);
-                    if st.meta.nlink == 0 {
-                        continue;
+                    if self.rollback_unname(ino, &node, &mut out) {
+                        doomed.push(node);
                     }
-                    entry_changes(ino, &st.body, &Body::Special(0), &mut out.entries);
-                    st.meta.nlink = 0;
-                    if let Body::Dir(d) = &mut st.body {
-                        **d = crate::dir::Dir::new(d.parent);
-                    }
-                    out.changed.push(ino);
-                    drop(st);
-                    doomed.push(node);
                 }
                 (Some(f), Some(node)) if node.kind == f.kind => {
-                    let mut st = self.write_state(&node);
-                    entry_changes(ino, &st.body, &f.body, &mut out.entries);
-                    if let (Body::File(old), Body::File(new)) = (&st.body, &f.body)
-                        && st.meta.size == f.meta.size
-                        && node.nlookup.load(Ordering::Acquire) > 0
-                        && let Some(runs) = old.changed_runs(new, MAX_PAGE_RUNS)
-                    {
-                        // (A size change makes the kernel drop the file's
-                        // whole page cache when it reads the new size.)
-                        out.page_runs.push((ino, runs));
-                    }
-                    let (body, added) = copy_body(&f.body);
-                    st.meta = f.meta.clone();
-                    released.keep(std::mem::replace(&mut st.body, body));
-                    self.give_back(-(added as i64));
-                    out.changed.push(ino);
+                    self.rollback_restore(ino, &node, &f, &mut out, &mut released);
                 }
-                (Some(f), _) => {
-                    // Freed since: born again under its old number.
-                    entry_changes(ino, &Body::Special(0), &f.body, &mut out.entries);
-                    let (body, added) = copy_body(&f.body);
-                    let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
-                    if ino == ROOT_INO {
-                        node.nlookup.store(1, Ordering::Relaxed);
-                    }
-                    self.core.inodes.insert(ino, node);
-                    self.used_pages.fetch_add(added, Ordering::AcqRel);
-                    self.used_inodes.fetch_add(1, Ordering::AcqRel);
-                    out.changed.push(ino);
-                }
+                // Freed since: born again under its old number.
+                (Some(f), _) => self.rollback_rebirth(ino, &f, &mut out),
             }
         }
         for node in &doomed {
@@ -686,6 +651,67 @@ impl Fs {
         out.entries.dedup();
         out.page_runs.sort_unstable_by_key(|r| r.0);
         Ok((out, released))
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node the snapshot does not
+    /// have: it loses its links (a directory its entries too); true if it
+    /// had any, and is to be freed once nothing refers to it.
+    fn rollback_unname(&self, ino: u64, node: &Inode, out: &mut RollbackOutcome) -> bool {
+        let mut st = self.write_state(node);
+        if st.meta.nlink == 0 {
+            return false;
+        }
+        entry_changes(ino, &st.body, &Body::Special(0), &mut out.entries);
+        st.meta.nlink = 0;
+        if let Body::Dir(d) = &mut st.body {
+            **d = crate::dir::Dir::new(d.parent);
+        }
+        out.changed.push(ino);
+        true
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node changed since the
+    /// snapshot: it takes back the state `f` the snapshot kept, and what it
+    /// held goes to `released`.
+    fn rollback_restore(
+        &self,
+        ino: u64,
+        node: &Inode,
+        f: &Frozen,
+        out: &mut RollbackOutcome,
+        released: &mut Released,
+    ) {
+        let mut st = self.write_state(node);
+        entry_changes(ino, &st.body, &f.body, &mut out.entries);
+        if let (Body::File(old), Body::File(new)) = (&st.body, &f.body)
+            && st.meta.size == f.meta.size
+            && node.nlookup.load(Ordering::Acquire) > 0
+            && let Some(runs) = old.changed_runs(new, MAX_PAGE_RUNS)
+        {
+            // (A size change makes the kernel drop the file's
+            // whole page cache when it reads the new size.)
+            out.page_runs.push((ino, runs));
+        }
+        let (body, added) = copy_body(&f.body);
+        st.meta = f.meta.clone();
+        released.keep(std::mem::replace(&mut st.body, body));
+        self.give_back(-(added as i64));
+        out.changed.push(ino);
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node freed since the
+    /// snapshot (or of another type now): a node as `f` under its old number.
+    fn rollback_rebirth(&self, ino: u64, f: &Frozen, out: &mut RollbackOutcome) {
+        entry_changes(ino, &Body::Special(0), &f.body, &mut out.entries);
+        let (body, added) = copy_body(&f.body);
+        let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
+        if ino == ROOT_INO {
+            node.nlookup.store(1, Ordering::Relaxed);
+        }
+        self.core.inodes.insert(ino, node);
+        self.used_pages.fetch_add(added, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        out.changed.push(ino);
     }
 
     /// A new, independent file system whose tree is snapshot `name`'s,
