@@ -210,7 +210,7 @@ fn check_set_times(set: &SetAttr) -> Result<()> {
 }
 
 /// A setattr's new owner or group (at least one of them is set).
-fn chown(
+fn set_owner(
     meta: &mut Meta,
     kind: FileType,
     set: &SetAttr,
@@ -677,7 +677,7 @@ impl Fs {
             });
         }
         if set.uid.is_some() || set.gid.is_some() {
-            chown(&mut st.meta, inode.kind, set, ctx, in_group, now);
+            set_owner(&mut st.meta, inode.kind, set, ctx, in_group, now);
         }
         set_times(&mut st.meta, set, now);
         let attr = st.attr(ino, inode.kind);

@@ -1,7 +1,7 @@
-//! Lazy clones: a clone of a snapshot starts with an
-//! empty table and a *base* (the origin's table and snapshots, and the
-//! snapshot), and copies a node from the base the first time it needs it
-//! (issue 12; docs/snapshots.md, "Clone").
+//! Lazy clones: a clone of a snapshot starts with an empty table and a
+//! *base* (the origin's table and snapshots, and the snapshot), and copies
+//! a node from the base the first time it needs it (issue 12;
+//! docs/snapshots.md, "Clone"). What they work on is [`Core`] (`core.rs`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
