@@ -1211,18 +1211,9 @@ impl FileData {
     /// chunks not shared, inline bytes) counts as changed, which may
     /// overstate, never miss. O(chunks + pages of chunks not shared).
     pub fn changed_runs(&self, other: &FileData, max_runs: usize) -> Option<Vec<(u64, u64)>> {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let mut push = |idx: u64| -> bool {
-            match runs.last_mut() {
-                Some((first, n)) if *first + *n == idx => *n += 1,
-                _ => {
-                    if runs.len() == max_runs {
-                        return false;
-                    }
-                    runs.push((idx, 1));
-                }
-            }
-            true
+        let mut runs = Runs {
+            runs: Vec::new(),
+            max: max_runs,
         };
         if let (FileData::Inline(_), _) | (_, FileData::Inline(_)) = (self, other) {
             // At most page 0 and whatever pages the other side has.
@@ -1235,21 +1226,16 @@ impl FileData {
             pages.sort_unstable();
             pages.dedup();
             for idx in pages {
-                if !push(idx) {
+                if !runs.push(idx) {
                     return None;
                 }
             }
-            return Some(runs);
+            return Some(runs.runs);
         }
         fn chunks(d: &FileData) -> impl Iterator<Item = (u64, &Arc<Chunk>)> {
             d.table().into_iter().flat_map(|t| t.range(0, u64::MAX))
         }
         let (mut a, mut b) = (chunks(self).peekable(), chunks(other).peekable());
-        let same = |x: &Option<Slot>, y: &Option<Slot>| match (x, y) {
-            (None, None) => true,
-            (Some(Slot::Shared(x)), Some(Slot::Shared(y))) => Arc::ptr_eq(x, y),
-            _ => false,
-        };
         loop {
             let (ci, x, y) = match (a.peek(), b.peek()) {
                 (None, None) => break,
@@ -1278,19 +1264,11 @@ impl FileData {
                     (i, Some(x), Some(y))
                 }
             };
-            let gx = x.map(|c| c.read());
-            let gy = y.map(|c| c.read());
-            let none: &[Option<Slot>] = &[];
-            let sx: &[Option<Slot>] = gx.as_deref().map_or(none, |s| &s[..]);
-            let sy: &[Option<Slot>] = gy.as_deref().map_or(none, |s| &s[..]);
-            for s in 0..sx.len().max(sy.len()) {
-                let (p, q) = (sx.get(s).unwrap_or(&None), sy.get(s).unwrap_or(&None));
-                if !same(p, q) && !push((ci << CHUNK_SHIFT) + s as u64) {
-                    return None;
-                }
+            if !changed_slots(ci, x, y, &mut runs) {
+                return None;
             }
         }
-        Some(runs)
+        Some(runs.runs)
     }
 
     /// Pages held by this copy alone (for a snapshot's size estimate): none
@@ -1416,6 +1394,52 @@ fn for_each_page(mut pos: u64, mut data: &[u8], mut f: impl FnMut(usize, usize, 
         pos += n as u64;
         data = rest;
     }
+}
+
+/// Page runs `(first page, pages)` in order, adjacent pages merged, at most
+/// `max` of them ([`FileData::changed_runs`]).
+struct Runs {
+    runs: Vec<(u64, u64)>,
+    max: usize,
+}
+
+impl Runs {
+    /// Adds page `idx` (after those added so far); false past `max` runs.
+    fn push(&mut self, idx: u64) -> bool {
+        match self.runs.last_mut() {
+            Some((first, n)) if *first + *n == idx => *n += 1,
+            _ => {
+                if self.runs.len() == self.max {
+                    return false;
+                }
+                self.runs.push((idx, 1));
+            }
+        }
+        true
+    }
+}
+
+/// Adds to `runs` the pages of chunk `ci` that may differ between its two
+/// versions `x` and `y` (`None`: that side has no such chunk); false past
+/// the bound on runs.
+fn changed_slots(ci: u64, x: Option<&Arc<Chunk>>, y: Option<&Arc<Chunk>>, runs: &mut Runs) -> bool {
+    let same = |x: &Option<Slot>, y: &Option<Slot>| match (x, y) {
+        (None, None) => true,
+        (Some(Slot::Shared(x)), Some(Slot::Shared(y))) => Arc::ptr_eq(x, y),
+        _ => false,
+    };
+    let gx = x.map(|c| c.read());
+    let gy = y.map(|c| c.read());
+    let none: &[Option<Slot>] = &[];
+    let sx: &[Option<Slot>] = gx.as_deref().map_or(none, |s| &s[..]);
+    let sy: &[Option<Slot>] = gy.as_deref().map_or(none, |s| &s[..]);
+    for s in 0..sx.len().max(sy.len()) {
+        let (p, q) = (sx.get(s).unwrap_or(&None), sy.get(s).unwrap_or(&None));
+        if !same(p, q) && !runs.push((ci << CHUNK_SHIFT) + s as u64) {
+            return false;
+        }
+    }
+    true
 }
 
 #[cfg(test)]

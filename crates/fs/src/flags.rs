@@ -9,10 +9,11 @@
 //! `may_delete`, `vfs_link`, `xattr_permission`, `vfs_fallocate`, `may_open`),
 //! which returns EPERM for every refusal, to root too.
 
+use crate::fs::Fs;
 use crate::inode::{Inode, Meta};
-use crate::mutation::Mutation;
+use crate::mutation::{META_RECORD, Mutation};
 use crate::types::{Attr, Ctx, FileType, SetAttr, SetTime, Timespec};
-use crate::{Errno, Fs, Result};
+use crate::{Errno, Result};
 
 /// `FS_IMMUTABLE_FL`: no change at all, by anyone.
 pub const FS_IMMUTABLE_FL: u32 = 0x0000_0010;
@@ -59,7 +60,7 @@ pub fn xflags_to_flags(xflags: u32) -> Result<u32> {
 }
 
 /// Flags a new node takes from its directory (`SHMEM_FL_INHERITED`).
-pub(crate) const INHERITED: u32 = FS_NODUMP_FL | FS_NOATIME_FL;
+const INHERITED: u32 = FS_NODUMP_FL | FS_NOATIME_FL;
 
 /// Flags whose change needs CAP_LINUX_IMMUTABLE (`fileattr_set_prepare`).
 const PRIVILEGED: u32 = FS_IMMUTABLE_FL | FS_APPEND_FL;
@@ -127,21 +128,26 @@ impl Meta {
         }
         Ok(())
     }
-}
 
-/// `open` under the VFS rules (`may_open`, `inode_permission`): writing to
-/// an immutable file, and writing other than with O_APPEND (or truncating)
-/// an append-only one, is refused at open.
-pub(crate) fn check_open(meta: &Meta, flags: i32) -> Result<()> {
-    let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
-    let trunc = flags & libc::O_TRUNC != 0;
-    if meta.immutable() && (writes || trunc) {
-        return Err(Errno::EPERM);
+    /// The flags a new regular file or directory in this directory takes.
+    pub(crate) fn inherited_flags(&self) -> u8 {
+        (self.flags as u32 & INHERITED) as u8
     }
-    if meta.append_only() && ((writes && flags & libc::O_APPEND == 0) || trunc) {
-        return Err(Errno::EPERM);
+
+    /// `open` under the VFS rules (`may_open`, `inode_permission`): writing to
+    /// an immutable file, and writing other than with O_APPEND (or truncating)
+    /// an append-only one, is refused at open.
+    pub(crate) fn check_open(&self, flags: i32) -> Result<()> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let trunc = flags & libc::O_TRUNC != 0;
+        if self.immutable() && (writes || trunc) {
+            return Err(Errno::EPERM);
+        }
+        if self.append_only() && ((writes && flags & libc::O_APPEND == 0) || trunc) {
+            return Err(Errno::EPERM);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl Fs {
@@ -169,7 +175,7 @@ impl Fs {
     /// append-only or immutable: `EPERM` otherwise. Changes ctime.
     pub fn set_flags(&self, ctx: Ctx, ino: u64, flags: u32) -> Result<Attr> {
         let _gate = self.enter();
-        self.admit(crate::fs::META_RECORD)?;
+        self.admit(META_RECORD)?;
         if flags & !FS_FL_SUPPORTED != 0 {
             return Err(Errno::EOPNOTSUPP);
         }

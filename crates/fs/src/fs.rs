@@ -22,9 +22,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use dashmap::DashMap;
-
-pub(crate) type InoHasher = hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, RwLockWriteGuard};
 
 use crate::acl::{self, Acl};
@@ -33,15 +30,12 @@ use crate::dir::{Dir, FIRST_SLOT_OFFSET};
 use crate::inode::{Body, Inode, Meta, State};
 use crate::invariant::uncount;
 use crate::locks::{Family, LockCallback, LockTable, RangeLock};
-use crate::mutation::{Mutation, Recorder};
+use crate::mutation::{META_RECORD, Mutation, Recorder};
 use crate::types::*;
 use crate::xattr::{self, Xattrs};
 use crate::{Errno, Result};
 
 const PAGE: u64 = PAGE_SIZE as u64;
-/// The largest journal record of an operation, not counting its names'
-/// and data's bytes: four attribute blocks, two names, framing.
-pub(crate) const META_RECORD: u64 = 1024;
 
 /// One directory entry as `readdir` returns it.
 #[derive(Debug, Clone, Copy)]
@@ -58,7 +52,7 @@ pub struct Fs {
     /// The node table and the snapshots, shared with the lazy clones taken
     /// of this file system's snapshots (`lazy.rs`), which read them after
     /// this object is gone.
-    pub(crate) core: Arc<crate::lazy::Core>,
+    pub(crate) core: Arc<crate::core::Core>,
     pub(crate) next_ino: AtomicU64,
     config: Config,
     max_pages: u64,
@@ -69,11 +63,6 @@ pub struct Fs {
     rename_lock: Mutex<()>,
     pub(crate) commit: AtomicU64,
     pub(crate) recorder: Option<Arc<dyn Recorder>>,
-    /// Files made by [`Fs::tmpfile`] without `excl` that have no name yet:
-    /// the only nodes with no link that `link` may name (Linux's
-    /// `I_LINKABLE`). Few and short-lived, so a set beside the table rather
-    /// than a field in every inode.
-    linkable: DashMap<u64, (), InoHasher>,
     /// Set when a read moved an access time: reads make no commit (that
     /// would make every read a write), so a recorder that keeps the tree in
     /// checkpoints asks, with [`Fs::take_unrecorded_atimes`], whether the
@@ -148,6 +137,20 @@ pub(crate) fn list_dir(ino: u64, d: &Dir, offset: u64, f: &mut impl FnMut(DirEnt
 /// The file capability xattr, dropped with setuid when an unprivileged caller writes.
 const SECURITY_CAPABILITY: &[u8] = b"security.capability";
 
+/// A write by a caller without CAP_FSETID drops setuid/setgid and the file
+/// capability; returns whether the capability went.
+fn drop_privs_on_write(meta: &mut Meta, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> bool {
+    let mut dropped_caps = false;
+    meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
+    if let Some(xs) = meta.xattrs.as_mut() {
+        dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
+        if xs.is_empty() {
+            meta.xattrs = None;
+        }
+    }
+    dropped_caps
+}
+
 /// [`drop_privs`] for a caller taken to hold CAP_FSETID if it is root: for
 /// the changes whose request does not say (a FUSE SETATTR's size or owner).
 fn kill_priv_of(perm: u16, gid: u32, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> u16 {
@@ -177,6 +180,89 @@ fn kill_priv(perm: u16) -> u16 {
         p &= !(libc::S_ISGID as u16);
     }
     p
+}
+
+/// The contents of a new node of `kind` in directory `parent`.
+fn new_body(kind: FileType, parent: u64, symlink: Option<&[u8]>, rdev: u32) -> Body {
+    match kind {
+        FileType::RegularFile => Body::File(FileData::default()),
+        FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
+        FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
+        _ => Body::special(kind, rdev),
+    }
+}
+
+/// utimensat's EINVAL. The FUSE adapter's times are always in range; a
+/// direct caller's need not be, and a journal record of such a time would
+/// not decode again (recovery would fail on it).
+fn check_set_times(set: &SetAttr) -> Result<()> {
+    let explicit = [set.atime, set.mtime]
+        .into_iter()
+        .flatten()
+        .filter_map(|t| match t {
+            SetTime::At(t) => Some(t),
+            SetTime::Now => None,
+        });
+    if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// A setattr's new owner or group (at least one of them is set).
+fn set_owner(
+    meta: &mut Meta,
+    kind: FileType,
+    set: &SetAttr,
+    ctx: Ctx,
+    in_group: &dyn Fn(u32) -> bool,
+    now: Timespec,
+) {
+    // Whether setgid goes depends on the group the file had.
+    let old_gid = meta.gid;
+    if let Some(uid) = set.uid {
+        meta.uid = uid;
+    }
+    if let Some(gid) = set.gid {
+        meta.gid = gid;
+    }
+    // Linux's chown_common asks to kill setuid (and setgid with
+    // group-exec) on every chown of a non-directory, by root too and
+    // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
+    // kernel leaves that to us. An unprivileged caller outside the
+    // file's (old) group loses setgid too (chown_common asks
+    // setattr_should_drop_sgid).
+    if kind != FileType::Directory {
+        meta.perm = kill_priv(meta.perm);
+        meta.perm = kill_priv_of(meta.perm, old_gid, ctx, in_group);
+    }
+    meta.ctime = now;
+}
+
+/// A setattr's times (each changes ctime too).
+fn set_times(meta: &mut Meta, set: &SetAttr, now: Timespec) {
+    if let Some(t) = set.atime {
+        meta.atime = match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        meta.ctime = now;
+    }
+    if let Some(t) = set.mtime {
+        meta.mtime = match t {
+            SetTime::Now => now,
+            SetTime::At(t) => t,
+        };
+        meta.ctime = now;
+    }
+    if let Some(t) = set.ctime {
+        meta.ctime = t;
+    }
+    if *set == SetAttr::default() {
+        // chown(f, -1, -1) reaches us as a change of nothing: it still
+        // changes ctime, as on tmpfs.
+        meta.ctime = now;
+    }
 }
 
 /// The permission check of `access(2)` on a node's attributes and access ACL.
@@ -262,7 +348,7 @@ impl Fs {
         let used_pages = Arc::new(AtomicU64::new(0));
         let used_inodes = Arc::new(AtomicU64::new(1));
         Fs {
-            core: Arc::new(crate::lazy::Core::new(
+            core: Arc::new(crate::core::Core::new(
                 inodes,
                 used_pages.clone(),
                 used_inodes.clone(),
@@ -275,7 +361,6 @@ impl Fs {
             rename_lock: Mutex::new(()),
             commit: AtomicU64::new(0),
             recorder,
-            linkable: DashMap::with_hasher(InoHasher::default()),
             unrecorded_atimes: AtomicBool::new(false),
             locked: AtomicBool::new(false),
         }
@@ -421,7 +506,6 @@ impl Fs {
         self.core
             .inodes
             .remove_if(&inode.ino, |_, v| Arc::ptr_eq(v, inode));
-        self.linkable.remove(&inode.ino);
         self.release_pages(pages);
         uncount(&self.used_inodes, 1, "inodes");
         // No commit: the node left the tree when its last name went (that
@@ -570,58 +654,16 @@ impl Fs {
         ino: u64,
         set: &SetAttr,
     ) -> Result<Attr> {
-        // utimensat's EINVAL. The FUSE adapter's times are always in range;
-        // a direct caller's need not be, and a journal record of such a time
-        // would not decode again (recovery would fail on it).
-        let explicit = [set.atime, set.mtime]
-            .into_iter()
-            .flatten()
-            .filter_map(|t| match t {
-                SetTime::At(t) => Some(t),
-                SetTime::Now => None,
-            });
-        if explicit.chain(set.ctime).any(|t| t.nsec >= 1_000_000_000) {
-            return Err(Errno::EINVAL);
-        }
+        check_set_times(set)?;
         let _gate = self.enter();
         let inode = self.get(ino)?;
-        // A chmod rewrites the access ACL too: its record is admitted with it.
-        let acl_bytes = match (&self.recorder, set.mode) {
-            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
-                x.get(acl::ACL_ACCESS).map_or(0, |v| {
-                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
-                })
-            }),
-            _ => 0,
-        };
-        self.admit(META_RECORD + acl_bytes)?;
+        self.admit(META_RECORD + self.chmod_acl_bytes(&inode, set))?;
         let mut st = self.write_state(&inode);
         st.meta.check_setattr(set)?;
         let now = Timespec::now();
         let mut chmod_acl = None;
         if let Some(size) = set.size {
-            match inode.kind {
-                FileType::RegularFile => {}
-                FileType::Directory => return Err(Errno::EISDIR),
-                _ => return Err(Errno::EINVAL),
-            }
-            if size > MAX_FILE_SIZE {
-                return Err(Errno::EFBIG);
-            }
-        }
-        if let Some(size) = set.size {
-            let State { meta, body, .. } = &mut *st;
-            if let Body::File(data) = body {
-                if size < meta.size {
-                    self.give_back(data.truncate(size));
-                }
-                meta.size = size;
-                #[cfg(debug_assertions)]
-                data.check(size, true);
-            }
-            meta.mtime = now;
-            meta.ctime = now;
-            meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+            self.set_size(&mut st, inode.kind, size, ctx, in_group, now)?;
         }
         if let Some(mode) = set.mode {
             // Stored as given: whether an unprivileged caller may keep setgid
@@ -635,48 +677,9 @@ impl Fs {
             });
         }
         if set.uid.is_some() || set.gid.is_some() {
-            // Whether setgid goes depends on the group the file had.
-            let old_gid = st.meta.gid;
-            if let Some(uid) = set.uid {
-                st.meta.uid = uid;
-            }
-            if let Some(gid) = set.gid {
-                st.meta.gid = gid;
-            }
-            // Linux's chown_common asks to kill setuid (and setgid with
-            // group-exec) on every chown of a non-directory, by root too and
-            // to the same owner (generic/193); with HANDLE_KILLPRIV_V2 the
-            // kernel leaves that to us. An unprivileged caller outside the
-            // file's (old) group loses setgid too (chown_common asks
-            // setattr_should_drop_sgid).
-            if inode.kind != FileType::Directory {
-                st.meta.perm = kill_priv(st.meta.perm);
-                st.meta.perm = kill_priv_of(st.meta.perm, old_gid, ctx, in_group);
-            }
-            st.meta.ctime = now;
+            set_owner(&mut st.meta, inode.kind, set, ctx, in_group, now);
         }
-        if let Some(t) = set.atime {
-            st.meta.atime = match t {
-                SetTime::Now => now,
-                SetTime::At(t) => t,
-            };
-            st.meta.ctime = now;
-        }
-        if let Some(t) = set.mtime {
-            st.meta.mtime = match t {
-                SetTime::Now => now,
-                SetTime::At(t) => t,
-            };
-            st.meta.ctime = now;
-        }
-        if let Some(t) = set.ctime {
-            st.meta.ctime = t;
-        }
-        if *set == SetAttr::default() {
-            // chown(f, -1, -1) reaches us as a change of nothing: it still
-            // changes ctime, as on tmpfs.
-            st.meta.ctime = now;
-        }
+        set_times(&mut st.meta, set, now);
         let attr = st.attr(ino, inode.kind);
         self.log(|| Mutation::SetAttr { attr })?;
         if let Some(value) = chmod_acl {
@@ -691,6 +694,53 @@ impl Fs {
             })?;
         }
         Ok(attr)
+    }
+
+    /// The bytes of the access ACL's record that a chmod by `set` rewrites
+    /// too, admitted with it.
+    fn chmod_acl_bytes(&self, inode: &Inode, set: &SetAttr) -> u64 {
+        match (&self.recorder, set.mode) {
+            (Some(_), Some(_)) => inode.state.read().meta.xattrs.as_ref().map_or(0, |x| {
+                x.get(acl::ACL_ACCESS).map_or(0, |v| {
+                    META_RECORD + (acl::ACL_ACCESS.len() + v.len()) as u64
+                })
+            }),
+            _ => 0,
+        }
+    }
+
+    /// A setattr's new size: a truncate (or extension) of a regular file,
+    /// which drops setuid and setgid as [`kill_priv_of`] says.
+    fn set_size(
+        &self,
+        st: &mut State,
+        kind: FileType,
+        size: u64,
+        ctx: Ctx,
+        in_group: &dyn Fn(u32) -> bool,
+        now: Timespec,
+    ) -> Result<()> {
+        match kind {
+            FileType::RegularFile => {}
+            FileType::Directory => return Err(Errno::EISDIR),
+            _ => return Err(Errno::EINVAL),
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(Errno::EFBIG);
+        }
+        let State { meta, body, .. } = st;
+        if let Body::File(data) = body {
+            if size < meta.size {
+                self.give_back(data.truncate(size));
+            }
+            meta.size = size;
+            #[cfg(debug_assertions)]
+            data.check(size, true);
+        }
+        meta.mtime = now;
+        meta.ctime = now;
+        meta.perm = kill_priv_of(meta.perm, meta.gid, ctx, in_group);
+        Ok(())
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>> {
@@ -761,12 +811,8 @@ impl Fs {
         umask: u32,
     ) -> Result<Attr> {
         let _gate = self.enter();
-        let inherited = if self.recorder.is_some() {
-            self.inherited_bytes(parent)
-        } else {
-            0
-        };
-        self.admit(META_RECORD + symlink.map_or(0, |t| t.len() as u64) + inherited)?;
+        let target = symlink.map_or(0, |t| t.len() as u64);
+        self.admit(META_RECORD + target + self.inherited_bytes(parent))?;
         check_new_name(name)?;
         let kind = FileType::from_mode(mode).ok_or(Errno::EINVAL)?;
         let dir = self.get(parent)?;
@@ -778,28 +824,11 @@ impl Fs {
         }
         let ino = self.reserve_inode()?;
         let now = Timespec::now();
-        let mut perm = (mode & 0o7777) as u16;
-        let (gid, xattrs, inherited_flags) =
-            Self::inherit_from_parent(&st.meta, ctx, kind, umask, &mut perm);
-        let body = match kind {
-            FileType::RegularFile => Body::File(FileData::default()),
-            FileType::Directory => Body::Dir(Box::new(Dir::new(parent))),
-            FileType::Symlink => Body::Symlink(Box::new(symlink.unwrap_or_default().into())),
-            _ => Body::special(kind, rdev),
-        };
-        let meta = Meta {
-            perm,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
-            uid: ctx.uid,
-            gid,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs,
-            flags: inherited_flags,
-        };
+        let nlink = if kind == FileType::Directory { 2 } else { 1 };
+        let meta = Self::new_meta(&st.meta, ctx, kind, mode, umask, nlink, now);
+        let inherited_flags = meta.flags;
+        let inherited_acls = meta.xattrs.is_some();
+        let body = new_body(kind, parent, symlink, rdev);
         let inode = self.new_inode(ino, kind, meta, body);
         let attr = inode.state.read().attr(ino, kind);
         if take_ref {
@@ -808,13 +837,7 @@ impl Fs {
         if open {
             inode.nopen.store(1, Ordering::Relaxed);
         }
-        let inherited = inode
-            .state
-            .read()
-            .meta
-            .xattrs
-            .is_some()
-            .then(|| inode.clone());
+        let inherited = inherited_acls.then(|| inode.clone());
         self.core.inodes.insert(ino, inode);
         st.dir_mut().expect("checked above").insert(name, ino, kind);
         if kind == FileType::Directory {
@@ -831,10 +854,7 @@ impl Fs {
         if let Some(node) = inherited {
             // The inherited ACLs, recorded while the parent is still locked:
             // no one can reach the node to change them before.
-            let nst = node.state.read();
-            for (name, value) in nst.meta.xattrs.iter().flat_map(|x| x.iter()) {
-                self.log(|| Mutation::SetXattr { attr, name, value })?;
-            }
+            self.log_xattrs(attr, &node.state.read().meta)?;
         }
         if inherited_flags != 0 {
             self.log(|| Mutation::SetFlags {
@@ -845,17 +865,28 @@ impl Fs {
         Ok(attr)
     }
 
+    /// Records the xattrs of new node `attr` (the ACLs it inherited).
+    fn log_xattrs(&self, attr: Attr, meta: &Meta) -> Result<()> {
+        for (name, value) in meta.xattrs.iter().flat_map(|x| x.iter()) {
+            self.log(|| Mutation::SetXattr { attr, name, value })?;
+        }
+        Ok(())
+    }
+
     /// A bound on the records of the ACLs a node created in `parent` would
     /// inherit (an access and a default ACL, each at most the parent's
     /// default ACL) and of its inherited flags, for admission before
-    /// anything is locked.
+    /// anything is locked (none without a recorder: nothing to admit).
     fn inherited_bytes(&self, parent: u64) -> u64 {
+        if self.recorder.is_none() {
+            return 0;
+        }
         let Ok(dir) = self.get(parent) else {
             return 0;
         };
         let st = dir.state.read();
         // Inherited inode flags are one more record.
-        let flags = if st.meta.flags as u32 & crate::flags::INHERITED != 0 {
+        let flags = if st.meta.inherited_flags() != 0 {
             META_RECORD
         } else {
             0
@@ -898,12 +929,39 @@ impl Fs {
             Self::inherit_acl(parent, kind, umask, perm)
         };
         let flags = match kind {
-            FileType::RegularFile | FileType::Directory => {
-                (parent.flags as u32 & crate::flags::INHERITED) as u8
-            }
+            FileType::RegularFile | FileType::Directory => parent.inherited_flags(),
             _ => 0,
         };
         (gid, xattrs, flags)
+    }
+
+    /// The metadata of a new node of `kind` made by `ctx` in directory
+    /// `parent` with `mode` (and `umask`, see [`Fs::inherit_from_parent`]),
+    /// born at `now` with `nlink` links.
+    fn new_meta(
+        parent: &Meta,
+        ctx: Ctx,
+        kind: FileType,
+        mode: u32,
+        umask: u32,
+        nlink: u32,
+        now: Timespec,
+    ) -> Meta {
+        let mut perm = (mode & 0o7777) as u16;
+        let (gid, xattrs, flags) = Self::inherit_from_parent(parent, ctx, kind, umask, &mut perm);
+        Meta {
+            perm,
+            nlink,
+            uid: ctx.uid,
+            gid,
+            size: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+            xattrs,
+            flags,
+        }
     }
 
     /// `posix_acl_create`: a new node in a directory with a default ACL
@@ -1078,40 +1136,22 @@ impl Fs {
         excl: bool,
     ) -> Result<Attr> {
         let _gate = self.enter();
-        let inherited = if self.recorder.is_some() {
-            self.inherited_bytes(dir)
-        } else {
-            0
-        };
-        self.admit(META_RECORD + inherited)?;
+        self.admit(META_RECORD + self.inherited_bytes(dir))?;
         let d = self.get(dir)?;
-        let mut perm = (mode & 0o7777) as u16;
-        let (gid, xattrs, inherited_flags) = {
+        let kind = FileType::RegularFile;
+        let now = Timespec::now();
+        let meta = {
             let st = d.state.read();
             st.dir().ok_or(Errno::ENOTDIR)?;
-            Self::inherit_from_parent(&st.meta, ctx, FileType::RegularFile, umask, &mut perm)
+            Self::new_meta(&st.meta, ctx, kind, mode, umask, 0, now)
         };
+        let inherited_flags = meta.flags;
         let ino = self.reserve_inode()?;
-        let now = Timespec::now();
-        let meta = Meta {
-            perm,
-            nlink: 0,
-            uid: ctx.uid,
-            gid,
-            size: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            btime: now,
-            xattrs,
-            flags: inherited_flags,
-        };
-        let kind = FileType::RegularFile;
         let inode = self.new_inode(ino, kind, meta, Body::File(FileData::default()));
         inode.nlookup.store(1, Ordering::Relaxed);
         inode.nopen.store(1, Ordering::Relaxed);
         if !excl {
-            self.linkable.insert(ino, ());
+            inode.linkable.store(true, Ordering::Relaxed);
         }
         // Published, then recorded under the node's lock, as a create is: a
         // checkpoint that copies the node sees it with its record already
@@ -1122,9 +1162,7 @@ impl Fs {
         let logged = self.log(|| Mutation::Tmpfile { attr }).and_then(|()| {
             // The inherited ACLs, after the node's record: no one else can
             // reach the node before this returns.
-            for (name, value) in st.meta.xattrs.iter().flat_map(|x| x.iter()) {
-                self.log(|| Mutation::SetXattr { attr, name, value })?;
-            }
+            self.log_xattrs(attr, &st.meta)?;
             if inherited_flags != 0 {
                 self.log(|| Mutation::SetFlags {
                     attr,
@@ -1137,7 +1175,6 @@ impl Fs {
             // Nobody else knows the number yet: take the node back whole.
             drop(st);
             self.core.inodes.remove(&ino);
-            self.linkable.remove(&ino);
             uncount(&self.used_inodes, 1, "inodes");
             return Err(e);
         }
@@ -1148,7 +1185,10 @@ impl Fs {
     /// checkpoint keeps such a node although it has no link: a link
     /// recorded after the copy began finds its data there.
     pub fn is_linkable_tmpfile(&self, ino: u64) -> bool {
-        self.linkable.contains_key(&ino)
+        self.core
+            .inodes
+            .get(&ino)
+            .is_some_and(|n| n.linkable.load(Ordering::Acquire))
     }
 
     /// A new hard link `newparent/newname` to `ino` (takes a kernel reference).
@@ -1167,7 +1207,7 @@ impl Fs {
         let mut st = self.write_state(&inode);
         // A removed node stays removed, except a linkable tmpfile's first
         // name; it is an ordinary file from then on, as with Linux's I_LINKABLE.
-        if st.meta.nlink == 0 && self.linkable.remove(&ino).is_none() {
+        if st.meta.nlink == 0 && !inode.linkable.swap(false, Ordering::AcqRel) {
             return Err(Errno::ENOENT);
         }
         st.meta.check_modify()?;
@@ -1458,170 +1498,36 @@ impl Fs {
         chains: Option<(&[u64], &[u64])>,
     ) -> Result<Option<Arc<Inode>>> {
         let cross = parent != newparent;
-        let (sino, skind) = pair
-            .src()
-            .dir()
-            .expect("dir")
-            .get(name)
-            .ok_or(Errno::ENOENT)?;
-        let target = pair.dst().dir().expect("dir").get(newname);
-        if let Some((src_chain, dst_chain)) = chains {
-            // A directory cannot move into its own subtree (checked on the
-            // locked entries: the names may have changed since the chains were taken).
-            if skind == FileType::Directory && dst_chain.contains(&sino) {
-                return Err(Errno::EINVAL);
-            }
-            if flags.exchange
-                && let Some((dino, FileType::Directory)) = target
-                && src_chain.contains(&dino)
-            {
-                return Err(Errno::EINVAL);
-            }
-        }
-        if pair.dst().meta.nlink == 0 {
-            return Err(Errno::ENOENT);
-        }
-        if target.is_none() && flags.exchange {
-            return Err(Errno::ENOENT);
-        }
-        if let Some((dino, _)) = target {
-            if flags.noreplace {
-                return Err(Errno::EEXIST);
-            }
-            if dino == sino {
-                // Two names of one node: POSIX says do nothing.
-                return Ok(None);
-            }
-        }
+        let Some(((sino, skind), target)) =
+            check_rename(pair, parent, name, newparent, newname, flags, chains)?
+        else {
+            return Ok(None);
+        };
         let sdir = skind == FileType::Directory;
-        if !flags.exchange
-            && let Some((dino, dkind)) = target
-        {
-            let ddir = dkind == FileType::Directory;
-            if sdir && !ddir {
-                return Err(Errno::ENOTDIR);
-            }
-            if !sdir && ddir {
-                return Err(Errno::EISDIR);
-            }
-            // A target that is an ancestor of the source's directory is not
-            // empty (Linux's rename trap). Decided here, before the child
-            // locks: locking an ancestor of a held directory breaks the lock order.
-            let ancestor = match chains {
-                Some((src_chain, _)) => src_chain.contains(&dino),
-                None => dino == parent,
-            };
-            if ddir && ancestor {
-                return Err(Errno::ENOTEMPTY);
-            }
-        }
-        if !flags.exchange && target.is_none() && sdir && cross && pair.dst().meta.nlink >= LINK_MAX
-        {
-            return Err(Errno::EMLINK);
-        }
         let moved = self.get(sino)?;
-        let other = match target {
-            Some((dino, _)) => Some(self.get(dino)?),
-            None => None,
-        };
-        // Child locks: a directory before a non-directory, else in ascending
-        // inode number. A file may also be an entry of the directory it is
-        // exchanged with (a hard link), and `readdirplus` holds a directory
-        // while it reads its entries; locking the file first would deadlock
-        // against it.
-        let other_first = match (&other, target) {
-            (Some(o), Some((_, dkind))) => {
-                let odir = dkind == FileType::Directory;
-                if odir != sdir {
-                    odir
-                } else {
-                    o.ino < moved.ino
-                }
-            }
-            _ => false,
-        };
-        let (mut ms, mut os);
-        match &other {
-            Some(o) if other_first => {
-                os = Some(self.write_state(o));
-                ms = self.write_state(&moved);
-            }
-            Some(o) => {
-                ms = self.write_state(&moved);
-                os = Some(self.write_state(o));
-            }
-            None => {
-                ms = self.write_state(&moved);
-                os = None;
-            }
-        }
-        pair.src().meta.check_modify()?;
-        match &os {
-            Some(o) => {
-                pair.dst().meta.check_modify()?;
-                o.meta.check_modify()?;
-            }
-            None => pair.dst().meta.check_add_entry()?,
-        }
-        ms.meta.check_modify()?;
+        let other = target.map(|(dino, _)| self.get(dino)).transpose()?;
+        let odir = target.is_some_and(|(_, dkind)| dkind == FileType::Directory);
+        let (mut ms, mut os) = self.lock_rename_children(&moved, other.as_deref(), sdir, odir);
+        check_rename_flags(pair, &ms, os.as_deref())?;
         let now = Timespec::now();
         if flags.exchange {
             let (dino, dkind) = target.expect("checked");
             let os = os.as_mut().expect("exchange has two nodes");
-            pair.src()
-                .dir_mut()
-                .expect("dir")
-                .replace(name, dino, dkind);
-            pair.dst()
-                .dir_mut()
-                .expect("dir")
-                .replace(newname, sino, skind);
+            pair.src_dir().replace(name, dino, dkind);
+            pair.dst_dir().replace(newname, sino, skind);
             if cross {
-                let ddir = dkind == FileType::Directory;
-                if let Some(d) = ms.dir_mut() {
-                    d.parent = newparent;
-                }
-                if let Some(d) = os.dir_mut() {
-                    d.parent = parent;
-                }
-                match (sdir, ddir) {
-                    (true, false) => {
-                        pair.src().meta.drop_link();
-                        pair.dst().meta.nlink += 1;
-                    }
-                    (false, true) => {
-                        pair.src().meta.nlink += 1;
-                        pair.dst().meta.drop_link();
-                    }
-                    _ => {}
-                }
+                exchange_across(pair, &mut ms, os, parent, newparent, sdir, odir);
             }
             os.meta.ctime = now;
         } else {
             if let Some(os) = os.as_mut() {
-                if os.dir().is_some_and(|d| !d.is_empty()) {
-                    return Err(Errno::ENOTEMPTY);
-                }
-                if sdir {
-                    os.meta.nlink = 0;
-                    pair.dst().meta.drop_link();
-                } else {
-                    os.meta.drop_link();
-                }
-                os.meta.ctime = now;
+                unlink_replaced(pair.dst(), os, sdir, now)?;
             }
-            pair.src().dir_mut().expect("dir").remove(name);
+            pair.src_dir().remove(name);
+            let dst = pair.dst_dir();
             match target {
-                Some(_) => pair
-                    .dst()
-                    .dir_mut()
-                    .expect("dir")
-                    .replace(newname, sino, skind),
-                None => pair
-                    .dst()
-                    .dir_mut()
-                    .expect("dir")
-                    .insert(newname, sino, skind),
+                Some(_) => dst.replace(newname, sino, skind),
+                None => dst.insert(newname, sino, skind),
             }
             if sdir {
                 if let Some(d) = ms.dir_mut() {
@@ -1652,6 +1558,43 @@ impl Fs {
         Ok(if flags.exchange { None } else { other })
     }
 
+    /// Locks the node a rename moves and the one it replaces or exchanges
+    /// with (`other`), in the child order. `sdir` and `odir`: whether each
+    /// is a directory.
+    fn lock_rename_children<'a>(
+        &self,
+        moved: &'a Inode,
+        other: Option<&'a Inode>,
+        sdir: bool,
+        odir: bool,
+    ) -> (
+        RwLockWriteGuard<'a, State>,
+        Option<RwLockWriteGuard<'a, State>>,
+    ) {
+        // Child locks: a directory before a non-directory, else in ascending
+        // inode number. A file may also be an entry of the directory it is
+        // exchanged with (a hard link), and `readdirplus` holds a directory
+        // while it reads its entries; locking the file first would deadlock
+        // against it.
+        match other {
+            Some(o)
+                if if odir != sdir {
+                    odir
+                } else {
+                    o.ino < moved.ino
+                } =>
+            {
+                let os = self.write_state(o);
+                (self.write_state(moved), Some(os))
+            }
+            Some(o) => {
+                let ms = self.write_state(moved);
+                (ms, Some(self.write_state(o)))
+            }
+            None => (self.write_state(moved), None),
+        }
+    }
+
     // ---- open files ------------------------------------------------------------------
 
     /// Opens `ino` with `open(2)` flags; pair with [`Fs::release`].
@@ -1663,7 +1606,7 @@ impl Fs {
         {
             return Err(Errno::EISDIR);
         }
-        crate::flags::check_open(&inode.state.read().meta, flags)?;
+        inode.state.read().meta.check_open(flags)?;
         if flags & libc::O_TRUNC != 0
             && acc != libc::O_RDONLY
             && inode.kind == FileType::RegularFile
@@ -1934,10 +1877,42 @@ impl Fs {
             }
             break (meta, file, off, end, reserved);
         };
+        let data = self.write_reserved(file, off, src, reserved, &mut spare)?;
+        meta.size = meta.size.max(end);
+        #[cfg(debug_assertions)]
+        file.check(meta.size, false);
+        let now = Timespec::now();
+        meta.mtime = now;
+        meta.ctime = now;
+        // The FUSE adapter negotiates HANDLE_KILLPRIV_V2, so the kernel leaves
+        // to us what it would otherwise do with a GETXATTR round trip before
+        // every write: drop setuid/setgid and the file capability.
+        let dropped_caps = kill_suidgid && drop_privs_on_write(meta, ctx, in_group);
+        self.log_write(&st, ino, inode.kind, off, len, data)?;
+        if dropped_caps {
+            self.log(|| Mutation::RemoveXattr {
+                attr: st.attr(ino, inode.kind),
+                name: SECURITY_CAPABILITY,
+            })?;
+        }
+        Ok(len)
+    }
+
+    /// A write's bytes into `file` at `off`, with the `reserved` pages
+    /// counted in the usage first and what it did not use given back.
+    /// Returns the bytes to record, `None` for pages the file took.
+    fn write_reserved<'d>(
+        &self,
+        file: &mut FileData,
+        off: u64,
+        src: WriteSrc<'d>,
+        reserved: u64,
+        spare: &mut Spare,
+    ) -> Result<Option<&'d [u8]>> {
         self.reserve_pages(reserved)?;
         let (allocated, data) = match src {
-            WriteSrc::Bytes(data) => (file.write_spare(off, data, &mut spare), Some(data)),
-            // The bytes are the file's now: recorded from its pages below.
+            WriteSrc::Bytes(data) => (file.write_spare(off, data, spare), Some(data)),
+            // The bytes are the file's now: recorded from its pages ([`Fs::log_write`]).
             WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
         // Cheap, and past it the subtraction below would wrap in release
@@ -1948,28 +1923,24 @@ impl Fs {
             "a write allocated {allocated} pages with {reserved} reserved"
         );
         self.release_pages(reserved - allocated);
-        meta.size = meta.size.max(end);
-        #[cfg(debug_assertions)]
-        file.check(meta.size, false);
-        let now = Timespec::now();
-        meta.mtime = now;
-        meta.ctime = now;
-        // The FUSE adapter negotiates HANDLE_KILLPRIV_V2, so the kernel leaves
-        // to us what it would otherwise do with a GETXATTR round trip before
-        // every write: drop setuid/setgid and the file capability.
-        let mut dropped_caps = false;
-        if kill_suidgid {
-            meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
-            if let Some(xs) = meta.xattrs.as_mut() {
-                dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
-                if xs.is_empty() {
-                    meta.xattrs = None;
-                }
-            }
-        }
+        Ok(data)
+    }
+
+    /// Records a write of `len` bytes at `off` to node `ino`, whose state
+    /// `st` is still locked: `data`, or the bytes the file's pages now
+    /// hold where it took the caller's pages.
+    fn log_write(
+        &self,
+        st: &State,
+        ino: u64,
+        kind: FileType,
+        off: u64,
+        len: usize,
+        data: Option<&[u8]>,
+    ) -> Result<()> {
         match data {
             Some(data) => self.log(|| Mutation::Write {
-                attr: st.attr(ino, inode.kind),
+                attr: st.attr(ino, kind),
                 offset: off,
                 data,
             })?,
@@ -1978,7 +1949,7 @@ impl Fs {
                     self.commit.fetch_add(1, Ordering::AcqRel);
                 }
                 Some(r) => {
-                    let attr = st.attr(ino, inode.kind);
+                    let attr = st.attr(ino, kind);
                     let Body::File(file) = &st.body else {
                         unreachable!("written as a file above")
                     };
@@ -1990,13 +1961,7 @@ impl Fs {
                 }
             },
         }
-        if dropped_caps {
-            self.log(|| Mutation::RemoveXattr {
-                attr: st.attr(ino, inode.kind),
-                name: SECURITY_CAPABILITY,
-            })?;
-        }
-        Ok(len)
+        Ok(())
     }
 
     /// `fsync`: every change is already in memory; with a recorder, waits
@@ -2773,6 +2738,169 @@ impl DirPair<'_, '_> {
             DirPair::Two(_, d) => d,
         }
     }
+
+    /// The source directory's entries: a pair is made of directories only.
+    fn src_dir(&mut self) -> &mut Dir {
+        self.src().dir_mut().expect("dir")
+    }
+
+    fn dst_dir(&mut self) -> &mut Dir {
+        self.dst().dir_mut().expect("dir")
+    }
+}
+
+/// A directory entry's node and type.
+type Entry = (u64, FileType);
+
+/// The checks of a rename on the entries of its locked directories (the
+/// names may have changed since the caller looked them up): the source's
+/// entry and the target's, if any; `None` when there is nothing to do.
+fn check_rename(
+    pair: &mut DirPair<'_, '_>,
+    parent: u64,
+    name: &[u8],
+    newparent: u64,
+    newname: &[u8],
+    flags: RenameFlags,
+    chains: Option<(&[u64], &[u64])>,
+) -> Result<Option<(Entry, Option<Entry>)>> {
+    let cross = parent != newparent;
+    let (sino, skind) = pair
+        .src()
+        .dir()
+        .expect("dir")
+        .get(name)
+        .ok_or(Errno::ENOENT)?;
+    let target = pair.dst().dir().expect("dir").get(newname);
+    if let Some((src_chain, dst_chain)) = chains {
+        // A directory cannot move into its own subtree (checked on the
+        // locked entries: the names may have changed since the chains were taken).
+        if skind == FileType::Directory && dst_chain.contains(&sino) {
+            return Err(Errno::EINVAL);
+        }
+        if flags.exchange
+            && let Some((dino, FileType::Directory)) = target
+            && src_chain.contains(&dino)
+        {
+            return Err(Errno::EINVAL);
+        }
+    }
+    if pair.dst().meta.nlink == 0 {
+        return Err(Errno::ENOENT);
+    }
+    if target.is_none() && flags.exchange {
+        return Err(Errno::ENOENT);
+    }
+    if let Some((dino, _)) = target {
+        if flags.noreplace {
+            return Err(Errno::EEXIST);
+        }
+        if dino == sino {
+            // Two names of one node: POSIX says do nothing.
+            return Ok(None);
+        }
+    }
+    let sdir = skind == FileType::Directory;
+    if !flags.exchange
+        && let Some(replaced) = target
+    {
+        check_replace(sdir, replaced, parent, chains)?;
+    }
+    if !flags.exchange && target.is_none() && sdir && cross && pair.dst().meta.nlink >= LINK_MAX {
+        return Err(Errno::EMLINK);
+    }
+    Ok(Some(((sino, skind), target)))
+}
+
+/// What a rename that replaces entry `(dino, dkind)` with a node that is a
+/// directory or not (`sdir`) requires of it.
+fn check_replace(
+    sdir: bool,
+    (dino, dkind): Entry,
+    parent: u64,
+    chains: Option<(&[u64], &[u64])>,
+) -> Result<()> {
+    let ddir = dkind == FileType::Directory;
+    if sdir && !ddir {
+        return Err(Errno::ENOTDIR);
+    }
+    if !sdir && ddir {
+        return Err(Errno::EISDIR);
+    }
+    // A target that is an ancestor of the source's directory is not
+    // empty (Linux's rename trap). Decided here, before the child
+    // locks: locking an ancestor of a held directory breaks the lock order.
+    let ancestor = match chains {
+        Some((src_chain, _)) => src_chain.contains(&dino),
+        None => dino == parent,
+    };
+    if ddir && ancestor {
+        return Err(Errno::ENOTEMPTY);
+    }
+    Ok(())
+}
+
+/// The inode flags of a rename's nodes (both directories, the node moved
+/// and the one replaced or exchanged, `os`) must allow it.
+fn check_rename_flags(pair: &mut DirPair<'_, '_>, ms: &State, os: Option<&State>) -> Result<()> {
+    pair.src().meta.check_modify()?;
+    match os {
+        Some(o) => {
+            pair.dst().meta.check_modify()?;
+            o.meta.check_modify()?;
+        }
+        None => pair.dst().meta.check_add_entry()?,
+    }
+    ms.meta.check_modify()
+}
+
+/// An exchange between two directories: a directory exchanged points its
+/// `..` at its new parent, and one exchanged with a non-directory takes a
+/// link from its old parent to its new one. `sdir`, `odir`: whether the
+/// moved node and the other are directories.
+fn exchange_across(
+    pair: &mut DirPair<'_, '_>,
+    ms: &mut State,
+    os: &mut State,
+    parent: u64,
+    newparent: u64,
+    sdir: bool,
+    odir: bool,
+) {
+    if let Some(d) = ms.dir_mut() {
+        d.parent = newparent;
+    }
+    if let Some(d) = os.dir_mut() {
+        d.parent = parent;
+    }
+    match (sdir, odir) {
+        (true, false) => {
+            pair.src().meta.drop_link();
+            pair.dst().meta.nlink += 1;
+        }
+        (false, true) => {
+            pair.src().meta.nlink += 1;
+            pair.dst().meta.drop_link();
+        }
+        _ => {}
+    }
+}
+
+/// The node a rename replaces loses the name (`os`: its locked state; `dst`:
+/// the target directory's). A directory must be empty; it loses its links
+/// and the target directory its `..`.
+fn unlink_replaced(dst: &mut State, os: &mut State, sdir: bool, now: Timespec) -> Result<()> {
+    if os.dir().is_some_and(|d| !d.is_empty()) {
+        return Err(Errno::ENOTEMPTY);
+    }
+    if sdir {
+        os.meta.nlink = 0;
+        dst.meta.drop_link();
+    } else {
+        os.meta.drop_link();
+    }
+    os.meta.ctime = now;
+    Ok(())
 }
 
 /// A write's bytes: one slice, or pages the file may take as they are

@@ -22,6 +22,15 @@ pub(crate) struct Inode {
     pub nopen: AtomicU32,
     /// Set once when the inode leaves the table, so it is freed exactly once.
     pub freed: AtomicBool,
+    /// Set by [`Fs::tmpfile`] without `excl` until the file's first name:
+    /// the only nodes with no link that `link` may name (Linux's
+    /// `I_LINKABLE`). A flag in the node, in the padding beside `freed`,
+    /// rather than a set beside the table, which every freed node would
+    /// have had to visit, and a checkpoint asks while it holds the node's
+    /// lock, so it is an atomic, not part of the locked state.
+    ///
+    /// [`Fs::tmpfile`]: crate::Fs::tmpfile
+    pub linkable: AtomicBool,
     pub state: RwLock<State>,
 }
 
@@ -106,6 +115,7 @@ impl Inode {
             nlookup: AtomicU64::new(0),
             nopen: AtomicU32::new(0),
             freed: AtomicBool::new(false),
+            linkable: AtomicBool::new(false),
             state: RwLock::new(State {
                 meta,
                 body,

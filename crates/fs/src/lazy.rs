@@ -1,67 +1,19 @@
-//! The node table, and lazy clones: a clone of a snapshot starts with an
-//! empty table and a *base* (the origin's table and snapshots, and the
-//! snapshot), and copies a node from the base the first time it needs it
-//! (issue 12; docs/snapshots.md, "Clone").
+//! Lazy clones: a clone of a snapshot starts with an empty table and a
+//! *base* (the origin's table and snapshots, and the snapshot), and copies
+//! a node from the base the first time it needs it (issue 12;
+//! docs/snapshots.md, "Clone"). What they work on is [`Core`] (`core.rs`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
-use parking_lot::{Mutex, RwLock};
-
+use crate::core::{Base, Core, Snap};
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::inode::{Body, Inode};
-use crate::snapshot::{Snap, Snapshots};
-use crate::table::InodeTable;
 use crate::types::{FileType, ROOT_INO};
 use crate::{Errno, Result};
 
-/// Where a lazy clone finds the nodes it has not copied yet.
-pub(crate) struct Base {
-    /// The origin's table and snapshots: kept alive by the clone, so the
-    /// origin `Fs` may go first.
-    pub(crate) core: Arc<Core>,
-    /// The snapshot read; the origin deletes it only after making every
-    /// clone still reading it whole ([`Core::detach`]).
-    pub(crate) snap: Arc<Snap>,
-    pub(crate) id: u64,
-}
-
-/// The part of a file system that its lazy clones read.
-pub(crate) struct Core {
-    /// Keyed by inode numbers this table hands out itself, never by a
-    /// caller's choice, so the default SipHash's resistance to chosen keys
-    /// buys nothing, while every lookup, create and unlink hashes one to
-    /// three inode numbers here (`table.rs`).
-    pub(crate) inodes: InodeTable,
-    pub(crate) snaps: Snapshots,
-    base: RwLock<Option<Base>>,
-    /// Numbers below this come from the base (0: not a clone). Fixed at
-    /// the clone: new nodes are numbered from it on.
-    limit: AtomicU64,
-    /// Numbers copied from the base and freed since: never copied again.
-    gone: Mutex<HashSet<u64>>,
-    used_pages: Arc<AtomicU64>,
-    used_inodes: Arc<AtomicU64>,
-}
-
 impl Core {
-    pub(crate) fn new(
-        inodes: InodeTable,
-        used_pages: Arc<AtomicU64>,
-        used_inodes: Arc<AtomicU64>,
-    ) -> Core {
-        Core {
-            inodes,
-            snaps: Default::default(),
-            base: RwLock::new(None),
-            limit: AtomicU64::new(0),
-            gone: Mutex::new(HashSet::new()),
-            used_pages,
-            used_inodes,
-        }
-    }
-
     /// Makes this (new, empty) table a lazy clone of `base`, whose numbers
     /// are all below `limit`.
     pub(crate) fn attach(&self, base: Base, limit: u64) {
@@ -77,25 +29,13 @@ impl Core {
             .is_some_and(|b| Arc::ptr_eq(&b.snap, snap))
     }
 
-    /// The one place the engine finds a node by number.
-    #[inline]
-    pub(crate) fn get(&self, ino: u64) -> Result<Arc<Inode>> {
-        if let Some(n) = self.inodes.get(&ino) {
-            return Ok(n.value().clone());
-        }
-        if ino < self.limit.load(Ordering::Acquire) {
-            return self.materialize(ino);
-        }
-        Err(Errno::ENOENT)
-    }
-
     /// Copies node `ino` from the base as its snapshot has it (file pages
     /// shared, the rest copied), under the table shard's lock: two threads
     /// never both copy it, and a free ([`Core::forget`]) never races it.
     /// Counted in the usage from now on. Its epoch is 0: it is as old as
     /// every snapshot of this table, so the first change preserves it.
     #[cold]
-    fn materialize(&self, ino: u64) -> Result<Arc<Inode>> {
+    pub(crate) fn materialize(&self, ino: u64) -> Result<Arc<Inode>> {
         let base = self.base.read_recursive();
         let Some(b) = base.as_ref() else {
             return Err(Errno::ENOENT);

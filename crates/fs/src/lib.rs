@@ -10,9 +10,10 @@
 //! the [`Recorder`] seam (every mutation, in commit order) and the whole-tree
 //! API of [`Node`]/[`NodeView`] and `Fs::apply` (checkpoints and recovery,
 //! in `memfs-durable`). Depends on std and small data-structure crates only
-//! (`parking_lot`, `dashmap`, `hashbrown`, `libc` for errno values).
+//! (`parking_lot`, `hashbrown`, `crossbeam-utils`, `libc` for errno values).
 
 pub mod acl;
+mod core;
 mod data;
 mod dir;
 mod error;

@@ -15,6 +15,10 @@
 
 use crate::types::{Attr, FallocateMode};
 
+/// The largest journal record of an operation, not counting its names'
+/// and data's bytes: four attribute blocks, two names, framing.
+pub(crate) const META_RECORD: u64 = 1024;
+
 #[derive(Debug, Clone, Copy)]
 pub enum Mutation<'a> {
     /// A node created in a directory (create, mknod, mkdir, symlink).

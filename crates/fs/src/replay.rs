@@ -21,7 +21,7 @@ use crate::fs::Fs;
 use crate::inode::{Body, Inode, Meta, State};
 use crate::invariant::uncount;
 use crate::mutation::Mutation;
-use crate::types::{Attr, FileType, PAGE_SIZE, ROOT_INO, Timespec, XattrMode};
+use crate::types::{Attr, FallocateMode, FileType, PAGE_SIZE, ROOT_INO, Timespec, XattrMode};
 use crate::xattr::Xattrs;
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -242,97 +242,126 @@ impl Fs {
                 moved,
                 other,
                 exchange,
-            } => {
-                if exchange {
-                    let o = other.as_ref().expect("decoded exchange has two nodes");
-                    self.set_entry(&parent, name, Some(o));
-                    self.set_dir_parent(o, parent.ino);
-                } else {
-                    self.set_entry(&parent, name, None);
-                }
-                self.set_entry(&new_parent, new_name, Some(&moved));
-                self.set_dir_parent(&moved, new_parent.ino);
-                self.set_attr(&moved);
-                if let Some(o) = &other
-                    && self.core.inodes.contains_key(&o.ino)
-                {
-                    self.set_attr(o);
-                }
-                self.set_attr(&parent);
-                self.set_attr(&new_parent);
-            }
+            } => self.apply_rename(
+                (&parent, name),
+                (&new_parent, new_name),
+                &moved,
+                other.as_ref(),
+                exchange,
+            ),
             Mutation::SetAttr { attr } => {
                 self.set_attr(&attr);
             }
-            Mutation::Write { attr, offset, data } => {
-                self.with_file(&attr, |d| {
-                    let missing = if data.is_empty() {
-                        0
-                    } else {
-                        d.missing_pages(offset / PAGE, (offset + data.len() as u64 - 1) / PAGE)
-                    };
-                    d.write(offset, data);
-                    missing as i64
-                });
-                self.set_attr(&attr);
-            }
+            Mutation::Write { attr, offset, data } => self.apply_write(&attr, offset, data),
             Mutation::Fallocate {
                 attr,
                 offset,
                 len,
                 mode,
-            } => {
-                // Zeroing a range punches it and allocates it again: the same
-                // pages and bytes whether or not the punch is clipped at the
-                // old size, which the record does not carry.
-                self.with_file(&attr, |d| {
-                    if mode.punch_hole {
-                        // Clipped at the size as the engine does, so pages
-                        // allocated beyond the end (keep-size) stay.
-                        -d.punch(offset, len.min(attr.size.saturating_sub(offset)))
-                    } else {
-                        let mut delta = 0i64;
-                        if mode.zero_range {
-                            delta -= d.punch(offset, len);
-                        }
-                        delta + d.allocate(offset, len) as i64
-                    }
-                });
-                self.set_attr(&attr);
-            }
+            } => self.apply_fallocate(&attr, offset, len, mode),
             Mutation::SetXattr { attr, name, value } => {
                 self.node(&attr);
                 self.apply_xattrs(attr.ino, std::iter::once((name, value)));
                 self.set_attr(&attr);
             }
-            Mutation::RemoveXattr { attr, name } => {
-                let n = self.node(&attr);
-                {
-                    let mut st = self.write_state(&n);
-                    if let Some(x) = st.meta.xattrs.as_mut() {
-                        let _ = x.remove(name);
-                        if x.is_empty() {
-                            st.meta.xattrs = None;
-                        }
-                    }
-                }
-                self.set_attr(&attr);
-            }
+            Mutation::RemoveXattr { attr, name } => self.apply_remove_xattr(&attr, name),
             Mutation::SetFlags { attr, flags } => {
                 let n = self.set_attr(&attr);
                 crate::flags::set_raw(&n, flags);
             }
-            Mutation::Free { ino } => {
-                if ino != ROOT_INO
-                    && let Some((_, old)) = self.core.inodes.remove(&ino)
-                {
-                    self.drop_pages_of(&old);
-                    uncount(&self.used_inodes, 1, "inodes");
-                }
-            }
+            Mutation::Free { ino } => self.apply_free(ino),
             Mutation::Tmpfile { attr } => {
                 self.install(&attr, empty_body(&attr, ROOT_INO, None));
             }
+        }
+    }
+
+    /// [`Fs::apply`] of a rename of `name` in `parent` to `new_name` in
+    /// `new_parent`, or of an exchange of the two.
+    fn apply_rename(
+        &self,
+        (parent, name): (&Attr, &[u8]),
+        (new_parent, new_name): (&Attr, &[u8]),
+        moved: &Attr,
+        other: Option<&Attr>,
+        exchange: bool,
+    ) {
+        if exchange {
+            let o = other.expect("decoded exchange has two nodes");
+            self.set_entry(parent, name, Some(o));
+            self.set_dir_parent(o, parent.ino);
+        } else {
+            self.set_entry(parent, name, None);
+        }
+        self.set_entry(new_parent, new_name, Some(moved));
+        self.set_dir_parent(moved, new_parent.ino);
+        self.set_attr(moved);
+        if let Some(o) = other
+            && self.core.inodes.contains_key(&o.ino)
+        {
+            self.set_attr(o);
+        }
+        self.set_attr(parent);
+        self.set_attr(new_parent);
+    }
+
+    /// [`Fs::apply`] of a write.
+    fn apply_write(&self, attr: &Attr, offset: u64, data: &[u8]) {
+        self.with_file(attr, |d| {
+            let missing = if data.is_empty() {
+                0
+            } else {
+                d.missing_pages(offset / PAGE, (offset + data.len() as u64 - 1) / PAGE)
+            };
+            d.write(offset, data);
+            missing as i64
+        });
+        self.set_attr(attr);
+    }
+
+    /// [`Fs::apply`] of a fallocate.
+    fn apply_fallocate(&self, attr: &Attr, offset: u64, len: u64, mode: FallocateMode) {
+        // Zeroing a range punches it and allocates it again: the same
+        // pages and bytes whether or not the punch is clipped at the
+        // old size, which the record does not carry.
+        self.with_file(attr, |d| {
+            if mode.punch_hole {
+                // Clipped at the size as the engine does, so pages
+                // allocated beyond the end (keep-size) stay.
+                -d.punch(offset, len.min(attr.size.saturating_sub(offset)))
+            } else {
+                let mut delta = 0i64;
+                if mode.zero_range {
+                    delta -= d.punch(offset, len);
+                }
+                delta + d.allocate(offset, len) as i64
+            }
+        });
+        self.set_attr(attr);
+    }
+
+    /// [`Fs::apply`] of an xattr's removal.
+    fn apply_remove_xattr(&self, attr: &Attr, name: &[u8]) {
+        let n = self.node(attr);
+        {
+            let mut st = self.write_state(&n);
+            if let Some(x) = st.meta.xattrs.as_mut() {
+                let _ = x.remove(name);
+                if x.is_empty() {
+                    st.meta.xattrs = None;
+                }
+            }
+        }
+        self.set_attr(attr);
+    }
+
+    /// [`Fs::apply`] of the free of a node.
+    fn apply_free(&self, ino: u64) {
+        if ino != ROOT_INO
+            && let Some((_, old)) = self.core.inodes.remove(&ino)
+        {
+            self.drop_pages_of(&old);
+            uncount(&self.used_inodes, 1, "inodes");
         }
     }
 

@@ -3,17 +3,17 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
-use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
+use crossbeam_utils::sync::ShardedLockReadGuard;
+use parking_lot::RwLockWriteGuard;
 
+use crate::core::{Base, Core, Frozen, Preserved, Snap};
 use crate::dir::FIRST_SLOT_OFFSET;
 use crate::fs::{DirEntry, Fs, check_access, list_dir};
 use crate::inode::{Body, Inode, Meta, State, attr_of};
 use crate::invariant::uncount;
-use crate::lazy::{Base, Core};
 use crate::types::{Attr, Config, Ctx, FileType, NAME_MAX, PAGE_SIZE, ROOT_INO, Timespec};
 use crate::{Errno, Result};
 
@@ -81,17 +81,6 @@ impl Drop for Released {
     }
 }
 
-/// A node as a snapshot holds it: the state it had before its first change
-/// after the snapshot. What it holds counts in the file system's usage
-/// until it goes.
-pub(crate) struct Frozen {
-    kind: FileType,
-    meta: Meta,
-    body: Body,
-    /// The file system's page and node counters (shared with it).
-    used: (Arc<AtomicU64>, Arc<AtomicU64>),
-}
-
 impl Frozen {
     /// Pages only this copy holds.
     fn unique_pages(&self) -> u64 {
@@ -99,16 +88,6 @@ impl Frozen {
             Body::File(d) => d.unique_pages(),
             _ => 0,
         }
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        if let Body::File(d) = &mut self.body {
-            let freed = std::mem::take(d).release();
-            uncount(&self.used.0, freed, "pages");
-        }
-        uncount(&self.used.1, 1, "inodes");
     }
 }
 
@@ -132,26 +111,6 @@ fn release_body(body: Body) -> u64 {
     }
 }
 
-/// What a snapshot keeps of the nodes changed since it: the state each had
-/// at the snapshot (`None`: the node did not exist then).
-type Preserved = HashMap<u64, Option<Arc<Frozen>>>;
-
-pub(crate) struct Snap {
-    id: u64,
-    name: Vec<u8>,
-    created: Timespec,
-    /// The epoch this snapshot closed: nodes whose last change is in this
-    /// epoch or an earlier one read as they are in the live table.
-    epoch: u64,
-    /// Nodes changed after this snapshot and before the next one, as they
-    /// were. A node changed after several snapshots is kept once, in the
-    /// newest of them; older snapshots find it there (see [`Core::snap_node`]).
-    map: Mutex<Preserved>,
-    /// Lazy clones still reading this snapshot (`lazy.rs`): deleting it
-    /// first makes them whole.
-    pub(crate) clones: Mutex<Vec<std::sync::Weak<Core>>>,
-}
-
 impl Snap {
     fn info(&self) -> SnapshotInfo {
         let map = self.map.lock();
@@ -169,51 +128,6 @@ impl Snap {
             nodes,
             bytes,
         }
-    }
-}
-
-/// The snapshots of one file system.
-#[derive(Default)]
-pub(crate) struct Snapshots {
-    /// Oldest first; ids and epochs ascend. Readers of a snapshot hold this
-    /// shared while they resolve a node, so that a deletion (exclusive)
-    /// never moves a preserved node under them. They and writers preserving
-    /// a node (under the node's lock) take it with `read_recursive`: a
-    /// reader waits for a node lock while holding this shared, and a fair
-    /// `read` would queue behind a waiting create or delete (deadlock).
-    pub(crate) list: RwLock<Vec<Arc<Snap>>>,
-    /// `list.len()`, readable without its lock.
-    count: AtomicUsize,
-    next_id: AtomicU64,
-    /// The current epoch; taking a snapshot closes it.
-    epoch: AtomicU64,
-    /// Held shared by every operation that changes the tree, for its whole
-    /// body, and exclusively while a snapshot is taken or a rollback runs:
-    /// so a snapshot never sees half of a rename. Readers never take it.
-    pub(crate) gate: Gate,
-}
-
-/// The lock behind [`Snapshots::gate`]: a reader-writer lock split into
-/// shards on cache lines of their own, a thread taking it shared touching
-/// only its shard (`crossbeam_utils::sync::ShardedLock`), and taking it
-/// exclusive taking every shard. Every change takes it shared; one lock
-/// word shared by all of them bounced between the CPUs on each change:
-/// `memfs bench workload` on 2 threads ran creates and deletes ~20 %
-/// slower than with no gate at all (docs/engine.md "The gate and the benchmark's clock"). Taken
-/// exclusively only to take a snapshot or roll back, where the cost of
-/// taking eight shards does not matter.
-#[derive(Default)]
-pub(crate) struct Gate(ShardedLock<()>);
-
-impl Gate {
-    pub(crate) fn read(&self) -> ShardedLockReadGuard<'_, ()> {
-        // Poisoned only by a panic inside an operation; the lock guards no
-        // data, so there is nothing to distrust.
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn write(&self) -> ShardedLockWriteGuard<'_, ()> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -718,50 +632,15 @@ impl Fs {
             match (want, live) {
                 (None, None) => {}
                 (None, Some(node)) => {
-                    let mut st = self.write_state(&node);
-                    if st.meta.nlink == 0 {
-                        continue;
+                    if self.rollback_unname(ino, &node, &mut out) {
+                        doomed.push(node);
                     }
-                    entry_changes(ino, &st.body, &Body::Special(0), &mut out.entries);
-                    st.meta.nlink = 0;
-                    if let Body::Dir(d) = &mut st.body {
-                        **d = crate::dir::Dir::new(d.parent);
-                    }
-                    out.changed.push(ino);
-                    drop(st);
-                    doomed.push(node);
                 }
                 (Some(f), Some(node)) if node.kind == f.kind => {
-                    let mut st = self.write_state(&node);
-                    entry_changes(ino, &st.body, &f.body, &mut out.entries);
-                    if let (Body::File(old), Body::File(new)) = (&st.body, &f.body)
-                        && st.meta.size == f.meta.size
-                        && node.nlookup.load(Ordering::Acquire) > 0
-                        && let Some(runs) = old.changed_runs(new, MAX_PAGE_RUNS)
-                    {
-                        // (A size change makes the kernel drop the file's
-                        // whole page cache when it reads the new size.)
-                        out.page_runs.push((ino, runs));
-                    }
-                    let (body, added) = copy_body(&f.body);
-                    st.meta = f.meta.clone();
-                    released.keep(std::mem::replace(&mut st.body, body));
-                    self.give_back(-(added as i64));
-                    out.changed.push(ino);
+                    self.rollback_restore(ino, &node, &f, &mut out, &mut released);
                 }
-                (Some(f), _) => {
-                    // Freed since: born again under its old number.
-                    entry_changes(ino, &Body::Special(0), &f.body, &mut out.entries);
-                    let (body, added) = copy_body(&f.body);
-                    let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
-                    if ino == ROOT_INO {
-                        node.nlookup.store(1, Ordering::Relaxed);
-                    }
-                    self.core.inodes.insert(ino, node);
-                    self.used_pages.fetch_add(added, Ordering::AcqRel);
-                    self.used_inodes.fetch_add(1, Ordering::AcqRel);
-                    out.changed.push(ino);
-                }
+                // Freed since: born again under its old number.
+                (Some(f), _) => self.rollback_rebirth(ino, &f, &mut out),
             }
         }
         for node in &doomed {
@@ -772,6 +651,67 @@ impl Fs {
         out.entries.dedup();
         out.page_runs.sort_unstable_by_key(|r| r.0);
         Ok((out, released))
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node the snapshot does not
+    /// have: it loses its links (a directory its entries too); true if it
+    /// had any, and is to be freed once nothing refers to it.
+    fn rollback_unname(&self, ino: u64, node: &Inode, out: &mut RollbackOutcome) -> bool {
+        let mut st = self.write_state(node);
+        if st.meta.nlink == 0 {
+            return false;
+        }
+        entry_changes(ino, &st.body, &Body::Special(0), &mut out.entries);
+        st.meta.nlink = 0;
+        if let Body::Dir(d) = &mut st.body {
+            **d = crate::dir::Dir::new(d.parent);
+        }
+        out.changed.push(ino);
+        true
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node changed since the
+    /// snapshot: it takes back the state `f` the snapshot kept, and what it
+    /// held goes to `released`.
+    fn rollback_restore(
+        &self,
+        ino: u64,
+        node: &Inode,
+        f: &Frozen,
+        out: &mut RollbackOutcome,
+        released: &mut Released,
+    ) {
+        let mut st = self.write_state(node);
+        entry_changes(ino, &st.body, &f.body, &mut out.entries);
+        if let (Body::File(old), Body::File(new)) = (&st.body, &f.body)
+            && st.meta.size == f.meta.size
+            && node.nlookup.load(Ordering::Acquire) > 0
+            && let Some(runs) = old.changed_runs(new, MAX_PAGE_RUNS)
+        {
+            // (A size change makes the kernel drop the file's
+            // whole page cache when it reads the new size.)
+            out.page_runs.push((ino, runs));
+        }
+        let (body, added) = copy_body(&f.body);
+        st.meta = f.meta.clone();
+        released.keep(std::mem::replace(&mut st.body, body));
+        self.give_back(-(added as i64));
+        out.changed.push(ino);
+    }
+
+    /// [`Fs::rollback_to_snapshot_deferred`] of a node freed since the
+    /// snapshot (or of another type now): a node as `f` under its old number.
+    fn rollback_rebirth(&self, ino: u64, f: &Frozen, out: &mut RollbackOutcome) {
+        entry_changes(ino, &Body::Special(0), &f.body, &mut out.entries);
+        let (body, added) = copy_body(&f.body);
+        let node = self.new_inode(ino, f.kind, f.meta.clone(), body);
+        if ino == ROOT_INO {
+            node.nlookup.store(1, Ordering::Relaxed);
+        }
+        self.core.inodes.insert(ino, node);
+        self.used_pages.fetch_add(added, Ordering::AcqRel);
+        self.used_inodes.fetch_add(1, Ordering::AcqRel);
+        out.changed.push(ino);
     }
 
     /// A new, independent file system whose tree is snapshot `name`'s,

@@ -24,8 +24,9 @@ use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 use parking_lot::{MappedRwLockReadGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::fs::InoHasher;
 use crate::inode::Inode;
+
+pub(crate) type InoHasher = hashbrown::DefaultHashBuilder;
 
 const SHARD_BITS: u32 = 6;
 
