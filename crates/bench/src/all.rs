@@ -128,10 +128,19 @@ fn join<T: ToString>(v: &[T]) -> String {
 
 /// Every step of a run, in order.
 fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
-    let mut steps = Vec::new();
     let scratch = out.join("scratch");
+    let mut steps = metadata_steps(s, &scratch);
+    steps.extend(fio_steps(s, &scratch));
+    steps.extend(workload_steps(s, &scratch));
+    steps.push(block_step(s, &scratch));
+    steps.push(lock_step(s));
+    steps.push(memory_step(s, &scratch));
+    steps
+}
 
-    // metadata: threads x (private, shared) x (tmpfs, disk).
+/// The metadata steps: threads x (private, shared) x (tmpfs, disk).
+fn metadata_steps(s: &Sizes, scratch: &Path) -> Vec<Step> {
+    let mut steps = Vec::new();
     for &threads in s.meta_threads {
         for shared in [false, true] {
             for (base, bname) in [
@@ -172,8 +181,12 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             }
         }
     }
+    steps
+}
 
-    // fio: 4 KiB and 1 MiB randrw direct, then the same verified.
+/// The fio steps: 4 KiB and 1 MiB randrw direct, then the same verified.
+fn fio_steps(s: &Sizes, scratch: &Path) -> Vec<Step> {
+    let mut steps = Vec::new();
     for verify in [false, true] {
         let runtime = if verify {
             s.fio_verify_runtime
@@ -223,8 +236,13 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             run: Box::new(move || bench_fio::report(&args)),
         });
     }
+    steps
+}
 
-    // workload: in process, then on a mount; both against a fresh tmpfs.
+/// The workload steps: in process, then on a mount; both against a fresh
+/// tmpfs.
+fn workload_steps(s: &Sizes, scratch: &Path) -> Vec<Step> {
+    let mut steps = Vec::new();
     for mounted in [false, true] {
         let wl = bench_workload::Args {
             ops: s.wl_ops.to_vec(),
@@ -271,35 +289,42 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             estimate,
             needs: if mounted { &[Need::Fuse] } else { &[] },
             repeat: 1,
-            run: Box::new(move || {
-                let tmpfs = TmpfsDir::new(1 << 30)?;
-                let memfs = if mounted {
-                    Some(MemfsMount::new(&[])?)
-                } else {
-                    None
-                };
-                let args = bench_workload::Args {
-                    path: memfs.as_ref().map(|m| m.path().to_path_buf()),
-                    baseline: tmpfs.path().display().to_string(),
-                    ..wl.clone()
-                };
-                let mut r = bench_workload::report(&args)?;
-                // Name the baseline by what it is, not by its temporary path.
-                for f in &mut r.figures {
-                    if f.baseline_name.is_some() {
-                        f.baseline_name = Some(tmpfs.describe().into());
-                    }
-                }
-                r.config["baseline"] = tmpfs.describe().into();
-                if memfs.is_some() {
-                    r.config["path"] = "memfs (fresh mount)".into();
-                }
-                Ok(r)
-            }),
+            run: Box::new(move || workload_on_fresh(&wl, mounted)),
         });
     }
+    steps
+}
 
-    // block store: every durability mode against LMDB.
+/// The workload against a fresh tmpfs, on a fresh memfs mount if `mounted`
+/// (else on the engine in process).
+fn workload_on_fresh(wl: &bench_workload::Args, mounted: bool) -> anyhow::Result<Report> {
+    let tmpfs = TmpfsDir::new(1 << 30)?;
+    let memfs = if mounted {
+        Some(MemfsMount::new(&[])?)
+    } else {
+        None
+    };
+    let args = bench_workload::Args {
+        path: memfs.as_ref().map(|m| m.path().to_path_buf()),
+        baseline: tmpfs.path().display().to_string(),
+        ..wl.clone()
+    };
+    let mut r = bench_workload::report(&args)?;
+    // Name the baseline by what it is, not by its temporary path.
+    for f in &mut r.figures {
+        if f.baseline_name.is_some() {
+            f.baseline_name = Some(tmpfs.describe().into());
+        }
+    }
+    r.config["baseline"] = tmpfs.describe().into();
+    if memfs.is_some() {
+        r.config["path"] = "memfs (fresh mount)".into();
+    }
+    Ok(r)
+}
+
+/// The block store step: every durability mode against LMDB.
+fn block_step(s: &Sizes, scratch: &Path) -> Step {
     let block = bench_block::Args {
         blocks: s.block_blocks,
         threads: 2,
@@ -313,7 +338,7 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
         child_scenario: None,
         child_out: None,
     };
-    steps.push(Step {
+    Step {
         kind: "block",
         id: "block".into(),
         title: "block store, every durability mode, against LMDB".into(),
@@ -325,11 +350,13 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
         needs: &[],
         repeat: 1,
         run: Box::new(move || bench_block::report(&block)),
-    });
+    }
+}
 
-    // locks: the matrix on tmpfs, the disk and a memfs mount.
+/// The lock step: the matrix on tmpfs, the disk and a memfs mount.
+fn lock_step(s: &Sizes) -> Step {
     let (max, seconds) = (s.lock_max, s.lock_seconds);
-    steps.push(Step {
+    Step {
         kind: "lock",
         id: "lock".into(),
         title: "lock algorithms, entities x waiters, on tmpfs, disk and memfs, against flock(2)"
@@ -362,9 +389,11 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
             };
             bench_lock::report(&args, &["tmpfs".into(), "disk".into(), "memfs".into()])
         }),
-    });
+    }
+}
 
-    // memory: the server's resident size against its targets.
+/// The memory step: the server's resident size against its targets.
+fn memory_step(s: &Sizes, scratch: &Path) -> Step {
     let mem = bench_memory::Args {
         files: s.mem_files,
         data: s.mem_data.into(),
@@ -372,7 +401,7 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
         json: scratch.join("memory.json"),
         memfs_args: String::new(),
     };
-    steps.push(Step {
+    Step {
         kind: "memory",
         id: "memory".into(),
         title: "memfs server memory: empty files and file data".into(),
@@ -384,8 +413,7 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
         needs: &[Need::Fuse],
         repeat: 1,
         run: Box::new(move || bench_memory::report(&mem)),
-    });
-    steps
+    }
 }
 
 /// Why a need is not met here, if it is not.
@@ -514,6 +542,51 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let started_unix = now_unix();
+    let out = results_folder(&args, started_unix)?;
+    let sizes = if args.quick { &QUICK } else { &FULL };
+    let steps = plan(sizes, &out);
+    let mut results = new_results(&args, &out, started_unix);
+    let total: f64 = steps.iter().map(|s| s.estimate).sum();
+    let progress = Progress::new(total);
+    progress.say(format!(
+        "bench all: {} steps{} into {} (estimated {:.0} min)",
+        steps.len(),
+        if args.quick { " (quick)" } else { "" },
+        out.display(),
+        total / 60.0
+    ));
+    let n = steps.len();
+    let mut done_estimate = 0.0;
+    for (i, step) in steps.into_iter().enumerate() {
+        let at = format!("[{}/{n}] {}", i + 1, step.id);
+        let record = run_step(&step, &at, &args.only, &out, &progress, &mut results)?;
+        results.steps.push(record);
+        done_estimate += step.estimate;
+        progress.bar.set_position(done_estimate as u64);
+        results.duration_secs = (now_unix() - started_unix) as f64;
+        // After every step, so that an interrupted run keeps what it measured.
+        write_results(&out, &results)?;
+    }
+    progress.bar.finish_and_clear();
+    let _ = std::fs::remove_dir_all(out.join("scratch"));
+    write_csvs(&out, &results)?;
+    match crate::plot::plot_all(&results, &out.join("plots")) {
+        Ok(plots) => results.plots = plots,
+        Err(e) => eprintln!("bench all: plots failed: {e:#}"),
+    }
+    results.duration_secs = (now_unix() - started_unix) as f64;
+    write_results(&out, &results)?;
+    println!("{}", summary(&results));
+    println!("results in {}", out.display());
+    if interrupted() {
+        bail!("interrupted (the results so far are in {})", out.display());
+    }
+    Ok(())
+}
+
+/// The results folder, created (with its `json/`) and canonical; never one
+/// that already holds results.
+fn results_folder(args: &Args, started_unix: u64) -> anyhow::Result<PathBuf> {
     let out = args
         .out
         .clone()
@@ -526,15 +599,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(out.join("json"))
         .with_context(|| format!("cannot create {}", out.display()))?;
-    let out = out.canonicalize()?;
-    let sizes = if args.quick { &QUICK } else { &FULL };
-    let steps = plan(sizes, &out);
+    Ok(out.canonicalize()?)
+}
+
+/// The results of a run before its first step: where and how it runs.
+fn new_results(args: &Args, out: &Path, started_unix: u64) -> Results {
     // As a user would type it, whatever path the binary was run by.
     let command = std::iter::once("memfs".to_string())
         .chain(std::env::args().skip(1))
         .collect::<Vec<_>>()
         .join(" ");
-    let mut results = Results {
+    Results {
         format: FORMAT,
         memfs_version: env!("CARGO_PKG_VERSION").into(),
         command,
@@ -543,7 +618,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         duration_secs: 0.0,
         machine: Machine::describe(),
         file_systems: [
-            ("results folder", out.clone()),
+            ("results folder", out.to_path_buf()),
             (
                 "temporary directories (memfs and tmpfs mount points)",
                 std::env::temp_dir(),
@@ -561,129 +636,130 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         steps: Vec::new(),
         figures: Vec::new(),
         plots: Vec::new(),
-    };
-    let total: f64 = steps.iter().map(|s| s.estimate).sum();
-    let multi = indicatif::MultiProgress::new();
-    crate::common::share_progress(multi.clone());
-    let bar = multi.add(indicatif::ProgressBar::new(total.ceil() as u64));
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "bench all [{elapsed_precise}] {wide_bar} {percent}% (about {eta} left) {msg}",
-    ) {
-        bar.set_style(style);
     }
-    bar.enable_steady_tick(std::time::Duration::from_millis(500));
+}
+
+/// The run's progress bar (over the steps' estimates) and the lines
+/// printed above it.
+struct Progress {
+    /// Shared with the benchmarks' own bars, which it draws with this one.
+    _multi: indicatif::MultiProgress,
+    bar: indicatif::ProgressBar,
+}
+
+impl Progress {
+    fn new(total: f64) -> Self {
+        let multi = indicatif::MultiProgress::new();
+        crate::common::share_progress(multi.clone());
+        let bar = multi.add(indicatif::ProgressBar::new(total.ceil() as u64));
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "bench all [{elapsed_precise}] {wide_bar} {percent}% (about {eta} left) {msg}",
+        ) {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(std::time::Duration::from_millis(500));
+        Progress { _multi: multi, bar }
+    }
+
     // Progress lines also when standard error is not a terminal (CI logs).
-    let say = |line: String| {
-        if bar.is_hidden() {
+    fn say(&self, line: String) {
+        if self.bar.is_hidden() {
             eprintln!("{line}");
         } else {
-            bar.println(line);
+            self.bar.println(line);
         }
-    };
-    say(format!(
-        "bench all: {} steps{} into {} (estimated {:.0} min)",
-        steps.len(),
-        if args.quick { " (quick)" } else { "" },
-        out.display(),
-        total / 60.0
-    ));
-    let n = steps.len();
-    let mut done_estimate = 0.0;
-    for (i, step) in steps.into_iter().enumerate() {
-        let command = if step.repeat > 1 {
-            format!(
-                "{}  # run {} times: figures are mean ± sd over the runs",
-                step.command, step.repeat
-            )
-        } else {
-            step.command.clone()
-        };
-        let mut record = StepRecord {
-            id: step.id.clone(),
-            kind: step.kind.into(),
-            title: step.title.clone(),
-            command: command.clone(),
-            status: Status::Skipped,
-            reason: None,
-            duration_secs: 0.0,
-            json: None,
-        };
-        let skip = if interrupted() {
-            Some("interrupted before it started".to_string())
-        } else if !args.only.is_empty() && !args.only.iter().any(|k| k == step.kind) {
-            Some("not selected (--only)".to_string())
-        } else {
-            step.needs.iter().find_map(|&n| missing(n))
-        };
-        if let Some(reason) = skip {
-            say(format!("[{}/{n}] {}: skipped: {reason}", i + 1, step.id));
-            record.reason = Some(reason);
-        } else {
-            bar.set_message(format!("[{}/{n}] {}", i + 1, step.id));
-            say(format!("[{}/{n}] {}: {}", i + 1, step.id, step.title));
-            let t0 = Instant::now();
-            let outcome = (0..step.repeat.max(1))
-                .map(|_| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(&step.run))
-                        .unwrap_or_else(|p| {
-                            Err(anyhow::anyhow!("panicked: {}", panic_message(&*p)))
-                        })
-                })
-                .collect::<anyhow::Result<Vec<Report>>>()
-                .map(merge);
-            record.duration_secs = t0.elapsed().as_secs_f64();
-            match outcome {
-                Ok(mut report) => {
-                    report.command = command.clone();
-                    let rel = format!("json/{}.json", step.id);
-                    report.write_json(&out.join(&rel))?;
-                    record.json = Some(rel);
-                    record.status = Status::Ok;
-                    say(format!(
-                        "[{}/{n}] {}: {} figures in {:.1} s\n{}",
-                        i + 1,
-                        step.id,
-                        report.figures.len(),
-                        record.duration_secs,
-                        report.table()
-                    ));
-                    results
-                        .figures
-                        .extend(report.figures.into_iter().map(|figure| RunFigure {
-                            step: step.id.clone(),
-                            kind: step.kind.into(),
-                            figure,
-                        }));
-                }
-                Err(e) => {
-                    say(format!("[{}/{n}] {}: FAILED: {e:#}", i + 1, step.id));
-                    record.status = Status::Failed;
-                    record.reason = Some(format!("{e:#}"));
-                }
-            }
-        }
-        results.steps.push(record);
-        done_estimate += step.estimate;
-        bar.set_position(done_estimate as u64);
-        results.duration_secs = (now_unix() - started_unix) as f64;
-        // After every step, so that an interrupted run keeps what it measured.
-        write_results(&out, &results)?;
     }
-    bar.finish_and_clear();
-    let _ = std::fs::remove_dir_all(out.join("scratch"));
-    write_csvs(&out, &results)?;
-    match crate::plot::plot_all(&results, &out.join("plots")) {
-        Ok(plots) => results.plots = plots,
-        Err(e) => eprintln!("bench all: plots failed: {e:#}"),
-    }
-    results.duration_secs = (now_unix() - started_unix) as f64;
-    write_results(&out, &results)?;
-    println!("{}", summary(&results));
-    println!("results in {}", out.display());
+}
+
+/// Why `step` does not run now, if it does not.
+fn skip_reason(step: &Step, only: &[String]) -> Option<String> {
     if interrupted() {
-        bail!("interrupted (the results so far are in {})", out.display());
+        Some("interrupted before it started".to_string())
+    } else if !only.is_empty() && !only.iter().any(|k| k == step.kind) {
+        Some("not selected (--only)".to_string())
+    } else {
+        step.needs.iter().find_map(|&n| missing(n))
     }
-    Ok(())
+}
+
+/// One step, `at` its place in the run: skipped with its reason, or run
+/// with its report written to `json/` and its figures added to `results`.
+/// A failure is the record's, not the run's.
+fn run_step(
+    step: &Step,
+    at: &str,
+    only: &[String],
+    out: &Path,
+    progress: &Progress,
+    results: &mut Results,
+) -> anyhow::Result<StepRecord> {
+    let command = if step.repeat > 1 {
+        format!(
+            "{}  # run {} times: figures are mean ± sd over the runs",
+            step.command, step.repeat
+        )
+    } else {
+        step.command.clone()
+    };
+    let mut record = StepRecord {
+        id: step.id.clone(),
+        kind: step.kind.into(),
+        title: step.title.clone(),
+        command: command.clone(),
+        status: Status::Skipped,
+        reason: None,
+        duration_secs: 0.0,
+        json: None,
+    };
+    if let Some(reason) = skip_reason(step, only) {
+        progress.say(format!("{at}: skipped: {reason}"));
+        record.reason = Some(reason);
+        return Ok(record);
+    }
+    progress.bar.set_message(at.to_string());
+    progress.say(format!("{at}: {}", step.title));
+    let t0 = Instant::now();
+    let outcome = run_repeated(step);
+    record.duration_secs = t0.elapsed().as_secs_f64();
+    match outcome {
+        Ok(mut report) => {
+            report.command = command;
+            let rel = format!("json/{}.json", step.id);
+            report.write_json(&out.join(&rel))?;
+            record.json = Some(rel);
+            record.status = Status::Ok;
+            progress.say(format!(
+                "{at}: {} figures in {:.1} s\n{}",
+                report.figures.len(),
+                record.duration_secs,
+                report.table()
+            ));
+            results
+                .figures
+                .extend(report.figures.into_iter().map(|figure| RunFigure {
+                    step: step.id.clone(),
+                    kind: step.kind.into(),
+                    figure,
+                }));
+        }
+        Err(e) => {
+            progress.say(format!("{at}: FAILED: {e:#}"));
+            record.status = Status::Failed;
+            record.reason = Some(format!("{e:#}"));
+        }
+    }
+    Ok(record)
+}
+
+/// The step's report, merged over its repetitions; a panic is an error.
+fn run_repeated(step: &Step) -> anyhow::Result<Report> {
+    (0..step.repeat.max(1))
+        .map(|_| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(&step.run))
+                .unwrap_or_else(|p| Err(anyhow::anyhow!("panicked: {}", panic_message(&*p))))
+        })
+        .collect::<anyhow::Result<Vec<Report>>>()
+        .map(merge)
 }
 
 /// Several runs of one step as one report: each figure's mean over the runs,

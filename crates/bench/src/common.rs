@@ -524,39 +524,7 @@ impl Report {
         let rows: Vec<Vec<String>> = self
             .figures
             .iter()
-            .map(|f| {
-                let mut row = vec![
-                    f.figure.clone(),
-                    f.unit.clone(),
-                    num(f.value),
-                    f.stddev.map_or_else(String::new, num),
-                    f.baseline.map_or_else(|| "-".into(), num),
-                    f.baseline_stddev.map_or_else(String::new, num),
-                ];
-                if per_row {
-                    row.push(f.baseline_name.clone().unwrap_or_else(|| "-".into()));
-                }
-                row.extend([
-                    f.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
-                    f.target.map_or_else(
-                        || "-".into(),
-                        |t| {
-                            let op = if f.better == Better::Higher {
-                                ">="
-                            } else {
-                                "<="
-                            };
-                            format!("{op} {}", num(t))
-                        },
-                    ),
-                    match f.met {
-                        Some(true) => "yes".into(),
-                        Some(false) => "NO".into(),
-                        None => "-".into(),
-                    },
-                ]);
-                row
-            })
+            .map(|f| table_row(f, per_row, num))
             .collect();
         let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
         for row in &rows {
@@ -589,6 +557,42 @@ impl Report {
         }
         out
     }
+}
+
+/// A figure's cells in [`Report::table_with`], with its baseline's name if
+/// `per_row`.
+fn table_row(f: &Figure, per_row: bool, num: fn(f64) -> String) -> Vec<String> {
+    let mut row = vec![
+        f.figure.clone(),
+        f.unit.clone(),
+        num(f.value),
+        f.stddev.map_or_else(String::new, num),
+        f.baseline.map_or_else(|| "-".into(), num),
+        f.baseline_stddev.map_or_else(String::new, num),
+    ];
+    if per_row {
+        row.push(f.baseline_name.clone().unwrap_or_else(|| "-".into()));
+    }
+    row.extend([
+        f.ratio.map_or_else(|| "-".into(), |r| format!("{r:.2}x")),
+        f.target.map_or_else(
+            || "-".into(),
+            |t| {
+                let op = if f.better == Better::Higher {
+                    ">="
+                } else {
+                    "<="
+                };
+                format!("{op} {}", num(t))
+            },
+        ),
+        match f.met {
+            Some(true) => "yes".into(),
+            Some(false) => "NO".into(),
+            None => "-".into(),
+        },
+    ]);
+    row
 }
 
 /// UTC calendar date and time of a Unix time: (year, month, day, hour,

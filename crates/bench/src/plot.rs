@@ -54,20 +54,9 @@ fn draw_lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &LineChart) -
 where
     DB::ErrorType: 'static,
 {
-    let pts = c.series.iter().flat_map(|s| s.3.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, y) in pts {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(y);
-        y1 = y1.max(y);
-    }
-    if x0 > x1 {
+    let Some(((x0, x1), (y0, y1))) = log_ranges(c) else {
         return Ok(());
-    }
-    let (x0, x1) = (x0.max(1e-9) * 0.8, x1.max(x0 * 2.0) * 1.25);
-    // Headroom above the curves for the legend.
-    let (y0, y1) = (y0.max(1e-9) / 2.0, y1.max(y0 * 2.0) * 30.0);
+    };
     root.fill(&WHITE).map_err(err)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(&c.title, ("sans-serif", 22))
@@ -123,12 +112,30 @@ where
     Ok(())
 }
 
+/// The axes' ranges of a line chart, with margins (none without points).
+fn log_ranges(c: &LineChart) -> Option<((f64, f64), (f64, f64))> {
+    let pts = c.series.iter().flat_map(|s| s.3.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        return None;
+    }
+    let (x0, x1) = (x0.max(1e-9) * 0.8, x1.max(x0 * 2.0) * 1.25);
+    // Headroom above the curves for the legend.
+    let (y0, y1) = (y0.max(1e-9) / 2.0, y1.max(y0 * 2.0) * 30.0);
+    Some(((x0, x1), (y0, y1)))
+}
+
 fn draw_bars<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, c: &BarChart) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
     let n = c.categories.len();
-    let g = c.groups.len();
     let ymax = c
         .groups
         .iter()
@@ -153,25 +160,12 @@ where
         .y_label_formatter(&|y| crate::common::fmt_num(*y))
         .draw()
         .map_err(err)?;
-    let _ = g;
-    // Each category's bars side by side, centred: only the groups that have
-    // a value there take room.
-    let slot = |ci: usize, gi: usize| -> (f64, f64) {
-        let present: Vec<usize> = (0..c.groups.len())
-            .filter(|&k| c.groups[k].1.get(ci).copied().flatten().is_some())
-            .collect();
-        let n = present.len().max(1);
-        let width = 0.8 / n.max(2) as f64;
-        let k = present.iter().position(|&p| p == gi).unwrap_or(0);
-        let x = ci as f64 + 0.5 - width * n as f64 / 2.0 + k as f64 * width;
-        (x, x + width * 0.95)
-    };
     for (gi, (label, values)) in c.groups.iter().enumerate() {
         let col = PALETTE[gi % PALETTE.len()];
         chart
             .draw_series(values.iter().enumerate().filter_map(|(ci, v)| {
                 let v = (*v)?;
-                let (x0, x1) = slot(ci, gi);
+                let (x0, x1) = bar_slot(c, ci, gi);
                 Some(Rectangle::new([(x0, 0.0), (x1, v)], col.filled()))
             }))
             .map_err(err)?
@@ -202,6 +196,20 @@ where
         .map_err(err)?;
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// Where group `gi`'s bar of category `ci` stands (left and right x).
+/// Each category's bars side by side, centred: only the groups that have
+/// a value there take room.
+fn bar_slot(c: &BarChart, ci: usize, gi: usize) -> (f64, f64) {
+    let present: Vec<usize> = (0..c.groups.len())
+        .filter(|&k| c.groups[k].1.get(ci).copied().flatten().is_some())
+        .collect();
+    let n = present.len().max(1);
+    let width = 0.8 / n.max(2) as f64;
+    let k = present.iter().position(|&p| p == gi).unwrap_or(0);
+    let x = ci as f64 + 0.5 - width * n as f64 / 2.0 + k as f64 * width;
+    (x, x + width * 0.95)
 }
 
 fn draw_heat<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, h: &HeatMap) -> anyhow::Result<()>

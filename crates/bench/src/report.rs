@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 
 use crate::common::{Better, Figure, fmt_num};
-use crate::results::{KINDS, Results, RunFigure, Status};
+use crate::results::{KINDS, Results, RunFigure, Status, StepRecord};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ReportArgs {
@@ -139,7 +139,23 @@ fn kind_summary(figs: &[&RunFigure]) -> String {
 /// relative to the report).
 pub fn render(r: &Results, images: &str) -> String {
     let mut md = String::new();
-    let m = &r.machine;
+    run_section(&mut md, r);
+    machine_section(&mut md, r);
+    summary_section(&mut md, r);
+    for kind in KINDS {
+        kind_section(&mut md, r, kind, images);
+    }
+    let _ = writeln!(
+        md,
+        "\nValues are means ± sample standard deviation over the repetitions the \
+         benchmark makes (none shown for a single measurement); ratio = memfs / \
+         baseline; for times (ms) lower is better."
+    );
+    md
+}
+
+/// The title, what the report is, and the run's command and time.
+fn run_section(md: &mut String, r: &Results) {
     let _ = writeln!(md, "# memfs benchmarks\n");
     let _ = writeln!(
         md,
@@ -162,6 +178,11 @@ pub fn render(r: &Results, images: &str) -> String {
             ""
         }
     );
+}
+
+/// The machine and the file systems the run used.
+fn machine_section(md: &mut String, r: &Results) {
+    let m = &r.machine;
     let _ = writeln!(md, "\n## Machine\n");
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| CPU | {} |", cell(&m.cpu_model));
@@ -187,7 +208,10 @@ pub fn render(r: &Results, images: &str) -> String {
             cell(&fs.fs_type)
         );
     }
+}
 
+/// One line a benchmark kind: its steps that ran and how memfs compares.
+fn summary_section(md: &mut String, r: &Results) {
     let _ = writeln!(md, "\n## Summary\n");
     let _ = writeln!(md, "| benchmark | steps | result |\n|---|---|---|");
     for kind in KINDS {
@@ -211,86 +235,85 @@ pub fn render(r: &Results, images: &str) -> String {
             cell(&result)
         );
     }
+}
 
-    for kind in KINDS {
-        let _ = writeln!(md, "\n<a id=\"{kind}\"></a>\n## {}\n", kind_title(kind));
-        for p in r.plots.iter().filter(|p| plot_kind(p) == Some(kind)) {
-            let name = Path::new(p)
-                .file_name()
-                .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());
+/// A benchmark kind: its plots, then each of its steps.
+fn kind_section(md: &mut String, r: &Results, kind: &str, images: &str) {
+    let _ = writeln!(md, "\n<a id=\"{kind}\"></a>\n## {}\n", kind_title(kind));
+    for p in r.plots.iter().filter(|p| plot_kind(p) == Some(kind)) {
+        let name = Path::new(p)
+            .file_name()
+            .map_or_else(|| p.clone(), |n| n.to_string_lossy().into_owned());
+        let _ = writeln!(
+            md,
+            "[![{name}]({images}/{name}.png)]({images}/{name}.svg)\n"
+        );
+    }
+    for s in r.steps.iter().filter(|s| s.kind == kind) {
+        step_section(md, r, s);
+    }
+}
+
+/// A step: its command, and its figures' table (or why it has none).
+fn step_section(md: &mut String, r: &Results, s: &StepRecord) {
+    let _ = writeln!(md, "### {}\n", cell(&s.title));
+    let _ = writeln!(md, "`{}`\n", s.command);
+    match s.status {
+        Status::Skipped => {
             let _ = writeln!(
                 md,
-                "[![{name}]({images}/{name}.png)]({images}/{name}.svg)\n"
+                "Skipped: {}\n",
+                s.reason.as_deref().unwrap_or("(no reason recorded)")
             );
+            return;
         }
-        for s in r.steps.iter().filter(|s| s.kind == kind) {
-            let _ = writeln!(md, "### {}\n", cell(&s.title));
-            let _ = writeln!(md, "`{}`\n", s.command);
-            match s.status {
-                Status::Skipped => {
-                    let _ = writeln!(
-                        md,
-                        "Skipped: {}\n",
-                        s.reason.as_deref().unwrap_or("(no reason recorded)")
-                    );
-                    continue;
-                }
-                Status::Failed => {
-                    let _ = writeln!(
-                        md,
-                        "**Failed** after {:.1} s: {}\n",
-                        s.duration_secs,
-                        cell(s.reason.as_deref().unwrap_or("(no error recorded)"))
-                    );
-                    continue;
-                }
-                Status::Ok => {}
-            }
-            let figs: Vec<&RunFigure> = r.figures.iter().filter(|f| f.step == s.id).collect();
-            let mut names: Vec<&str> = Vec::new();
-            for n in figs
-                .iter()
-                .filter_map(|f| f.figure.baseline_name.as_deref())
-            {
-                if !names.contains(&n) {
-                    names.push(n);
-                }
-            }
-            let base = if names.is_empty() {
-                "none".to_string()
-            } else {
-                names.join(", ")
-            };
-            let _ = writeln!(md, "{:.1} s. Baseline: {}.\n", s.duration_secs, cell(&base));
+        Status::Failed => {
             let _ = writeln!(
                 md,
-                "| figure | unit | memfs | baseline | ratio | target | met |\n|---|---|--:|--:|--:|--:|---|"
+                "**Failed** after {:.1} s: {}\n",
+                s.duration_secs,
+                cell(s.reason.as_deref().unwrap_or("(no error recorded)"))
             );
-            for f in figs {
-                let f = &f.figure;
-                let _ = writeln!(
-                    md,
-                    "| `{}` | {} | {} | {} | {} | {} | {} |",
-                    f.figure,
-                    cell(&f.unit),
-                    with_sd(f.value, f.stddev),
-                    f.baseline
-                        .map_or_else(|| "-".into(), |b| with_sd(b, f.baseline_stddev)),
-                    f.ratio.map_or_else(|| "-".into(), |x| format!("{x:.2}x")),
-                    target_cell(f),
-                    met_cell(f)
-                );
-            }
-            let _ = writeln!(md);
+            return;
+        }
+        Status::Ok => {}
+    }
+    let figs: Vec<&RunFigure> = r.figures.iter().filter(|f| f.step == s.id).collect();
+    let mut names: Vec<&str> = Vec::new();
+    for n in figs
+        .iter()
+        .filter_map(|f| f.figure.baseline_name.as_deref())
+    {
+        if !names.contains(&n) {
+            names.push(n);
         }
     }
+    let base = if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    };
+    let _ = writeln!(md, "{:.1} s. Baseline: {}.\n", s.duration_secs, cell(&base));
     let _ = writeln!(
         md,
-        "\nValues are means ± sample standard deviation over the repetitions the \
-         benchmark makes (none shown for a single measurement); ratio = memfs / \
-         baseline; for times (ms) lower is better."
+        "| figure | unit | memfs | baseline | ratio | target | met |\n|---|---|--:|--:|--:|--:|---|"
     );
-    md
+    for f in figs {
+        let f = &f.figure;
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {} | {} | {} | {} |",
+            f.figure,
+            cell(&f.unit),
+            with_sd(f.value, f.stddev),
+            f.baseline
+                .map_or_else(|| "-".into(), |b| with_sd(b, f.baseline_stddev)),
+            f.ratio.map_or_else(|| "-".into(), |x| format!("{x:.2}x")),
+            target_cell(f),
+            met_cell(f)
+        );
+    }
+    let _ = writeln!(md);
 }
 
 /// `2026-11-23 07:05:21` (UTC).
@@ -500,40 +523,7 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
     let old = Results::load(&args.old)?;
     let new = Results::load(&args.new)?;
     let (changes, notes) = compare(&old, &new, &args);
-    let w = changes
-        .iter()
-        .map(|c| c.key.len())
-        .max()
-        .unwrap_or(6)
-        .max(6);
-    println!(
-        "{:<w$}  {:>12}  {:>12}  {:>9}  {:>7}  {:<10}  verdict",
-        "figure", "old", "new", "change", "noise", "unit"
-    );
-    for c in &changes {
-        let fmt = |v: f64| {
-            if c.unit == "x baseline" {
-                format!("{v:.3}")
-            } else {
-                fmt_num(v)
-            }
-        };
-        println!(
-            "{:<w$}  {:>12}  {:>12}  {:>+8.1}%  {:>6.1}%  {:<10}  {}",
-            c.key,
-            fmt(c.old),
-            fmt(c.new),
-            c.change * 100.0,
-            c.noise * 100.0,
-            c.unit,
-            match c.verdict {
-                Verdict::Same => "same",
-                Verdict::Better => "better",
-                Verdict::Worse => "worse (within noise)",
-                Verdict::Regressed => "REGRESSED",
-            }
-        );
-    }
+    print_changes(&changes);
     for n in &notes {
         println!("note: {n}");
     }
@@ -563,6 +553,44 @@ pub fn run_compare(args: CompareArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The comparison's table: one line a figure, with its verdict.
+fn print_changes(changes: &[Change]) {
+    let w = changes
+        .iter()
+        .map(|c| c.key.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    println!(
+        "{:<w$}  {:>12}  {:>12}  {:>9}  {:>7}  {:<10}  verdict",
+        "figure", "old", "new", "change", "noise", "unit"
+    );
+    for c in changes {
+        let fmt = |v: f64| {
+            if c.unit == "x baseline" {
+                format!("{v:.3}")
+            } else {
+                fmt_num(v)
+            }
+        };
+        println!(
+            "{:<w$}  {:>12}  {:>12}  {:>+8.1}%  {:>6.1}%  {:<10}  {}",
+            c.key,
+            fmt(c.old),
+            fmt(c.new),
+            c.change * 100.0,
+            c.noise * 100.0,
+            c.unit,
+            match c.verdict {
+                Verdict::Same => "same",
+                Verdict::Better => "better",
+                Verdict::Worse => "worse (within noise)",
+                Verdict::Regressed => "REGRESSED",
+            }
+        );
+    }
 }
 
 #[cfg(test)]

@@ -322,19 +322,49 @@ fn measure(args: &Args) -> Result<Option<Measured>> {
     anyhow::ensure!(args.blocks > 0, "--blocks must be at least 1");
     anyhow::ensure!(args.threads > 0, "--threads must be at least 1");
     anyhow::ensure!(args.shards > 0, "--shards must be at least 1");
-    let modes: Vec<(String, Durability, usize)> = if args.durability == "all" {
-        let mut v: Vec<(String, Durability, usize)> =
-            ["none", "async-relaxed", "async", "relaxed", "sync"]
-                .iter()
-                .map(|m| {
-                    let d: Durability = m.parse().expect("valid mode");
-                    (
-                        format!("memfs {m}, {} threads", args.threads),
-                        d,
-                        args.threads,
-                    )
-                })
-                .collect();
+    let modes = modes(args)?;
+    let base = base_dir(args)?;
+    // The run's own directory goes on every path, a failed scenario too (a
+    // scenario child leaves it to its parent).
+    let _cleanup = RemoveOnDrop(args.child_scenario.is_none().then(|| base.clone()));
+    // Scenario k < modes.len() is a memfs mode; then LMDB sync off, on.
+    let count = modes.len() + if args.lmdb { 2 } else { 0 };
+    if let Some(k) = args.child_scenario {
+        anyhow::ensure!(k < count, "no scenario {k}");
+        let r = run_scenario(k, &modes, &base, args)?;
+        let out = args.child_out.as_ref().context("--child-out is required")?;
+        std::fs::write(out, serde_json::to_vec(&r)?)?;
+        return Ok(None);
+    }
+    let mut results = Vec::new();
+    anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
+    let runs = run_rounds(args, &modes, count, &base)?;
+    let all_runs = runs.clone();
+    for mut v in runs {
+        v.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
+        results.push(v.swap_remove(v.len() / 2));
+    }
+    std::fs::remove_dir_all(&base).ok();
+    Ok(Some(Measured { results, all_runs }))
+}
+
+/// A memfs scenario: its name, durability mode and threads.
+type Mode = (String, Durability, usize);
+
+/// The memfs scenarios `--durability` asks for.
+fn modes(args: &Args) -> Result<Vec<Mode>> {
+    Ok(if args.durability == "all" {
+        let mut v: Vec<Mode> = ["none", "async-relaxed", "async", "relaxed", "sync"]
+            .iter()
+            .map(|m| {
+                let d: Durability = m.parse().expect("valid mode");
+                (
+                    format!("memfs {m}, {} threads", args.threads),
+                    d,
+                    args.threads,
+                )
+            })
+            .collect();
         if args.threads > 1 {
             v.push((
                 "memfs async, 1 thread".into(),
@@ -353,51 +383,51 @@ fn measure(args: &Args) -> Result<Option<Measured>> {
             d,
             args.threads,
         )]
-    };
-    let base = match (&args.dir, args.child_scenario) {
+    })
+}
+
+/// The run's base directory: a scenario child's is its parent's.
+fn base_dir(args: &Args) -> Result<PathBuf> {
+    Ok(match (&args.dir, args.child_scenario) {
         (Some(d), Some(_)) => d.clone(),
         (Some(d), None) => {
             std::fs::create_dir_all(d)?;
             tempfile_in(d)?
         }
         (None, _) => tempfile_in(&std::env::temp_dir())?,
-    };
-    // The run's own directory goes on every path, a failed scenario too (a
-    // scenario child leaves it to its parent).
-    struct RemoveOnDrop(Option<PathBuf>);
-    impl Drop for RemoveOnDrop {
-        fn drop(&mut self) {
-            if let Some(p) = &self.0 {
-                let _ = std::fs::remove_dir_all(p);
-            }
+    })
+}
+
+/// A directory removed when dropped (if any).
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_dir_all(p);
         }
     }
-    let _cleanup = RemoveOnDrop(args.child_scenario.is_none().then(|| base.clone()));
-    // Scenario k < modes.len() is a memfs mode; then LMDB sync off, on.
-    let count = modes.len() + if args.lmdb { 2 } else { 0 };
-    let run_one = |k: usize| -> Result<Scenario> {
-        if k < modes.len() {
-            let (name, d, threads) = &modes[k];
-            let dir = base.join(format!("memfs-{k}"));
-            let r = run_memfs(&dir, name, *d, *threads, args);
-            std::fs::remove_dir_all(&dir).ok();
-            r
-        } else {
-            let sync = k > modes.len();
-            let dir = base.join(format!("lmdb-{sync}"));
-            let r = run_lmdb(&dir, sync, args);
-            std::fs::remove_dir_all(&dir).ok();
-            r
-        }
-    };
-    if let Some(k) = args.child_scenario {
-        anyhow::ensure!(k < count, "no scenario {k}");
-        let r = run_one(k)?;
-        let out = args.child_out.as_ref().context("--child-out is required")?;
-        std::fs::write(out, serde_json::to_vec(&r)?)?;
-        return Ok(None);
+}
+
+/// Scenario `k`, in this process, in its own directory under `base`.
+fn run_scenario(k: usize, modes: &[Mode], base: &Path, args: &Args) -> Result<Scenario> {
+    if k < modes.len() {
+        let (name, d, threads) = &modes[k];
+        let dir = base.join(format!("memfs-{k}"));
+        let r = run_memfs(&dir, name, *d, *threads, args);
+        std::fs::remove_dir_all(&dir).ok();
+        r
+    } else {
+        let sync = k > modes.len();
+        let dir = base.join(format!("lmdb-{sync}"));
+        let r = run_lmdb(&dir, sync, args);
+        std::fs::remove_dir_all(&dir).ok();
+        r
     }
-    let exe = std::env::current_exe().context("locating the memfs binary")?;
+}
+
+/// The child's arguments, but for its scenario and output.
+fn child_args(args: &Args) -> Vec<String> {
     // The child gets the settings that shape a scenario (not our own command
     // line: `memfs bench all` runs this too) and the run's base directory.
     let mut child_args: Vec<String> = vec![
@@ -417,8 +447,19 @@ fn measure(args: &Args) -> Result<Option<Measured>> {
     if args.lmdb {
         child_args.push("--lmdb".into());
     }
-    let mut results = Vec::new();
-    anyhow::ensure!(args.repeat > 0, "--repeat must be at least 1");
+    child_args
+}
+
+/// Every scenario `--repeat` times, each in a child process, in turns:
+/// `runs[scenario][round]`.
+fn run_rounds(
+    args: &Args,
+    modes: &[Mode],
+    count: usize,
+    base: &Path,
+) -> Result<Vec<Vec<Scenario>>> {
+    let exe = std::env::current_exe().context("locating the memfs binary")?;
+    let child_args = child_args(args);
     let mut runs: Vec<Vec<Scenario>> = vec![Vec::new(); count];
     for round in 0..args.repeat {
         for (k, runs_k) in runs.iter_mut().enumerate() {
@@ -443,7 +484,7 @@ fn measure(args: &Args) -> Result<Option<Measured>> {
                 .arg("--child-out")
                 .arg(&out)
                 .arg("--dir")
-                .arg(&base)
+                .arg(base)
                 .status()
                 .context("starting a scenario process")?;
             anyhow::ensure!(status.success(), "scenario {label} failed ({status})");
@@ -452,13 +493,7 @@ fn measure(args: &Args) -> Result<Option<Measured>> {
             runs_k.push(serde_json::from_slice::<Scenario>(&bytes)?);
         }
     }
-    let all_runs = runs.clone();
-    for mut v in runs {
-        v.sort_by(|a, b| a.ops_per_sec.total_cmp(&b.ops_per_sec));
-        results.push(v.swap_remove(v.len() / 2));
-    }
-    std::fs::remove_dir_all(&base).ok();
-    Ok(Some(Measured { results, all_runs }))
+    Ok(runs)
 }
 
 /// Every scenario's median run, and all runs (`runs[scenario][round]`).
@@ -471,6 +506,13 @@ pub fn run(args: Args) -> Result<()> {
     let Some(Measured { results, all_runs }) = measure(&args)? else {
         return Ok(()); // a scenario child: it wrote its result
     };
+    print_table(&args, &results);
+    write_json(&args, &results, &all_runs)
+}
+
+/// The scenarios' table, each row against both LMDB runs and the published
+/// figure.
+fn print_table(args: &Args, results: &[Scenario]) {
     let lmdb_off = results
         .iter()
         .find(|r| r.name == "LMDB sync off")
@@ -498,7 +540,7 @@ pub fn run(args: Args) -> Result<()> {
         "disk MiB",
         "ovh B/e"
     );
-    for r in &results {
+    for r in results {
         println!(
             "{:<30} {:>8.2} {:>10.1} {:>10} {:>12} {:>9} {:>9} {:>10} {:>9.0} {:>9.0} {:>9}",
             r.name,
@@ -515,7 +557,20 @@ pub fn run(args: Args) -> Result<()> {
                 .map_or("-".into(), |o| format!("{o:.1}")),
         );
     }
-    for r in &results {
+    print_recoveries(results);
+    if args.repeat > 1 {
+        println!(
+            "each row is the median of {} interleaved runs (all runs in the JSON)",
+            args.repeat
+        );
+    }
+    println!(
+        "vs LMDB0/LMDB1: ratio to LMDB with sync off/on in this run; vs publ.: ratio to the published store's figure on these machines (issue 4; only at 1000 and 3000 blocks)"
+    );
+}
+
+fn print_recoveries(results: &[Scenario]) {
+    for r in results {
         if let Some(rc) = &r.recovery {
             println!(
                 "recovery after {:<30} open {:.2}s ({} commits, {:.0} MB replayed into the tables); journal scan {:.0} MB at {:.0} MB/s",
@@ -528,15 +583,10 @@ pub fn run(args: Args) -> Result<()> {
             );
         }
     }
-    if args.repeat > 1 {
-        println!(
-            "each row is the median of {} interleaved runs (all runs in the JSON)",
-            args.repeat
-        );
-    }
-    println!(
-        "vs LMDB0/LMDB1: ratio to LMDB with sync off/on in this run; vs publ.: ratio to the published store's figure on these machines (issue 4; only at 1000 and 3000 blocks)"
-    );
+}
+
+/// The JSON results: every scenario's median run and all the runs.
+fn write_json(args: &Args, results: &[Scenario], all_runs: &[Vec<Scenario>]) -> Result<()> {
     if let Some(parent) = args.json.parent() {
         std::fs::create_dir_all(parent).ok();
     }

@@ -475,6 +475,45 @@ fn percentiles(samples: &[Duration]) -> [f64; 3] {
     [at(0.5), at(0.99), v[v.len() - 1]]
 }
 
+/// A checkpoint requested on another thread while `prober` runs into
+/// `during`: the reply, and when the request started and ended.
+fn probed_checkpoint(
+    prober: &mut Prober,
+    dir: &Path,
+    during: &mut Vec<Sample>,
+) -> anyhow::Result<(Vec<String>, Instant, Instant)> {
+    let done = Arc::new(AtomicBool::new(false));
+    let dir = dir.to_path_buf();
+    let (reply, start, end) = std::thread::scope(|sc| {
+        let done2 = done.clone();
+        let h = sc.spawn(move || {
+            let start = Instant::now();
+            let r = crate::system::control_request(&dir, "checkpoint");
+            let end = Instant::now();
+            done2.store(true, Ordering::Release);
+            (r, start, end)
+        });
+        let probed = prober.run(during, || done.load(Ordering::Acquire));
+        let (r, start, end) = h.join().expect("checkpoint thread panicked");
+        probed.map(|()| (r, start, end))
+    })?;
+    Ok((reply.context("checkpoint request")?, start, end))
+}
+
+/// The pages and server seconds of a `checkpoint` reply.
+fn checkpoint_reply(reply: &[String]) -> anyhow::Result<(u64, f64)> {
+    let fields: Vec<&str> = reply
+        .first()
+        .map(|l| l.split_whitespace().collect())
+        .unwrap_or_default();
+    if fields.len() != 4 {
+        bail!("unexpected checkpoint reply {reply:?} (expected: COMMIT NODES PAGES SECONDS)");
+    }
+    let pages: u64 = fields[2].parse().context("checkpoint reply: pages")?;
+    let server_secs: f64 = fields[3].parse().context("checkpoint reply: seconds")?;
+    Ok((pages, server_secs))
+}
+
 fn checkpoint_part(s: &Settings) -> anyhow::Result<(Vec<Figure>, serde_json::Value)> {
     let data = DiskDir::new().context("cannot create a data directory")?;
     let mount = MemfsMount::new(&durable_args(data.path(), "async"))?;
@@ -492,32 +531,9 @@ fn checkpoint_part(s: &Settings) -> anyhow::Result<(Vec<Figure>, serde_json::Val
     let t = Instant::now();
     prober.run(&mut outside, || t.elapsed() >= window)?;
 
-    let done = Arc::new(AtomicBool::new(false));
-    let dir = data.path().to_path_buf();
     let mut during = Vec::new();
-    let (reply, ck_start, ck_end) = std::thread::scope(|sc| {
-        let done2 = done.clone();
-        let h = sc.spawn(move || {
-            let start = Instant::now();
-            let r = crate::system::control_request(&dir, "checkpoint");
-            let end = Instant::now();
-            done2.store(true, Ordering::Release);
-            (r, start, end)
-        });
-        let probed = prober.run(&mut during, || done.load(Ordering::Acquire));
-        let (r, start, end) = h.join().expect("checkpoint thread panicked");
-        probed.map(|()| (r, start, end))
-    })?;
-    let reply = reply.context("checkpoint request")?;
-    let fields: Vec<&str> = reply
-        .first()
-        .map(|l| l.split_whitespace().collect())
-        .unwrap_or_default();
-    if fields.len() != 4 {
-        bail!("unexpected checkpoint reply {reply:?} (expected: COMMIT NODES PAGES SECONDS)");
-    }
-    let pages: u64 = fields[2].parse().context("checkpoint reply: pages")?;
-    let server_secs: f64 = fields[3].parse().context("checkpoint reply: seconds")?;
+    let (reply, ck_start, ck_end) = probed_checkpoint(&mut prober, data.path(), &mut during)?;
+    let (pages, server_secs) = checkpoint_reply(&reply)?;
     let wall = (ck_end - ck_start).as_secs_f64();
     let in_ck: Vec<Duration> = during
         .iter()

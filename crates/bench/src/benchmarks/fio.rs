@@ -384,17 +384,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     if args.direct.is_empty() {
         bail!("--direct needs true, false or both");
     }
-    let jobs = args
-        .bs
-        .iter()
-        .flat_map(|bs| args.direct.iter().map(move |&direct| (bs, direct)))
-        .map(|(bs, direct)| {
-            let mut job = FioJob::new(bs, size, args.runtime, direct, args.verify)?;
-            job.fsync = durable.as_ref().is_some_and(|d| d.is_sync());
-            job.tag = durable.as_ref().map(|d| d.label());
-            Ok(job)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let jobs = jobs(args, size, durable.as_ref())?;
     if !fio_available(&args.fio) {
         bail!(
             "{} not found or not working: install fio (apt-get install fio)",
@@ -446,6 +436,24 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     }
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// One job a block size and direct setting, in that order.
+fn jobs(
+    args: &Args,
+    size: u64,
+    durable: Option<&crate::common::DurableSubject>,
+) -> anyhow::Result<Vec<FioJob>> {
+    args.bs
+        .iter()
+        .flat_map(|bs| args.direct.iter().map(move |&direct| (bs, direct)))
+        .map(|(bs, direct)| {
+            let mut job = FioJob::new(bs, size, args.runtime, direct, args.verify)?;
+            job.fsync = durable.is_some_and(|d| d.is_sync());
+            job.tag = durable.map(|d| d.label());
+            Ok(job)
+        })
+        .collect()
 }
 
 #[cfg(test)]

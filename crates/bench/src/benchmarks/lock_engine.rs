@@ -106,15 +106,6 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
     let alg = parse_alg(&cfg.algorithm)?;
     std::fs::create_dir_all(&cfg.dir)?;
     let path = lock_path(alg, &cfg.dir);
-    struct Kids(Vec<Child>);
-    impl Drop for Kids {
-        fn drop(&mut self) {
-            for c in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
     let mut kids = Kids(Vec::new());
     let mut outs = Vec::new();
     for index in 0..cfg.waiters {
@@ -140,22 +131,8 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
         kids.0.push(c);
     }
     let mut line = String::new();
-    let mut read_tagged =
-        |r: &mut BufReader<std::process::ChildStdout>, tag: &str| -> Result<String, BenchError> {
-            loop {
-                line.clear();
-                if r.read_line(&mut line)? == 0 {
-                    return Err(BenchError::Worker(format!(
-                        "worker exited before reporting {tag}"
-                    )));
-                }
-                if let Some(rest) = line.trim().strip_prefix(tag) {
-                    return Ok(rest.trim().to_string());
-                }
-            }
-        };
     for o in &mut outs {
-        read_tagged(o, "ready")?;
+        read_tagged(o, &mut line, "ready")?;
     }
     for c in &mut kids.0 {
         let mut stdin = c.stdin.take().expect("piped");
@@ -165,17 +142,7 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
     let mut rate = 0.0;
     let mut cpu = 0.0;
     for o in &mut outs {
-        let r = read_tagged(o, "ops")?;
-        let mut it = r.split_whitespace();
-        let n: u64 = it
-            .next()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| BenchError::Worker(r.clone()))?;
-        let secs: f64 = it
-            .next()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| BenchError::Worker(r.clone()))?;
-        let c: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+        let (n, secs, c) = parse_ops(&read_tagged(o, &mut line, "ops")?)?;
         ops += n;
         rate += n as f64 / secs.max(1e-9);
         cpu += c;
@@ -199,6 +166,53 @@ pub fn run_one(cfg: &Config, spawn: &dyn Fn(&str) -> Command) -> Result<Measurem
         ops_per_sec: rate,
         cpu_seconds: cpu,
     })
+}
+
+/// The workers of a cell, killed if the cell ends early.
+struct Kids(Vec<Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// The rest of the first line of `r` that starts with `tag` (`line` is
+/// the buffer to read it into).
+fn read_tagged(
+    r: &mut BufReader<std::process::ChildStdout>,
+    line: &mut String,
+    tag: &str,
+) -> Result<String, BenchError> {
+    loop {
+        line.clear();
+        if r.read_line(line)? == 0 {
+            return Err(BenchError::Worker(format!(
+                "worker exited before reporting {tag}"
+            )));
+        }
+        if let Some(rest) = line.trim().strip_prefix(tag) {
+            return Ok(rest.trim().to_string());
+        }
+    }
+}
+
+/// A worker's report `N SECONDS [CPU]`: operations, seconds, CPU seconds.
+fn parse_ops(r: &str) -> Result<(u64, f64, f64), BenchError> {
+    let mut it = r.split_whitespace();
+    let n: u64 = it
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| BenchError::Worker(r.to_string()))?;
+    let secs: f64 = it
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| BenchError::Worker(r.to_string()))?;
+    let c: f64 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    Ok((n, secs, c))
 }
 
 /// Body of a worker process: open, report ready, wait for "go" on stdin,
@@ -437,7 +451,6 @@ pub fn matrix_table(results: &[Measurement], per_cpu: bool) -> String {
 /// Writes one SVG heat map per (file system, algorithm) into `out`; returns
 /// the files written.
 pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, BenchError> {
-    use plotters::prelude::*;
     std::fs::create_dir_all(out)?;
     let mut written = Vec::new();
     let mut groups: Vec<(String, String)> = Vec::new();
@@ -452,66 +465,71 @@ pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, Be
             .iter()
             .filter(|m| m.file_system == fs && m.algorithm == alg)
             .collect();
-        let max_w = cells.iter().map(|m| m.waiters).max().unwrap_or(1) as i32;
-        let max_e = cells.iter().map(|m| m.entities).max().unwrap_or(1) as i32;
-        let lo = cells
-            .iter()
-            .map(|m| m.ops_per_sec.max(1.0).ln())
-            .fold(f64::INFINITY, f64::min);
-        let hi = cells
-            .iter()
-            .map(|m| m.ops_per_sec.max(1.0).ln())
-            .fold(f64::NEG_INFINITY, f64::max);
         let file = out.join(format!("lock-{alg}-{fs}.svg"));
-        {
-            let root = SVGBackend::new(&file, (720, 640)).into_drawing_area();
-            let p = |e: String| BenchError::Plot(e);
-            root.fill(&WHITE).map_err(|e| p(e.to_string()))?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(
-                    format!("{alg} on {fs}: ops/s (log colour)"),
-                    ("sans-serif", 22),
-                )
-                .margin(10)
-                .x_label_area_size(40)
-                .y_label_area_size(50)
-                .build_cartesian_2d(1i32..max_w + 1, 1i32..max_e + 1)
-                .map_err(|e| p(e.to_string()))?;
-            chart
-                .configure_mesh()
-                .disable_mesh()
-                .x_desc("waiters (processes)")
-                .y_desc("entities per lock")
-                .x_labels(max_w as usize)
-                .y_labels(max_e as usize)
-                .draw()
-                .map_err(|e| p(e.to_string()))?;
-            chart
-                .draw_series(cells.iter().map(|m| {
-                    let t = if hi > lo {
-                        (m.ops_per_sec.max(1.0).ln() - lo) / (hi - lo)
-                    } else {
-                        1.0
-                    };
-                    let c = HSLColor((1.0 - t) * 0.7, 0.85, 0.5);
-                    let (x, y) = (m.waiters as i32, m.entities as i32);
-                    Rectangle::new([(x, y), (x + 1, y + 1)], c.filled())
-                }))
-                .map_err(|e| p(e.to_string()))?;
-            chart
-                .draw_series(cells.iter().map(|m| {
-                    Text::new(
-                        human(m.ops_per_sec),
-                        (m.waiters as i32, m.entities as i32 + 1),
-                        ("sans-serif", 13).into_font().color(&BLACK),
-                    )
-                }))
-                .map_err(|e| p(e.to_string()))?;
-            root.present().map_err(|e| p(e.to_string()))?;
-        }
+        heat_map(&cells, &fs, &alg, &file)?;
         written.push(file);
     }
     Ok(written)
+}
+
+/// One heat map: `alg` on `fs`, ops/s by waiters and entities, into `file`.
+fn heat_map(cells: &[&Measurement], fs: &str, alg: &str, file: &Path) -> Result<(), BenchError> {
+    use plotters::prelude::*;
+    let max_w = cells.iter().map(|m| m.waiters).max().unwrap_or(1) as i32;
+    let max_e = cells.iter().map(|m| m.entities).max().unwrap_or(1) as i32;
+    let lo = cells
+        .iter()
+        .map(|m| m.ops_per_sec.max(1.0).ln())
+        .fold(f64::INFINITY, f64::min);
+    let hi = cells
+        .iter()
+        .map(|m| m.ops_per_sec.max(1.0).ln())
+        .fold(f64::NEG_INFINITY, f64::max);
+    let root = SVGBackend::new(file, (720, 640)).into_drawing_area();
+    let p = |e: String| BenchError::Plot(e);
+    root.fill(&WHITE).map_err(|e| p(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{alg} on {fs}: ops/s (log colour)"),
+            ("sans-serif", 22),
+        )
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(1i32..max_w + 1, 1i32..max_e + 1)
+        .map_err(|e| p(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_desc("waiters (processes)")
+        .y_desc("entities per lock")
+        .x_labels(max_w as usize)
+        .y_labels(max_e as usize)
+        .draw()
+        .map_err(|e| p(e.to_string()))?;
+    chart
+        .draw_series(cells.iter().map(|m| {
+            let t = if hi > lo {
+                (m.ops_per_sec.max(1.0).ln() - lo) / (hi - lo)
+            } else {
+                1.0
+            };
+            let c = HSLColor((1.0 - t) * 0.7, 0.85, 0.5);
+            let (x, y) = (m.waiters as i32, m.entities as i32);
+            Rectangle::new([(x, y), (x + 1, y + 1)], c.filled())
+        }))
+        .map_err(|e| p(e.to_string()))?;
+    chart
+        .draw_series(cells.iter().map(|m| {
+            Text::new(
+                human(m.ops_per_sec),
+                (m.waiters as i32, m.entities as i32 + 1),
+                ("sans-serif", 13).into_font().color(&BLACK),
+            )
+        }))
+        .map_err(|e| p(e.to_string()))?;
+    root.present().map_err(|e| p(e.to_string()))?;
+    Ok(())
 }
 
 /// Writes the machine-readable results: the command, the machine and every cell.

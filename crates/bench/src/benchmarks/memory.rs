@@ -66,10 +66,41 @@ pub fn files_figures(
     let done = AtomicU64::new(0);
     let started = Instant::now();
     eprintln!("memory: creating {files} empty files with {threads} thread(s)...");
+    create_spread(&mount, files, threads, &done)?;
+    let elapsed = started.elapsed();
+    settle();
+    let after = mount.memory()?;
+    eprintln!(
+        "memory: {files} files in {:.1} s; server VmRSS {:.1} MiB (idle {:.1} MiB)",
+        elapsed.as_secs_f64(),
+        after.rss as f64 / MIB,
+        idle.rss as f64 / MIB
+    );
+    // The target is for a million files; below that the idle size dominates.
+    let target = (files >= 1_000_000).then(|| FILES_TARGET_MIB_PER_MILLION * files as f64 / 1e6);
+    Ok(mem_figures(
+        "memory.files",
+        idle,
+        after,
+        target,
+        files as f64,
+        "bytes/file",
+    ))
+}
+
+/// `files` empty files, spread over `threads` threads each in its own
+/// directory, counted into `done` as they are made (for the progress bar,
+/// which shows the server's memory meanwhile).
+fn create_spread(
+    mount: &MemfsMount,
+    files: u64,
+    threads: usize,
+    done: &AtomicU64,
+) -> anyhow::Result<()> {
     std::thread::scope(|s| -> anyhow::Result<()> {
         let handles: Vec<_> = (0..threads as u64)
             .map(|t| {
-                let (root, done) = (mount.path(), &done);
+                let root = mount.path();
                 s.spawn(move || -> anyhow::Result<()> {
                     let dir = root.join(format!("memory-{t}"));
                     std::fs::create_dir(&dir)
@@ -104,26 +135,7 @@ pub fn files_figures(
                 .map_err(|_| anyhow::anyhow!("a creating thread panicked"))??;
         }
         Ok(())
-    })?;
-    let elapsed = started.elapsed();
-    settle();
-    let after = mount.memory()?;
-    eprintln!(
-        "memory: {files} files in {:.1} s; server VmRSS {:.1} MiB (idle {:.1} MiB)",
-        elapsed.as_secs_f64(),
-        after.rss as f64 / MIB,
-        idle.rss as f64 / MIB
-    );
-    // The target is for a million files; below that the idle size dominates.
-    let target = (files >= 1_000_000).then(|| FILES_TARGET_MIB_PER_MILLION * files as f64 / 1e6);
-    Ok(mem_figures(
-        "memory.files",
-        idle,
-        after,
-        target,
-        files as f64,
-        "bytes/file",
-    ))
+    })
 }
 
 fn mem_figures(

@@ -477,24 +477,7 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     let mut report = Report::new("metadata", serde_json::Value::Null);
     let mut memfs_args = split_args(&args.memfs_args);
     memfs_args.extend(durable.iter().flat_map(|d| d.mount_args()));
-    let subject = match &args.path {
-        Some(p) => {
-            let meta = std::fs::metadata(p)
-                .with_context(|| format!("cannot use --path {}", p.display()))?;
-            if !meta.is_dir() {
-                bail!("--path {} is not a directory", p.display());
-            }
-            Target::Path(p.clone())
-        }
-        None => Target::Memfs(MemfsMount::new(&memfs_args)?),
-    };
-    let baseline = match (&args.path, args.baseline) {
-        (Some(_), _) | (None, Baseline::None) => None,
-        (None, _) if durable.is_some() => Some(Target::Disk(DiskDir::new()?)),
-        // Files are empty: a small tmpfs is plenty, but leave room for inodes.
-        (None, Baseline::Tmpfs) => Some(Target::Tmpfs(TmpfsDir::new(1 << 30)?)),
-        (None, Baseline::Disk) => Some(Target::Disk(DiskDir::new()?)),
-    };
+    let (subject, baseline) = subject_and_baseline(args, durable.is_some(), &memfs_args)?;
     let mut list = vec![&subject];
     list.extend(baseline.as_ref());
     eprintln!(
@@ -526,25 +509,62 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     report.config = config;
     report.subject = subject.name();
     let base = baseline.as_ref().map(|b| (b.name(), results[1].as_slice()));
-    let name = match &durable {
-        Some(d) => format!(
-            "{}.{}",
-            prefix(&Workload {
-                sync: args.sync,
-                ..w
-            }),
-            d.label()
-        ),
-        None => prefix(&w),
-    };
     report.figures = figures(
-        &name,
+        &figure_prefix(args, &w, durable.as_ref()),
         &w,
         &results[0],
         base.as_ref().map(|(n, r)| (n.as_str(), *r)),
     );
     report.duration_secs = started.elapsed().as_secs_f64();
     Ok(report)
+}
+
+/// The figures' names' prefix: the workload's, and with `--durability` the
+/// mode's label (the workload named by `--sync` alone).
+fn figure_prefix(
+    args: &Args,
+    w: &Workload,
+    durable: Option<&crate::common::DurableSubject>,
+) -> String {
+    match durable {
+        Some(d) => format!(
+            "{}.{}",
+            prefix(&Workload {
+                sync: args.sync,
+                ..*w
+            }),
+            d.label()
+        ),
+        None => prefix(w),
+    }
+}
+
+/// The file system under test (`--path`, or a fresh memfs mount with
+/// `memfs_args`) and the baseline beside it, if any.
+fn subject_and_baseline(
+    args: &Args,
+    durable: bool,
+    memfs_args: &[String],
+) -> anyhow::Result<(Target, Option<Target>)> {
+    let subject = match &args.path {
+        Some(p) => {
+            let meta = std::fs::metadata(p)
+                .with_context(|| format!("cannot use --path {}", p.display()))?;
+            if !meta.is_dir() {
+                bail!("--path {} is not a directory", p.display());
+            }
+            Target::Path(p.clone())
+        }
+        None => Target::Memfs(MemfsMount::new(memfs_args)?),
+    };
+    let baseline = match (&args.path, args.baseline) {
+        (Some(_), _) | (None, Baseline::None) => None,
+        (None, _) if durable => Some(Target::Disk(DiskDir::new()?)),
+        // Files are empty: a small tmpfs is plenty, but leave room for inodes.
+        (None, Baseline::Tmpfs) => Some(Target::Tmpfs(TmpfsDir::new(1 << 30)?)),
+        (None, Baseline::Disk) => Some(Target::Disk(DiskDir::new()?)),
+    };
+    Ok((subject, baseline))
 }
 
 #[cfg(test)]

@@ -100,6 +100,87 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 pub fn report(args: &Args) -> anyhow::Result<Report> {
     install_interrupt_handler();
+    let data = checked_data(args)?;
+    let exe = std::env::current_exe().context("cannot find the memfs executable")?;
+    let mut report = Report::new("snapshot", serde_json::Value::Null);
+    let started_all = Instant::now();
+
+    let margs = mount_args(args, data);
+    let (mount, idle) = mount_tree(&exe, &margs, args.files, data)?;
+    let steps = Steps {
+        args,
+        exe: &exe,
+        mount: &mount,
+        data,
+        fio_file: mount.path().join("data/fio-file"),
+    };
+    report.figures.extend(figures(&steps.measure(&idle)?));
+    report.duration_secs = started_all.elapsed().as_secs_f64();
+    report.config = serde_json::json!({
+        "files": args.files,
+        "data_bytes": data,
+        "fio_runtime_secs": args.runtime,
+        "memfs_args": margs,
+        "targets_at": "1000000 files, 4 GiB (issue 12)",
+    });
+    Ok(report)
+}
+
+impl Steps<'_> {
+    /// Every step in order (the module's list), then the baseline; `idle`
+    /// is the server's memory before the tree.
+    fn measure(&self, idle: &ProcMemory) -> anyhow::Result<Measured> {
+        // 1. Random writes with no snapshot.
+        let before_rate = self.randwrite()?;
+
+        // 2. A snapshot of the quiet tree, and the memory it adds.
+        let creates = self.quiet_creates(idle)?;
+
+        // 3. A snapshot while a writer runs.
+        let stalls = self.stalls()?;
+
+        // 4. Random writes after it. Each first write to a page takes a new
+        //    page, so what fresh memory costs on this machine right now is
+        //    measured beside it (on a VM that hands freed memory back to its
+        //    host, several times what a copy costs: docs/snapshots.md).
+        let fresh_us = fresh_memory_us_per_page(self.data);
+        let after_rate = self.randwrite()?;
+
+        // 5. Reading the snapshot against reading the live tree.
+        let snap_file = self.mount.path().join(".snapshots/s1/data/fio-file");
+        let live_read = self.read(&self.fio_file)?;
+        let snap_read = self.read(&snap_file)?;
+
+        // 6. A clone to a usable mount.
+        let clone_ms = self.clone_ms()?;
+
+        // 7. A snapshot, 1 % of the files rewritten, then roll back to it.
+        let rollback_ms = self.rollback_1pct()?;
+
+        // 8. Back to s1, with the data file's pages that step 4 rewrote.
+        let rollback_data_ms = self.rollback_data(&snap_file)?;
+
+        // The baseline: `cp -a` of the same tree on a fresh tmpfs.
+        let cp_ms = cp_baseline(self.args.files, self.data)?;
+
+        Ok(Measured {
+            creates,
+            stalls,
+            before_rate,
+            after_rate,
+            fresh_us,
+            live_read,
+            snap_read,
+            clone_ms,
+            rollback_ms,
+            rollback_data_ms,
+            cp_ms,
+        })
+    }
+}
+
+/// `--data` in bytes, once the arguments are known to make a run.
+fn checked_data(args: &Args) -> anyhow::Result<u64> {
     let data =
         parse_bytes(&args.data).with_context(|| format!("invalid --data {:?}", args.data))?;
     if data < MIB as u64 {
@@ -114,10 +195,11 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
             args.fio.display()
         );
     }
-    let exe = std::env::current_exe().context("cannot find the memfs executable")?;
-    let mut report = Report::new("snapshot", serde_json::Value::Null);
-    let started_all = Instant::now();
+    Ok(data)
+}
 
+/// The `memfs mount` arguments: the user's, then room for the tree.
+fn mount_args(args: &Args, data: u64) -> Vec<String> {
     // Twice the data (the snapshot's copies) plus room for the tree.
     let size = 2 * data + args.files * 8192 + (256 << 20);
     let mut margs = split_args(&args.memfs_args);
@@ -127,200 +209,259 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
         "--inodes".into(),
         (args.files * 2 + 10_000).to_string(),
     ]);
-    let mount = MemfsMount::with_exe(&exe, &margs)?;
+    margs
+}
+
+/// The mount under test with the tree built on it, and its memory before.
+fn mount_tree(
+    exe: &Path,
+    margs: &[String],
+    files: u64,
+    data: u64,
+) -> anyhow::Result<(MemfsMount, ProcMemory)> {
+    let mount = MemfsMount::with_exe(exe, margs)?;
     let idle = mount.memory()?;
     let built = Instant::now();
-    build_tree(mount.path(), args.files, data)?;
+    build_tree(mount.path(), files, data)?;
     eprintln!(
-        "snapshot: built {} files and {} MiB on memfs in {:.1} s",
-        args.files,
+        "snapshot: built {files} files and {} MiB on memfs in {:.1} s",
         data >> 20,
         built.elapsed().as_secs_f64()
     );
-    let fio_file = mount.path().join("data/fio-file");
+    Ok((mount, idle))
+}
 
-    // fio 4 KiB random writes to the data file: the rate, before and after.
-    let randwrite = || -> anyhow::Result<f64> {
+/// Step 2: `snapshot create` of the quiet tree and what it costs.
+struct Creates {
+    /// The median wall time of the command, and its deviation.
+    create_ms: f64,
+    create_sd: f64,
+    /// The same of `memfs --version`.
+    floor_ms: f64,
+    floor_sd: f64,
+    /// The resident memory s0 added, as a share of the tree's.
+    memory_pct: f64,
+}
+
+/// Step 3: the longest write during a `snapshot create`.
+struct Stalls {
+    stall_ms: f64,
+    stall_sd: f64,
+    /// The same during `memfs snapshot list`.
+    quiet_ms: f64,
+}
+
+/// Everything the figures are made of.
+struct Measured {
+    creates: Creates,
+    stalls: Stalls,
+    before_rate: f64,
+    after_rate: f64,
+    fresh_us: f64,
+    live_read: f64,
+    snap_read: f64,
+    clone_ms: f64,
+    rollback_ms: f64,
+    rollback_data_ms: f64,
+    cp_ms: f64,
+}
+
+/// The steps, in order, on the one mount with its tree built.
+struct Steps<'a> {
+    args: &'a Args,
+    exe: &'a Path,
+    mount: &'a MemfsMount,
+    data: u64,
+    fio_file: PathBuf,
+}
+
+impl Steps<'_> {
+    /// `memfs ARGS... MOUNT` on the mount under test.
+    fn memfs(&self, args: &[&str]) -> anyhow::Result<()> {
+        memfs(self.exe, args, self.mount.path())
+    }
+
+    /// fio 4 KiB random writes to the data file: the rate, before and after.
+    fn randwrite(&self) -> anyhow::Result<f64> {
         let r = fio(
-            &args.fio,
-            &fio_file,
-            data,
+            &self.args.fio,
+            &self.fio_file,
+            self.data,
             "randwrite",
             "4k",
-            args.runtime,
+            self.args.runtime,
             false,
         )?;
         Ok(r.write_iops)
-    };
-
-    // 1. Random writes with no snapshot.
-    let before_rate = randwrite()?;
-
-    // 2. A snapshot of the quiet tree, and the memory it adds.
-    settle();
-    let tree = ProcMemory::of(mount.pid())?;
-    let started = Instant::now();
-    memfs(&exe, &["snapshot", "create", "s0", "--mount"], mount.path())?;
-    let create_ms = ms(started.elapsed());
-    settle();
-    let snap = ProcMemory::of(mount.pid())?;
-    let tree_bytes = tree.rss.saturating_sub(idle.rss).max(1) as f64;
-    let memory_pct = snap.rss.saturating_sub(tree.rss) as f64 / tree_bytes * 100.0;
-    // One sample of a command of a few ms on a shared machine is mostly
-    // the scheduler's: four more (deleted again), the median reported, and
-    // the floor of any memfs command in the same run (process start and
-    // exit, no request: `memfs --version`).
-    let mut creates = vec![create_ms];
-    for i in 1..CREATE_SAMPLES {
-        let name = format!("c{i}");
-        let started = Instant::now();
-        memfs(
-            &exe,
-            &["snapshot", "create", &name, "--mount"],
-            mount.path(),
-        )?;
-        creates.push(ms(started.elapsed()));
-        memfs(
-            &exe,
-            &["snapshot", "delete", &name, "--mount"],
-            mount.path(),
-        )?;
     }
-    let mut floors = Vec::new();
-    for _ in 0..CREATE_SAMPLES {
-        let started = Instant::now();
-        memfs_cmd(&exe, &["--version"], &[])?;
-        floors.push(ms(started.elapsed()));
-    }
-    eprintln!(
-        "snapshot: create samples {creates:.1?} ms (first: s0); memfs --version {floors:.1?} ms"
-    );
-    let (create_ms, create_sd) = median_sd(&mut creates);
-    let (floor_ms, floor_sd) = median_sd(&mut floors);
 
-    // 3. A snapshot while a writer runs: its longest write, against the
-    //    longest while `memfs snapshot list` runs instead (the same process
-    //    start and control-socket request, no snapshot: on 2 CPUs starting
-    //    any process can delay the writer). The median of five of each, in
-    //    turns (s1 is kept, the others deleted again).
-    let stall_file = mount.path().join("data/stall");
-    File::create(&stall_file)?.set_len(64 << 20)?;
-    let (mut stalls, mut quiets) = (Vec::new(), Vec::new());
-    for i in 0..CREATE_SAMPLES {
-        let name = if i == 0 {
-            "s1".to_string()
-        } else {
-            format!("w{i}")
-        };
-        let stall = longest_write_during(&stall_file, || {
-            memfs(
-                &exe,
-                &["snapshot", "create", &name, "--mount"],
-                mount.path(),
-            )
-        })?;
-        let quiet = longest_write_during(&stall_file, || {
-            memfs(&exe, &["snapshot", "list", "--mount"], mount.path())
-        })?;
-        if i > 0 {
-            memfs(
-                &exe,
-                &["snapshot", "delete", &name, "--mount"],
-                mount.path(),
-            )?;
+    /// fio 1 MiB sequential reads of `file`, in bytes a second.
+    fn read(&self, file: &Path) -> anyhow::Result<f64> {
+        let r = fio(
+            &self.args.fio,
+            file,
+            self.data,
+            "read",
+            "1m",
+            self.args.runtime,
+            true,
+        )?;
+        Ok(r.read_bw)
+    }
+
+    fn quiet_creates(&self, idle: &ProcMemory) -> anyhow::Result<Creates> {
+        settle();
+        let tree = ProcMemory::of(self.mount.pid())?;
+        let started = Instant::now();
+        self.memfs(&["snapshot", "create", "s0", "--mount"])?;
+        let create_ms = ms(started.elapsed());
+        settle();
+        let snap = ProcMemory::of(self.mount.pid())?;
+        let tree_bytes = tree.rss.saturating_sub(idle.rss).max(1) as f64;
+        let memory_pct = snap.rss.saturating_sub(tree.rss) as f64 / tree_bytes * 100.0;
+        // One sample of a command of a few ms on a shared machine is mostly
+        // the scheduler's: four more (deleted again), the median reported, and
+        // the floor of any memfs command in the same run (process start and
+        // exit, no request: `memfs --version`).
+        let mut creates = vec![create_ms];
+        for i in 1..CREATE_SAMPLES {
+            let name = format!("c{i}");
+            let started = Instant::now();
+            self.memfs(&["snapshot", "create", &name, "--mount"])?;
+            creates.push(ms(started.elapsed()));
+            self.memfs(&["snapshot", "delete", &name, "--mount"])?;
         }
-        stalls.push(stall);
-        quiets.push(quiet);
-    }
-    eprintln!(
-        "snapshot: longest writes {stalls:.2?} ms during creates, {quiets:.2?} ms during lists"
-    );
-    let (stall_ms, stall_sd) = median_sd(&mut stalls);
-    let (quiet_ms, _) = median_sd(&mut quiets);
-
-    // 4. Random writes after it. Each first write to a page takes a new
-    //    page, so what fresh memory costs on this machine right now is
-    //    measured beside it (on a VM that hands freed memory back to its
-    //    host, several times what a copy costs: docs/snapshots.md).
-    let fresh_us = fresh_memory_us_per_page(data);
-    let after_rate = randwrite()?;
-
-    // 5. Reading the snapshot against reading the live tree.
-    let snap_file = mount.path().join(".snapshots/s1/data/fio-file");
-    let live_read = fio(&args.fio, &fio_file, data, "read", "1m", args.runtime, true)?.read_bw;
-    let snap_read = fio(
-        &args.fio,
-        &snap_file,
-        data,
-        "read",
-        "1m",
-        args.runtime,
-        true,
-    )?
-    .read_bw;
-
-    // 6. A clone to a usable mount.
-    let clone = CloneMount::new()?;
-    let started = Instant::now();
-    memfs_cmd(
-        &exe,
-        &["clone", "s1"],
-        &[&clone.0, Path::new("--mount"), mount.path()],
-    )?;
-    let clone_ms = ms(started.elapsed());
-    let clone_ok = clone
-        .0
-        .join("data/fio-file")
-        .metadata()
-        .is_ok_and(|m| m.len() == data);
-    memfs_cmd(&exe, &["umount"], &[&clone.0])?;
-    if !clone_ok {
-        bail!("the clone did not show the snapshot's data file");
-    }
-    drop(clone);
-
-    // 7. A snapshot, 1 % of the files rewritten, then roll back to it:
-    //    the change is exactly that 1 %.
-    memfs(&exe, &["snapshot", "create", "s2", "--mount"], mount.path())?;
-    let changed = (args.files / 100).max(1);
-    for i in 0..changed {
-        let f = file_path(mount.path(), i * 100 % args.files.max(1));
-        std::fs::write(&f, b"changed").with_context(|| format!("write {}", f.display()))?;
-    }
-    let rollback = |to: &str| -> anyhow::Result<f64> {
-        let started = Instant::now();
-        memfs(
-            &exe,
-            &["rollback", "--yes", "--to", to, "--mount"],
-            mount.path(),
-        )?;
-        Ok(ms(started.elapsed()))
-    };
-    let rollback_ms = rollback("s2")?;
-    let probe = file_path(mount.path(), 0);
-    if std::fs::metadata(&probe)?.len() != 0 {
-        bail!(
-            "after the rollback {} still has the rewritten bytes",
-            probe.display()
+        let mut floors = Vec::new();
+        for _ in 0..CREATE_SAMPLES {
+            let started = Instant::now();
+            memfs_cmd(self.exe, &["--version"], &[])?;
+            floors.push(ms(started.elapsed()));
+        }
+        eprintln!(
+            "snapshot: create samples {creates:.1?} ms (first: s0); memfs --version {floors:.1?} ms"
         );
-    }
-    // 8. Back to s1: this also restores the data file's pages that step 4
-    //    rewrote at random (a rollback's cost grows with the change).
-    let rollback_data_ms = rollback("s1")?;
-    let first_mib = |p: &Path| -> anyhow::Result<Vec<u8>> {
-        let mut buf = vec![0u8; MIB as usize];
-        File::open(p)?.read_exact_at(&mut buf, 0)?;
-        Ok(buf)
-    };
-    if first_mib(&fio_file)? != first_mib(&snap_file)? {
-        bail!("after the rollback to s1 the data file still has the random writes");
+        let (create_ms, create_sd) = median_sd(&mut creates);
+        let (floor_ms, floor_sd) = median_sd(&mut floors);
+        Ok(Creates {
+            create_ms,
+            create_sd,
+            floor_ms,
+            floor_sd,
+            memory_pct,
+        })
     }
 
-    // The baseline: `cp -a` of the same tree on a fresh tmpfs.
-    let tmp = TmpfsDir::new(3 * data + args.files * 8192 + (256 << 20))?;
+    /// A snapshot while a writer runs: its longest write, against the
+    /// longest while `memfs snapshot list` runs instead (the same process
+    /// start and control-socket request, no snapshot: on 2 CPUs starting
+    /// any process can delay the writer). The median of five of each, in
+    /// turns (s1 is kept, the others deleted again).
+    fn stalls(&self) -> anyhow::Result<Stalls> {
+        let stall_file = self.mount.path().join("data/stall");
+        File::create(&stall_file)?.set_len(64 << 20)?;
+        let (mut stalls, mut quiets) = (Vec::new(), Vec::new());
+        for i in 0..CREATE_SAMPLES {
+            let name = if i == 0 {
+                "s1".to_string()
+            } else {
+                format!("w{i}")
+            };
+            let stall = longest_write_during(&stall_file, || {
+                self.memfs(&["snapshot", "create", &name, "--mount"])
+            })?;
+            let quiet =
+                longest_write_during(&stall_file, || self.memfs(&["snapshot", "list", "--mount"]))?;
+            if i > 0 {
+                self.memfs(&["snapshot", "delete", &name, "--mount"])?;
+            }
+            stalls.push(stall);
+            quiets.push(quiet);
+        }
+        eprintln!(
+            "snapshot: longest writes {stalls:.2?} ms during creates, {quiets:.2?} ms during lists"
+        );
+        let (stall_ms, stall_sd) = median_sd(&mut stalls);
+        let (quiet_ms, _) = median_sd(&mut quiets);
+        Ok(Stalls {
+            stall_ms,
+            stall_sd,
+            quiet_ms,
+        })
+    }
+
+    /// `memfs clone s1` to a usable mount, checked and unmounted again.
+    fn clone_ms(&self) -> anyhow::Result<f64> {
+        let clone = CloneMount::new()?;
+        let started = Instant::now();
+        memfs_cmd(
+            self.exe,
+            &["clone", "s1"],
+            &[&clone.0, Path::new("--mount"), self.mount.path()],
+        )?;
+        let clone_ms = ms(started.elapsed());
+        let clone_ok = clone
+            .0
+            .join("data/fio-file")
+            .metadata()
+            .is_ok_and(|m| m.len() == self.data);
+        memfs_cmd(self.exe, &["umount"], &[&clone.0])?;
+        if !clone_ok {
+            bail!("the clone did not show the snapshot's data file");
+        }
+        drop(clone);
+        Ok(clone_ms)
+    }
+
+    /// `memfs rollback --to TO`, in ms.
+    fn rollback(&self, to: &str) -> anyhow::Result<f64> {
+        let started = Instant::now();
+        self.memfs(&["rollback", "--yes", "--to", to, "--mount"])?;
+        Ok(ms(started.elapsed()))
+    }
+
+    /// A snapshot, 1 % of the files rewritten, then roll back to it:
+    /// the change is exactly that 1 %.
+    fn rollback_1pct(&self) -> anyhow::Result<f64> {
+        let (root, files) = (self.mount.path(), self.args.files);
+        self.memfs(&["snapshot", "create", "s2", "--mount"])?;
+        let changed = (files / 100).max(1);
+        for i in 0..changed {
+            let f = file_path(root, i * 100 % files.max(1));
+            std::fs::write(&f, b"changed").with_context(|| format!("write {}", f.display()))?;
+        }
+        let rollback_ms = self.rollback("s2")?;
+        let probe = file_path(root, 0);
+        if std::fs::metadata(&probe)?.len() != 0 {
+            bail!(
+                "after the rollback {} still has the rewritten bytes",
+                probe.display()
+            );
+        }
+        Ok(rollback_ms)
+    }
+
+    /// Back to s1: this also restores the data file's pages that step 4
+    /// rewrote at random (a rollback's cost grows with the change).
+    fn rollback_data(&self, snap_file: &Path) -> anyhow::Result<f64> {
+        let rollback_data_ms = self.rollback("s1")?;
+        let first_mib = |p: &Path| -> anyhow::Result<Vec<u8>> {
+            let mut buf = vec![0u8; MIB as usize];
+            File::open(p)?.read_exact_at(&mut buf, 0)?;
+            Ok(buf)
+        };
+        if first_mib(&self.fio_file)? != first_mib(snap_file)? {
+            bail!("after the rollback to s1 the data file still has the random writes");
+        }
+        Ok(rollback_data_ms)
+    }
+}
+
+/// `cp -a` of the same tree on a fresh tmpfs, in ms.
+fn cp_baseline(files: u64, data: u64) -> anyhow::Result<f64> {
+    let tmp = TmpfsDir::new(3 * data + files * 8192 + (256 << 20))?;
     let src = tmp.path().join("tree");
     std::fs::create_dir(&src)?;
-    build_tree(&src, args.files, data)?;
+    build_tree(&src, files, data)?;
     let started = Instant::now();
     let st = Command::new("cp")
         .arg("-a")
@@ -331,58 +472,51 @@ pub fn report(args: &Args) -> anyhow::Result<Report> {
     if !st.success() {
         bail!("cp -a on tmpfs failed ({st})");
     }
-    let cp_ms = ms(started.elapsed());
+    Ok(ms(started.elapsed()))
+}
 
-    let figs = [
+fn figures(m: &Measured) -> [Figure; 10] {
+    let (c, s, cp_ms) = (&m.creates, &m.stalls, m.cp_ms);
+    [
         // Wall time of the whole command: process start, socket, reply.
-        Figure::new("snapshot.create", "ms", create_ms)
-            .stddev(Some(create_sd))
+        Figure::new("snapshot.create", "ms", c.create_ms)
+            .stddev(Some(c.create_sd))
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better()
             .target(Some(CREATE_MS)),
         // What every memfs command costs before it asks anything.
-        Figure::new("snapshot.command_floor", "ms", floor_ms)
-            .stddev(Some(floor_sd))
+        Figure::new("snapshot.command_floor", "ms", c.floor_ms)
+            .stddev(Some(c.floor_sd))
             .lower_is_better(),
-        Figure::new("snapshot.write_stall", "ms", stall_ms)
-            .stddev(Some(stall_sd))
-            .baseline("longest write, `snapshot list`", quiet_ms, None)
+        Figure::new("snapshot.write_stall", "ms", s.stall_ms)
+            .stddev(Some(s.stall_sd))
+            .baseline("longest write, `snapshot list`", s.quiet_ms, None)
             .lower_is_better()
             .target(Some(STALL_MS)),
-        Figure::new("snapshot.memory_unchanged", "% of tree", memory_pct)
+        Figure::new("snapshot.memory_unchanged", "% of tree", c.memory_pct)
             .lower_is_better()
             .target(Some(MEMORY_PCT)),
-        Figure::new("snapshot.randwrite_4k_after", "IOPS", after_rate)
-            .baseline("no snapshot", before_rate, None)
-            .target(Some(RANDWRITE_RATIO * before_rate)),
+        Figure::new("snapshot.randwrite_4k_after", "IOPS", m.after_rate)
+            .baseline("no snapshot", m.before_rate, None)
+            .target(Some(RANDWRITE_RATIO * m.before_rate)),
         // What each of those first writes pays for its new page before any
         // copy: the first touch of fresh memory, here and now.
-        Figure::new("snapshot.fresh_memory", "us/4 KiB", fresh_us).lower_is_better(),
-        Figure::new("snapshot.read_1m_snapshot", "MiB/s", snap_read / MIB)
-            .baseline("live tree", live_read / MIB, None)
-            .target(Some(SNAPSHOT_READ_RATIO * live_read / MIB)),
-        Figure::new("snapshot.clone", "ms", clone_ms)
+        Figure::new("snapshot.fresh_memory", "us/4 KiB", m.fresh_us).lower_is_better(),
+        Figure::new("snapshot.read_1m_snapshot", "MiB/s", m.snap_read / MIB)
+            .baseline("live tree", m.live_read / MIB, None)
+            .target(Some(SNAPSHOT_READ_RATIO * m.live_read / MIB)),
+        Figure::new("snapshot.clone", "ms", m.clone_ms)
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better()
             .target(Some(CLONE_MS)),
-        Figure::new("snapshot.rollback_1pct", "ms", rollback_ms)
+        Figure::new("snapshot.rollback_1pct", "ms", m.rollback_ms)
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better()
             .target(Some(ROLLBACK_MS)),
-        Figure::new("snapshot.rollback_data", "ms", rollback_data_ms)
+        Figure::new("snapshot.rollback_data", "ms", m.rollback_data_ms)
             .baseline("cp -a on tmpfs", cp_ms, None)
             .lower_is_better(),
-    ];
-    report.figures.extend(figs);
-    report.duration_secs = started_all.elapsed().as_secs_f64();
-    report.config = serde_json::json!({
-        "files": args.files,
-        "data_bytes": data,
-        "fio_runtime_secs": args.runtime,
-        "memfs_args": margs,
-        "targets_at": "1000000 files, 4 GiB (issue 12)",
-    });
-    Ok(report)
+    ]
 }
 
 /// Microseconds per 4 KiB page to touch `bytes` of memory fresh from the

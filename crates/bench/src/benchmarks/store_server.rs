@@ -349,20 +349,7 @@ fn follower_lag(tmp: &Path, name: &str, a: &Args, follow: bool) -> Result<Lag> {
     );
     let wdir = tmp.join(format!("{name}-writer"));
     let fdir = tmp.join(format!("{name}-replica"));
-    let async_ = || {
-        "async"
-            .parse::<Durability>()
-            .map_err(|e| anyhow::anyhow!(e))
-    };
-    Store::create(
-        &wdir,
-        StoreOptions {
-            key_width: 8,
-            durability: async_()?,
-            ..Default::default()
-        },
-    )?
-    .close()?;
+    create_writer_store(&wdir)?;
     let srv = Served::start(&wdir, None, max_lag)?;
     let stop = Arc::new(AtomicBool::new(false));
     let progress = Arc::new(Progress::default());
@@ -382,25 +369,114 @@ fn follower_lag(tmp: &Path, name: &str, a: &Args, follow: bool) -> Result<Lag> {
     };
     if follow && max_lag.is_some() {
         // Bounded lag holds from the first block only once the writer knows
-        // the follower: wait for its first position report.
-        let t1 = Instant::now();
-        while progress.reports.load(Relaxed) == 0 {
-            if t1.elapsed() > Duration::from_secs(30) {
-                bail!("the follower did not report its position within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        // the follower.
+        first_report(&progress)?;
     }
     let mut w = Client::connect(ClientConfig::new(srv.addr.clone(), Role::Write))?;
+    let stages = a.stages && follow;
+    if stages {
+        memfs_store::stages::enable();
+    }
+    let written = write_blocks(&mut w, blocks, &progress, follow, stages)?;
+    let last = w.status()?.last_seq;
+    if let Some(f) = f {
+        catch_up(f, &progress, &stop, last)?;
+    }
+    if stages {
+        print!(
+            "{}",
+            memfs_store::stages::report(&memfs_store::stages::take())
+        );
+    }
+    let c = srv.handle.counters();
+    Ok(Lag {
+        waits: c.follower_waits.load(Relaxed),
+        wait_ms: c.follower_wait_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+        timeouts: c.follower_timeouts.load(Relaxed),
+        blocks,
+        blocks_per_sec: blocks as f64 / written.elapsed,
+        samples: written.samples,
+        writer_ms: written.set_time.as_secs_f64() * 1e3 / blocks as f64,
+        apply_ms: progress.apply_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+        idle_ms: progress.idle_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+    })
+}
+
+/// The writer's store: empty, 8-byte keys, `async` durability.
+fn create_writer_store(wdir: &Path) -> Result<()> {
+    Store::create(
+        wdir,
+        StoreOptions {
+            key_width: 8,
+            durability: "async"
+                .parse::<Durability>()
+                .map_err(|e| anyhow::anyhow!(e))?,
+            ..Default::default()
+        },
+    )?
+    .close()?;
+    Ok(())
+}
+
+/// Waits (up to 30 s) for the follower's first position report.
+fn first_report(progress: &Progress) -> Result<()> {
+    let t1 = Instant::now();
+    while progress.reports.load(Relaxed) == 0 {
+        if t1.elapsed() > Duration::from_secs(30) {
+            bail!("the follower did not report its position within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Waits (up to 60 s) for the follower to apply event `last`, then stops it.
+fn catch_up(
+    f: std::thread::JoinHandle<Result<(), follower::FollowError>>,
+    progress: &Progress,
+    stop: &AtomicBool,
+    last: u64,
+) -> Result<()> {
+    let t1 = Instant::now();
+    while progress.seq.load(Relaxed) < last && t1.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, Relaxed);
+    f.join()
+        .map_err(|_| anyhow::anyhow!("follower panicked"))??;
+    if progress.seq.load(Relaxed) != last {
+        bail!(
+            "the follower reached event {} of {last} within 60 s of the writer's end",
+            progress.seq.load(Relaxed)
+        );
+    }
+    Ok(())
+}
+
+/// What the writer measured over its blocks.
+struct Written {
+    /// The lag after each block (empty without a follower).
+    samples: Vec<u64>,
+    /// The time spent in `set`.
+    set_time: Duration,
+    /// Seconds for all the blocks.
+    elapsed: f64,
+}
+
+/// The timed run: `blocks` standard blocks through `w`, each followed by a
+/// lag sample if a follower (`follow`) reports to `progress`.
+fn write_blocks(
+    w: &mut Client,
+    blocks: u64,
+    progress: &Progress,
+    follow: bool,
+    stages: bool,
+) -> Result<Written> {
     let mut next = 0u64;
     let mut live: std::collections::VecDeque<u64> = Default::default();
     let mut samples = Vec::with_capacity(blocks as usize);
     let mut set_time = Duration::ZERO;
     let mut ops: Vec<([u8; 8], &[u8])> = Vec::with_capacity(19_000);
-    let stages = a.stages && follow;
-    if stages {
-        memfs_store::stages::enable();
-    }
     let t0 = Instant::now();
     for b in 1..=blocks {
         ops.clear();
@@ -426,39 +502,10 @@ fn follower_lag(tmp: &Path, name: &str, a: &Args, follow: bool) -> Result<Lag> {
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
-    let last = w.status()?.last_seq;
-    if let Some(f) = f {
-        let t1 = Instant::now();
-        while progress.seq.load(Relaxed) < last && t1.elapsed() < Duration::from_secs(60) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        stop.store(true, Relaxed);
-        f.join()
-            .map_err(|_| anyhow::anyhow!("follower panicked"))??;
-        if progress.seq.load(Relaxed) != last {
-            bail!(
-                "the follower reached event {} of {last} within 60 s of the writer's end",
-                progress.seq.load(Relaxed)
-            );
-        }
-    }
-    if stages {
-        print!(
-            "{}",
-            memfs_store::stages::report(&memfs_store::stages::take())
-        );
-    }
-    let c = srv.handle.counters();
-    Ok(Lag {
-        waits: c.follower_waits.load(Relaxed),
-        wait_ms: c.follower_wait_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
-        timeouts: c.follower_timeouts.load(Relaxed),
-        blocks,
-        blocks_per_sec: blocks as f64 / elapsed,
+    Ok(Written {
         samples,
-        writer_ms: set_time.as_secs_f64() * 1e3 / blocks as f64,
-        apply_ms: progress.apply_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
-        idle_ms: progress.idle_nanos.load(Relaxed) as f64 / 1e6 / blocks as f64,
+        set_time,
+        elapsed,
     })
 }
 
@@ -505,6 +552,31 @@ pub fn run(a: Args) -> Result<()> {
         a.keys
     );
 
+    let redis = start_redis(&a)?;
+    let plain = Served::start(&dir, None, None)?;
+    let ours = get_rate(&plain.addr, None, a.keys, a.seconds)?;
+    println!("memfs get, 64 conns x 16 pipelined:      {ours:>12.0} /s");
+    let (m50, m99) = mget_p99(&plain.addr, a.keys, a.mget_calls)?;
+    println!("memfs multi_get 1000 keys:               p50 {m50:.3} ms, p99 {m99:.3} ms");
+    drop(plain);
+    let (cert, key) = self_signed(tmp.path())?;
+    let tls = Served::start(&dir, Some((&cert, &key)), None)?;
+    let ours_tls = get_rate(&tls.addr, Some(&cert), a.keys, a.seconds)?;
+    drop(tls);
+    println!(
+        "memfs get over TLS:                      {:>12.0} /s ({:.2}x plain)",
+        ours_tls,
+        ours_tls / ours
+    );
+    if let Some((_g, p)) = &redis {
+        redis_baseline(&a, p, ours, m99)?;
+    }
+    print_lag(&a, tmp.path())
+}
+
+/// Redis on a free loopback port, filled with `--keys` keys, and its port;
+/// `None` if skipped (`--no-redis`, or not installed: said so).
+fn start_redis(a: &Args) -> Result<Option<(ChildGuard, String)>> {
     let mut redis = None;
     let redis_missing = [
         ("redis-server", "redis-server"),
@@ -561,61 +633,49 @@ pub fn run(a: Args) -> Result<()> {
         ])?;
         redis = Some((g, p));
     }
+    Ok(redis)
+}
 
-    let plain = Served::start(&dir, None, None)?;
-    let ours = get_rate(&plain.addr, None, a.keys, a.seconds)?;
-    println!("memfs get, 64 conns x 16 pipelined:      {ours:>12.0} /s");
-    let (m50, m99) = mget_p99(&plain.addr, a.keys, a.mget_calls)?;
-    println!("memfs multi_get 1000 keys:               p50 {m50:.3} ms, p99 {m99:.3} ms");
-    drop(plain);
-    let (cert, key) = self_signed(tmp.path())?;
-    let tls = Served::start(&dir, Some((&cert, &key)), None)?;
-    let ours_tls = get_rate(&tls.addr, Some(&cert), a.keys, a.seconds)?;
-    drop(tls);
+/// Redis's get rate and MGET latency on port `p`, beside memfs's (`ours`
+/// gets a second, `m99` the multi_get p99).
+fn redis_baseline(a: &Args, p: &str, ours: f64, m99: f64) -> Result<()> {
+    let n = ((ours * a.seconds) as u64).max(100_000).to_string();
+    let g = redis_csv(&[
+        "-p".into(),
+        p.to_string(),
+        "-t".into(),
+        "get".into(),
+        "-P".into(),
+        "16".into(),
+        "-c".into(),
+        "64".into(),
+        "-n".into(),
+        n,
+        "-r".into(),
+        a.keys.to_string(),
+    ])?;
+    let mut mget: Vec<String> = vec![
+        "-p".into(),
+        p.to_string(),
+        "-c".into(),
+        "1".into(),
+        "-n".into(),
+        a.mget_calls.to_string(),
+        "MGET".into(),
+    ];
+    let mut rng = 12345u64;
+    mget.extend((0..1000).map(|_| format!("key:{:012}", xorshift(&mut rng) % a.keys)));
+    let m = redis_csv(&mget)?;
     println!(
-        "memfs get over TLS:                      {:>12.0} /s ({:.2}x plain)",
-        ours_tls,
-        ours_tls / ours
+        "redis get (redis-benchmark -P 16 -c 64): {:>12.0} /s -> memfs {:.2}x",
+        g[0],
+        ours / g[0]
     );
-    if let Some((_g, p)) = &redis {
-        let n = ((ours * a.seconds) as u64).max(100_000).to_string();
-        let g = redis_csv(&[
-            "-p".into(),
-            p.clone(),
-            "-t".into(),
-            "get".into(),
-            "-P".into(),
-            "16".into(),
-            "-c".into(),
-            "64".into(),
-            "-n".into(),
-            n,
-            "-r".into(),
-            a.keys.to_string(),
-        ])?;
-        let mut mget: Vec<String> = vec![
-            "-p".into(),
-            p.clone(),
-            "-c".into(),
-            "1".into(),
-            "-n".into(),
-            a.mget_calls.to_string(),
-            "MGET".into(),
-        ];
-        let mut rng = 12345u64;
-        mget.extend((0..1000).map(|_| format!("key:{:012}", xorshift(&mut rng) % a.keys)));
-        let m = redis_csv(&mget)?;
-        println!(
-            "redis get (redis-benchmark -P 16 -c 64): {:>12.0} /s -> memfs {:.2}x",
-            g[0],
-            ours / g[0]
-        );
-        println!(
-            "redis MGET 1000 keys:                    p50 {:.3} ms, p99 {:.3} ms -> memfs p99 {:.2}x",
-            m[3],
-            m[5],
-            m99 / m[5]
-        );
-    }
-    print_lag(&a, tmp.path())
+    println!(
+        "redis MGET 1000 keys:                    p50 {:.3} ms, p99 {:.3} ms -> memfs p99 {:.2}x",
+        m[3],
+        m[5],
+        m99 / m[5]
+    );
+    Ok(())
 }

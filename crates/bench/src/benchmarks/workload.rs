@@ -214,70 +214,11 @@ impl Prepared {
         let mut buf = vec![0u8; data.len().max(4096)];
         match self {
             Prepared::Engine { fs, work } => {
-                let ctx = Ctx::current();
                 let (dir, names) = &work[t];
-                // One clock read per operation: each ends where the next
-                // starts. A read costs ~23 ns here (vDSO), a tenth of an
-                // engine operation, so two per operation were a fifth of
-                // the phase's time.
-                let mut start = Instant::now();
-                for name in names {
-                    let r = match phase {
-                        0 => fs.create(ctx, *dir, name, 0o644, true).map(|(a, _)| {
-                            fs.release(a.ino);
-                            fs.forget(a.ino, 1);
-                        }),
-                        1 => fs
-                            .lookup_noref(*dir, name)
-                            .and_then(|a| fs.write(ctx, a.ino, 0, data, true))
-                            .map(|_| ()),
-                        2 => fs
-                            .lookup_noref(*dir, name)
-                            .and_then(|a| fs.read(a.ino, 0, &mut buf))
-                            .and_then(|n| {
-                                if n == data.len() {
-                                    Ok(())
-                                } else {
-                                    Err(memfs_fs::Errno::EIO)
-                                }
-                            }),
-                        _ => fs.unlink(*dir, name),
-                    };
-                    lap(&mut start, lat);
-                    r.map_err(|e| {
-                        anyhow::anyhow!("{} {}: {e}", PHASES[phase], String::from_utf8_lossy(name))
-                    })?;
-                }
+                engine_phase(fs, *dir, names, phase, data, &mut buf, lat)
             }
-            Prepared::Files { work, .. } => {
-                let mut start = Instant::now();
-                for path in &work[t] {
-                    let r = match phase {
-                        0 => OpenOptions::new()
-                            .write(true)
-                            .create_new(true)
-                            .open(path)
-                            .map(drop),
-                        1 => OpenOptions::new()
-                            .append(true)
-                            .open(path)
-                            .and_then(|mut f| f.write_all(data)),
-                        2 => std::fs::File::open(path).and_then(|mut f| {
-                            let n = f.read(&mut buf)?;
-                            if n == data.len() {
-                                Ok(())
-                            } else {
-                                Err(std::io::Error::other("short read"))
-                            }
-                        }),
-                        _ => std::fs::remove_file(path),
-                    };
-                    lap(&mut start, lat);
-                    r.with_context(|| format!("{} {}", PHASES[phase], path.display()))?;
-                }
-            }
+            Prepared::Files { work, .. } => files_phase(&work[t], phase, data, &mut buf, lat),
         }
-        Ok(())
     }
 
     fn cleanup(&self) {
@@ -285,6 +226,86 @@ impl Prepared {
             let _ = std::fs::remove_dir_all(root);
         }
     }
+}
+
+/// Operation `phase` on each of `names` in directory `dir` of the engine.
+fn engine_phase(
+    fs: &Fs,
+    dir: u64,
+    names: &[Vec<u8>],
+    phase: usize,
+    data: &[u8],
+    buf: &mut [u8],
+    lat: &mut Vec<u64>,
+) -> anyhow::Result<()> {
+    let ctx = Ctx::current();
+    // One clock read per operation: each ends where the next
+    // starts. A read costs ~23 ns here (vDSO), a tenth of an
+    // engine operation, so two per operation were a fifth of
+    // the phase's time.
+    let mut start = Instant::now();
+    for name in names {
+        let r = match phase {
+            0 => fs.create(ctx, dir, name, 0o644, true).map(|(a, _)| {
+                fs.release(a.ino);
+                fs.forget(a.ino, 1);
+            }),
+            1 => fs
+                .lookup_noref(dir, name)
+                .and_then(|a| fs.write(ctx, a.ino, 0, data, true))
+                .map(|_| ()),
+            2 => fs
+                .lookup_noref(dir, name)
+                .and_then(|a| fs.read(a.ino, 0, buf))
+                .and_then(|n| {
+                    if n == data.len() {
+                        Ok(())
+                    } else {
+                        Err(memfs_fs::Errno::EIO)
+                    }
+                }),
+            _ => fs.unlink(dir, name),
+        };
+        lap(&mut start, lat);
+        r.map_err(|e| anyhow::anyhow!("{} {}: {e}", PHASES[phase], String::from_utf8_lossy(name)))?;
+    }
+    Ok(())
+}
+
+/// Operation `phase` on each of `paths` through the kernel.
+fn files_phase(
+    paths: &[PathBuf],
+    phase: usize,
+    data: &[u8],
+    buf: &mut [u8],
+    lat: &mut Vec<u64>,
+) -> anyhow::Result<()> {
+    let mut start = Instant::now();
+    for path in paths {
+        let r = match phase {
+            0 => OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map(drop),
+            1 => OpenOptions::new()
+                .append(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(data)),
+            2 => std::fs::File::open(path).and_then(|mut f| {
+                let n = f.read(buf)?;
+                if n == data.len() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other("short read"))
+                }
+            }),
+            _ => std::fs::remove_file(path),
+        };
+        lap(&mut start, lat);
+        r.with_context(|| format!("{} {}", PHASES[phase], path.display()))?;
+    }
+    Ok(())
 }
 
 /// User + system CPU time of this process.
@@ -340,52 +361,7 @@ fn run_once(
     let mut out = Vec::new();
     let result = (|| -> anyhow::Result<()> {
         for (phase, name) in PHASES.iter().enumerate() {
-            let n = prepared.threads();
-            let barrier = Barrier::new(n + 1);
-            let (wall, cpu, lats) = std::thread::scope(|s| -> anyhow::Result<_> {
-                let handles: Vec<_> = (0..n)
-                    .map(|t| {
-                        let (p, b, d) = (&prepared, &barrier, &data);
-                        s.spawn(move || {
-                            let mut lat = Vec::with_capacity(split(ops, n, t).len());
-                            b.wait();
-                            // Each thread stamps its own start: on a busy machine the
-                            // workers may run long before the main thread is scheduled.
-                            let start = Instant::now();
-                            let r = p.run_thread(phase, t, d, &mut lat);
-                            r.map(|_| (start, Instant::now(), lat))
-                        })
-                    })
-                    .collect();
-                let cpu0 = cpu_time();
-                barrier.wait();
-                let mut lats = Vec::with_capacity(ops);
-                let mut first_err = None;
-                let (mut t0, mut t1): (Option<Instant>, Option<Instant>) = (None, None);
-                for h in handles {
-                    match h.join() {
-                        Ok(Ok((a, b, l))) => {
-                            t0 = Some(t0.map_or(a, |t| t.min(a)));
-                            t1 = Some(t1.map_or(b, |t| t.max(b)));
-                            lats.extend(l)
-                        }
-                        Ok(Err(e)) => first_err = first_err.or(Some(e)),
-                        Err(_) => {
-                            first_err = first_err.or(Some(anyhow::anyhow!("a worker panicked")))
-                        }
-                    }
-                }
-                let cpu = cpu_time().saturating_sub(cpu0);
-                let wall = match (t0, t1) {
-                    (Some(a), Some(b)) => b.duration_since(a),
-                    _ => Duration::ZERO,
-                };
-                match first_err {
-                    Some(e) => Err(e),
-                    None => Ok((wall, cpu, lats)),
-                }
-            })?;
-            let mut lats = lats;
+            let (wall, cpu, mut lats) = run_phase(&prepared, phase, ops, &data)?;
             lats.sort_unstable();
             let wall_s = wall.as_secs_f64().max(1e-9);
             let mean = lats.iter().sum::<u64>() as f64 / lats.len().max(1) as f64 / 1000.0;
@@ -410,6 +386,59 @@ fn run_once(
     })();
     prepared.cleanup();
     result.map(|_| out)
+}
+
+/// Operation `phase` on every thread of `prepared` at once: the phase's
+/// wall time (first start to last end), CPU time, and every latency in ns.
+fn run_phase(
+    prepared: &Prepared,
+    phase: usize,
+    ops: usize,
+    data: &[u8],
+) -> anyhow::Result<(Duration, Duration, Vec<u64>)> {
+    let n = prepared.threads();
+    let barrier = Barrier::new(n + 1);
+    std::thread::scope(|s| -> anyhow::Result<_> {
+        let handles: Vec<_> = (0..n)
+            .map(|t| {
+                let (p, b, d) = (prepared, &barrier, data);
+                s.spawn(move || {
+                    let mut lat = Vec::with_capacity(split(ops, n, t).len());
+                    b.wait();
+                    // Each thread stamps its own start: on a busy machine the
+                    // workers may run long before the main thread is scheduled.
+                    let start = Instant::now();
+                    let r = p.run_thread(phase, t, d, &mut lat);
+                    r.map(|_| (start, Instant::now(), lat))
+                })
+            })
+            .collect();
+        let cpu0 = cpu_time();
+        barrier.wait();
+        let mut lats = Vec::with_capacity(ops);
+        let mut first_err = None;
+        let (mut t0, mut t1): (Option<Instant>, Option<Instant>) = (None, None);
+        for h in handles {
+            match h.join() {
+                Ok(Ok((a, b, l))) => {
+                    t0 = Some(t0.map_or(a, |t| t.min(a)));
+                    t1 = Some(t1.map_or(b, |t| t.max(b)));
+                    lats.extend(l)
+                }
+                Ok(Err(e)) => first_err = first_err.or(Some(e)),
+                Err(_) => first_err = first_err.or(Some(anyhow::anyhow!("a worker panicked"))),
+            }
+        }
+        let cpu = cpu_time().saturating_sub(cpu0);
+        let wall = match (t0, t1) {
+            (Some(a), Some(b)) => b.duration_since(a),
+            _ => Duration::ZERO,
+        };
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok((wall, cpu, lats)),
+        }
+    })
 }
 
 /// Each phase's median over `runs` runs (by total time).
@@ -505,6 +534,53 @@ fn checks(
         *args.threads.iter().min().unwrap_or(&1),
         *args.threads.iter().max().unwrap_or(&1),
     );
+    speed_checks(&mut out, &find, main, big, (tmin, tmax));
+    if let Some(kib) = files_kib {
+        out.push(Check {
+            what: format!(
+                "memory for 10,000 small files ({} B each), fresh process",
+                args.write_size
+            ),
+            measured: format!("{:.2} MiB RSS growth", kib as f64 / 1024.0),
+            target: "< 10 MiB".into(),
+            pass: kib < 10 * 1024,
+        });
+    }
+    student_checks(&mut out, results, main);
+    if let Some(base) = base {
+        for phase in PHASES {
+            for &t in &args.threads {
+                if let (Some(m), Some(b)) = (find(main, big, t, phase), find(base, big, t, phase)) {
+                    out.push(Check {
+                        what: format!("{phase}, {big} ops, {t} threads vs baseline"),
+                        measured: format!(
+                            "{:.2} ms vs {:.2} ms: {:.1}x",
+                            m.total_ms,
+                            b.total_ms,
+                            b.total_ms / m.total_ms
+                        ),
+                        target: "information (baseline in the same run)".into(),
+                        pass: true,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The row of `target` at `ops` operations and `threads` threads, `phase`.
+type Find<'a> = dyn Fn(&str, usize, usize, &str) -> Option<&'a PhaseResult> + 'a;
+
+/// 10,000 creates on one thread, and the most threads at least as fast as
+/// the fewest at `big` operations.
+fn speed_checks(
+    out: &mut Vec<Check>,
+    find: &Find<'_>,
+    main: &str,
+    big: usize,
+    (tmin, tmax): (usize, usize),
+) {
     if let Some(r) = find(main, 10_000, 1, "create") {
         out.push(Check {
             what: "10,000 creates on 1 thread".into(),
@@ -531,17 +607,11 @@ fn checks(
             }
         }
     }
-    if let Some(kib) = files_kib {
-        out.push(Check {
-            what: format!(
-                "memory for 10,000 small files ({} B each), fresh process",
-                args.write_size
-            ),
-            measured: format!("{:.2} MiB RSS growth", kib as f64 / 1024.0),
-            target: "< 10 MiB".into(),
-            pass: kib < 10 * 1024,
-        });
-    }
+}
+
+/// Each phase at 10,000 operations, its worst over the thread counts,
+/// against the student shell's best.
+fn student_checks(out: &mut Vec<Check>, results: &[PhaseResult], main: &str) {
     for (i, phase) in PHASES.iter().enumerate() {
         let worst = results
             .iter()
@@ -561,26 +631,6 @@ fn checks(
             });
         }
     }
-    if let Some(base) = base {
-        for phase in PHASES {
-            for &t in &args.threads {
-                if let (Some(m), Some(b)) = (find(main, big, t, phase), find(base, big, t, phase)) {
-                    out.push(Check {
-                        what: format!("{phase}, {big} ops, {t} threads vs baseline"),
-                        measured: format!(
-                            "{:.2} ms vs {:.2} ms: {:.1}x",
-                            m.total_ms,
-                            b.total_ms,
-                            b.total_ms / m.total_ms
-                        ),
-                        target: "information (baseline in the same run)".into(),
-                        pass: true,
-                    });
-                }
-            }
-        }
-    }
-    out
 }
 
 fn print_table(results: &[PhaseResult]) {
@@ -640,81 +690,6 @@ fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Ve
     let ymax = rows.iter().map(|r| r.total_ms).fold(0.0, f64::max) * 12.0;
     let svg = prefix.with_extension("svg");
     let png = prefix.with_extension("png");
-    fn draw<DB: DrawingBackend>(
-        root: DrawingArea<DB, plotters::coord::Shift>,
-        rows: &[&PhaseResult],
-        targets: &[&str],
-        ops: usize,
-        tmax: f64,
-        (ymin, ymax): (f64, f64),
-    ) -> anyhow::Result<()>
-    where
-        DB::ErrorType: 'static,
-    {
-        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("plot: {e:?}");
-        root.fill(&WHITE).map_err(e)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                format!("memfs bench workload: {ops} operations per phase"),
-                ("sans-serif", 22),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d((0.9f64..tmax * 1.15).log_scale(), (ymin..ymax).log_scale())
-            .map_err(e)?;
-        chart
-            .configure_mesh()
-            .x_desc("threads")
-            .y_desc("time per phase (ms, log)")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()
-            .map_err(e)?;
-        let colors = [RED, BLUE, GREEN, MAGENTA];
-        for (ti, target) in targets.iter().enumerate() {
-            for (pi, phase) in PHASES.iter().enumerate() {
-                let mut pts: Vec<(f64, f64)> = rows
-                    .iter()
-                    .filter(|r| r.target == *target && r.phase == *phase)
-                    .map(|r| (r.threads as f64, r.total_ms))
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                let color = colors[pi];
-                let style = if ti == 0 {
-                    color.stroke_width(2)
-                } else {
-                    color.mix(0.45).stroke_width(1)
-                };
-                let short = if ti == 0 { "memfs" } else { "baseline" };
-                chart
-                    .draw_series(LineSeries::new(pts.clone(), style))
-                    .map_err(e)?
-                    .label(format!("{short} {phase}"))
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
-                if ti == 0 {
-                    chart
-                        .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                        .map_err(e)?;
-                } else {
-                    chart
-                        .draw_series(
-                            pts.iter()
-                                .map(|&p| TriangleMarker::new(p, 4, color.mix(0.45))),
-                        )
-                        .map_err(e)?;
-                }
-            }
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(e)?;
-        root.present().map_err(e)?;
-        Ok(())
-    }
     draw(
         SVGBackend::new(&svg, (900, 560)).into_drawing_area(),
         &rows,
@@ -732,6 +707,95 @@ fn plot(results: &[PhaseResult], ops: usize, prefix: &Path) -> anyhow::Result<Ve
         (ymin, ymax),
     )?;
     Ok(vec![svg, png])
+}
+
+/// The workload plot on `root`: time per phase against threads, memfs's
+/// lines bold and the baseline's faint.
+///
+/// One piece: a single plotters chart from caption to legend, every step on
+/// the one `ChartContext`, whose type (a generic backend, two log axes)
+/// would have to be spelled out to hand it to a helper.
+fn draw<DB: plotters::prelude::DrawingBackend>(
+    root: plotters::prelude::DrawingArea<DB, plotters::coord::Shift>,
+    rows: &[&PhaseResult],
+    targets: &[&str],
+    ops: usize,
+    tmax: f64,
+    (ymin, ymax): (f64, f64),
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    use plotters::prelude::*;
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("plot: {e:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("memfs bench workload: {ops} operations per phase"),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0.9f64..tmax * 1.15).log_scale(), (ymin..ymax).log_scale())
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("threads")
+        .y_desc("time per phase (ms, log)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(e)?;
+    let colors = [RED, BLUE, GREEN, MAGENTA];
+    for (ti, target) in targets.iter().enumerate() {
+        for (pi, phase) in PHASES.iter().enumerate() {
+            let pts = phase_points(rows, target, phase);
+            let color = colors[pi];
+            let style = if ti == 0 {
+                color.stroke_width(2)
+            } else {
+                color.mix(0.45).stroke_width(1)
+            };
+            let short = if ti == 0 { "memfs" } else { "baseline" };
+            chart
+                .draw_series(LineSeries::new(pts.clone(), style))
+                .map_err(e)?
+                .label(format!("{short} {phase}"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
+            if ti == 0 {
+                chart
+                    .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(e)?;
+            } else {
+                chart
+                    .draw_series(
+                        pts.iter()
+                            .map(|&p| TriangleMarker::new(p, 4, color.mix(0.45))),
+                    )
+                    .map_err(e)?;
+            }
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+/// (threads, total ms) of `target`'s `phase`, by threads.
+fn phase_points(rows: &[&PhaseResult], target: &str, phase: &str) -> Vec<(f64, f64)> {
+    let mut pts: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.target == target && r.phase == phase)
+        .map(|r| (r.threads as f64, r.total_ms))
+        .collect();
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    pts
 }
 
 /// Resident memory taken by `n` files of `size` bytes in a fresh engine, in
