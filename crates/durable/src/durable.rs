@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::recovery::{self, RecoveryReport};
-use memfs_journal::{DataDir, Durability, Journal, JournalOptions, Manifest};
+use memfs_journal::{CheckpointRef, DataDir, Durability, Journal, JournalOptions, Manifest};
 use parking_lot::{Condvar, Mutex};
 
 use crate::checkpoint::{
@@ -151,6 +151,105 @@ fn materialize_in(shared: &Shared, commit: u64) -> Result<Fs> {
     crate::rebuild::materialize(&shared.path, commit, crate::rebuild::materialize_config())
 }
 
+/// What recovery gives [`DurableFs::open_locked`].
+struct Recovered {
+    fs: Fs,
+    journal: Journal,
+    /// The checkpoint the tree was loaded from (`None`: commit 0).
+    base: Option<CheckpointRef>,
+    /// A checkpoint found damaged (recovery fell back from it), and why.
+    damaged: Option<(CheckpointRef, String)>,
+}
+
+/// Recovers the newest state of the data directory at `path`: its newest
+/// sound checkpoint loaded, the journal since replayed over it. Fills in
+/// what `report` tells of it.
+fn recover(
+    path: &Path,
+    dir: &DataDir,
+    config: Config,
+    opts: &Options,
+    report: &mut OpenReport,
+) -> Result<Recovered> {
+    let manifest = Manifest::load(path)?;
+    let t0 = Instant::now();
+    let named = manifest.as_ref().and_then(|m| m.checkpoint);
+    let (fs, base, info, damaged) = load_base(path, config, named)?;
+    report.checkpoint = info;
+    if let Some((bad, why)) = &damaged {
+        let msg = format!(
+            "checkpoint {} is damaged ({why}); recovered from {} and the journal instead",
+            checkpoint_file_name(bad.commit),
+            base.map_or("commit 0".to_string(), |b| checkpoint_file_name(b.commit))
+        );
+        tracing::error!("{msg}");
+        report.fell_back = Some(msg);
+    }
+    report.load_time = t0.elapsed();
+    let jopts = JournalOptions {
+        durability: opts.durability,
+        segment_size: opts.segment_size,
+    };
+    let after = base.map_or(0, |b| b.commit);
+    let (journal, jrep) = Journal::open(dir, jopts, after, &mut |_, p| {
+        let m = crate::codec::decode(p)?;
+        fs.apply(&m);
+        Ok(())
+    })?;
+    // A damaged checkpoint was published, so the journal was durable
+    // through its required end: the fallback must reach that far too.
+    for b in base.iter().chain(damaged.iter().map(|(b, _)| b)) {
+        if jrep.last_commit < b.required_end {
+            return Err(Error::Invalid(format!(
+                "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
+                path.display(),
+                jrep.last_commit,
+                b.commit,
+                b.required_end
+            )));
+        }
+    }
+    fs.finish_rebuild(jrep.last_commit);
+    report.last_commit = jrep.last_commit;
+    report.journal = jrep;
+    Ok(Recovered {
+        fs,
+        journal,
+        base,
+        damaged,
+    })
+}
+
+/// The recovered tree, from now on recording every mutation in `journal`.
+fn attach_journal(
+    path: &Path,
+    dir: DataDir,
+    journal: Journal,
+    opts: Options,
+    fs: Fs,
+) -> (Arc<Fs>, Arc<Shared>) {
+    let shared = Arc::new(Shared {
+        path: path.to_path_buf(),
+        dir: Mutex::new(Some(dir)),
+        closed: AtomicBool::new(false),
+        journal,
+        opts,
+        admin: Mutex::new(()),
+        stop: Mutex::new(false),
+        wake: Condvar::new(),
+        failed: AtomicBool::new(false),
+        failed_why: Mutex::new(None),
+        marked: AtomicBool::new(false),
+        on_read_only: Mutex::new(None),
+    });
+    let mut fs = fs;
+    fs.set_recorder(Some(Arc::new(JournalRecorder {
+        shared: shared.clone(),
+    })));
+    let fs = Arc::new(fs);
+    (fs, shared)
+}
+
 impl DurableFs {
     /// Opens (or creates) the data directory at `path` and recovers its
     /// newest state. A second opener of the same directory gets
@@ -175,45 +274,12 @@ impl DurableFs {
             ..Default::default()
         };
         report.finished_rollback = finish_rollback(path)?;
-        let manifest = Manifest::load(path)?;
-        let t0 = Instant::now();
-        let named = manifest.as_ref().and_then(|m| m.checkpoint);
-        let (fs, base, info, damaged) = load_base(path, config, named)?;
-        report.checkpoint = info;
-        if let Some((bad, why)) = &damaged {
-            let msg = format!(
-                "checkpoint {} is damaged ({why}); recovered from {} and the journal instead",
-                checkpoint_file_name(bad.commit),
-                base.map_or("commit 0".to_string(), |b| checkpoint_file_name(b.commit))
-            );
-            tracing::error!("{msg}");
-            report.fell_back = Some(msg);
-        }
-        report.load_time = t0.elapsed();
-        let jopts = JournalOptions {
-            durability: opts.durability,
-            segment_size: opts.segment_size,
-        };
-        let after = base.map_or(0, |b| b.commit);
-        let (journal, jrep) = Journal::open(&dir, jopts, after, &mut |_, p| {
-            let m = crate::codec::decode(p)?;
-            fs.apply(&m);
-            Ok(())
-        })?;
-        // A damaged checkpoint was published, so the journal was durable
-        // through its required end: the fallback must reach that far too.
-        for b in base.iter().chain(damaged.iter().map(|(b, _)| b)) {
-            if jrep.last_commit < b.required_end {
-                return Err(Error::Invalid(format!(
-                    "the journal in {} ends at commit {} but checkpoint {} needs it to reach commit {}: segments are missing (run memfs fsck)",
-                    path.display(),
-                    jrep.last_commit,
-                    b.commit,
-                    b.required_end
-                )));
-            }
-        }
-        fs.finish_rebuild(jrep.last_commit);
+        let Recovered {
+            fs,
+            journal,
+            base,
+            damaged,
+        } = recover(path, &dir, config, &opts, &mut report)?;
         report.previous_read_only = read_only_marker(path)?;
         if let Some(m) = &report.previous_read_only {
             tracing::warn!(
@@ -225,28 +291,8 @@ impl DurableFs {
             // This run starts writable: the marker described the last one.
             memfs_journal::dir::remove_file(path, READ_ONLY_FILE)?;
         }
-        report.last_commit = jrep.last_commit;
-        report.journal = jrep;
         remove_stray_checkpoints(path, &History::load(path)?, base)?;
-        let shared = Arc::new(Shared {
-            path: path.to_path_buf(),
-            dir: Mutex::new(Some(dir)),
-            closed: AtomicBool::new(false),
-            journal,
-            opts,
-            admin: Mutex::new(()),
-            stop: Mutex::new(false),
-            wake: Condvar::new(),
-            failed: AtomicBool::new(false),
-            failed_why: Mutex::new(None),
-            marked: AtomicBool::new(false),
-            on_read_only: Mutex::new(None),
-        });
-        let mut fs = fs;
-        fs.set_recorder(Some(Arc::new(JournalRecorder {
-            shared: shared.clone(),
-        })));
-        let fs = Arc::new(fs);
+        let (fs, shared) = attach_journal(path, dir, journal, opts, fs);
         if created {
             // The root's attributes (times, owner) exist from the start but
             // no commit records them: an empty checkpoint at commit 0 does.

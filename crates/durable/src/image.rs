@@ -63,70 +63,79 @@ pub(crate) fn write_nodes(fs: &Fs, commit: u64, w: &mut dyn Write) -> io::Result
         w.write_all(&buf)?;
         buf.clear();
         match inode.kind() {
-            FileType::Directory => {
-                let mut offset = FIRST_ENTRY_OFFSET;
-                loop {
-                    let next = inode.read(|st| {
-                        let at = buf.len();
-                        buf.push(R_ENTRIES);
-                        buf.extend_from_slice(&inode.ino().to_le_bytes());
-                        let count_at = buf.len();
-                        buf.extend_from_slice(&0u32.to_le_bytes());
-                        let mut n = 0u32;
-                        let mut next = None;
-                        let is_dir = st.entries_from(offset, |name, ino, kind, off| {
-                            if n as usize == ENTRIES_PER_SLICE {
-                                next = Some(off - 1);
-                                return false;
-                            }
-                            put_bytes16(&mut buf, name);
-                            buf.extend_from_slice(&ino.to_le_bytes());
-                            buf.push(kind_code(kind));
-                            n += 1;
-                            true
-                        });
-                        if !is_dir {
-                            buf.truncate(at);
-                            return Err(());
-                        }
-                        buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-                        Ok(next)
-                    });
-                    let Ok(next) = next else { break };
-                    w.write_all(&buf)?;
-                    buf.clear();
-                    match next {
-                        Some(o) => offset = o,
-                        None => break,
-                    }
-                }
-            }
-            FileType::RegularFile => {
-                let mut start = Some(0u64);
-                let ino = inode.ino();
-                while let Some(s) = start {
-                    let next = inode.read(|st| {
-                        if st.page_count().is_none() || !kept(fs, ino, st.nlink()) {
-                            return Err(());
-                        }
-                        Ok(st.pages_from(s, PAGES_PER_SLICE, |idx, page| {
-                            buf.push(R_PAGES);
-                            buf.extend_from_slice(&ino.to_le_bytes());
-                            buf.extend_from_slice(&idx.to_le_bytes());
-                            buf.extend_from_slice(page);
-                            pages += 1;
-                        }))
-                    });
-                    let Ok(next) = next else { break };
-                    start = next;
-                    w.write_all(&buf)?;
-                    buf.clear();
-                }
-            }
+            FileType::Directory => write_entries(&inode, &mut buf, w)?,
+            FileType::RegularFile => pages += write_pages(fs, &inode, &mut buf, w)?,
             _ => {}
         }
     }
     Ok((count, pages))
+}
+
+/// Writes a directory's entries, a slice per lock hold.
+fn write_entries(inode: &Node, buf: &mut Vec<u8>, w: &mut dyn Write) -> io::Result<()> {
+    let mut offset = FIRST_ENTRY_OFFSET;
+    loop {
+        let next = inode.read(|st| {
+            let at = buf.len();
+            buf.push(R_ENTRIES);
+            buf.extend_from_slice(&inode.ino().to_le_bytes());
+            let count_at = buf.len();
+            buf.extend_from_slice(&0u32.to_le_bytes());
+            let mut n = 0u32;
+            let mut next = None;
+            let is_dir = st.entries_from(offset, |name, ino, kind, off| {
+                if n as usize == ENTRIES_PER_SLICE {
+                    next = Some(off - 1);
+                    return false;
+                }
+                put_bytes16(buf, name);
+                buf.extend_from_slice(&ino.to_le_bytes());
+                buf.push(kind_code(kind));
+                n += 1;
+                true
+            });
+            if !is_dir {
+                buf.truncate(at);
+                return Err(());
+            }
+            buf[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+            Ok(next)
+        });
+        let Ok(next) = next else { break };
+        w.write_all(buf)?;
+        buf.clear();
+        match next {
+            Some(o) => offset = o,
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+/// Writes a regular file's pages, a slice per lock hold; returns how many.
+fn write_pages(fs: &Fs, inode: &Node, buf: &mut Vec<u8>, w: &mut dyn Write) -> io::Result<u64> {
+    let mut pages = 0u64;
+    let mut start = Some(0u64);
+    let ino = inode.ino();
+    while let Some(s) = start {
+        let next = inode.read(|st| {
+            if st.page_count().is_none() || !kept(fs, ino, st.nlink()) {
+                return Err(());
+            }
+            Ok(st.pages_from(s, PAGES_PER_SLICE, |idx, page| {
+                buf.push(R_PAGES);
+                buf.extend_from_slice(&ino.to_le_bytes());
+                buf.extend_from_slice(&idx.to_le_bytes());
+                buf.extend_from_slice(page);
+                pages += 1;
+            }))
+        });
+        let Ok(next) = next else { break };
+        start = next;
+        w.write_all(buf)?;
+        buf.clear();
+    }
+    Ok(pages)
 }
 
 /// Whether the image holds a node. Nodes no directory names (unlinked but
@@ -355,122 +364,159 @@ fn read_image_into(fs: Option<&Fs>, r: &mut dyn Read) -> Result<ImageInfo, Strin
         read_n(r, &mut buf, 1)?;
         match buf[0] {
             R_NODE => {
-                read_n(r, &mut buf, ATTR_LEN + 8)?;
-                read_var(r, &mut buf, false)?;
-                let mut rest = [0u8; 2];
-                r.read_exact(&mut rest)
-                    .map_err(|e| format!("image truncated in a node: {e}"))?;
-                let nx = u16::from_le_bytes(rest);
-                buf.extend_from_slice(&rest);
-                for _ in 0..nx {
-                    read_var(r, &mut buf, false)?;
-                    read_var(r, &mut buf, true)?;
-                }
-                let mut c = Cursor::new(&buf);
-                let attr = c.attr()?;
-                let parent = c.u64()?;
-                let target = c.bytes16()?;
-                let nx = c.u16()?;
-                let mut xs = Vec::with_capacity(nx as usize);
-                for _ in 0..nx {
-                    xs.push((c.bytes16()?, c.bytes32()?));
-                }
-                if let Some(fs) = fs {
-                    fs.install_node(&attr, parent.max(1), target);
-                    fs.apply_xattrs(attr.ino, xs.into_iter());
-                }
+                read_node(fs, r, &mut buf)?;
                 nodes += 1;
             }
-            R_ENTRIES => {
-                read_n(r, &mut buf, 12)?;
-                let dir = u64::from_le_bytes(buf[..8].try_into().expect("8"));
-                let n = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
-                if n as usize > ENTRIES_PER_SLICE {
-                    return Err(format!("{n} entries in one slice"));
-                }
-                buf.clear();
-                for _ in 0..n {
-                    read_var(r, &mut buf, false)?;
-                    let at = buf.len();
-                    buf.resize(at + 9, 0);
-                    r.read_exact(&mut buf[at..])
-                        .map_err(|e| format!("image truncated in entries: {e}"))?;
-                }
-                let mut c = Cursor::new(&buf);
-                let mut entries = Vec::with_capacity(n as usize);
-                for _ in 0..n {
-                    let name = c.bytes16()?;
-                    if name.is_empty() || name.len() > memfs_fs::NAME_MAX {
-                        return Err(format!("directory {dir}: invalid entry name"));
-                    }
-                    let ino = c.u64()?;
-                    let kind = kind_from(c.u8()?)?;
-                    entries.push((name, ino, kind));
-                }
-                if let Some(fs) = fs {
-                    fs.apply_entries(dir, entries.into_iter());
-                }
-            }
+            R_ENTRIES => read_entries(fs, r, &mut buf)?,
             R_PAGES => {
-                read_n(r, &mut buf, 16 + PAGE_SIZE)?;
-                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
-                let idx = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
-                // The last valid byte is MAX_FILE_SIZE - 1; its page must load.
-                if idx > (memfs_fs::MAX_FILE_SIZE - 1) / PAGE_SIZE as u64 {
-                    return Err(format!("page index {idx} beyond the largest file"));
-                }
-                if let Some(fs) = fs {
-                    fs.apply_pages(ino, idx, &buf[16..]);
-                }
+                read_page(fs, r, &mut buf)?;
                 pages += 1;
             }
-            R_FLAGS => {
-                read_n(r, &mut buf, 12)?;
-                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
-                let flags = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
-                if flags & !memfs_fs::FS_FL_SUPPORTED != 0 {
-                    return Err(format!("node {ino}: unknown inode flags {flags:#x}"));
-                }
-                if let Some(fs) = fs {
-                    fs.apply_flags(ino, flags);
-                }
-            }
-            R_BTIME => {
-                read_n(r, &mut buf, 20)?;
-                let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
-                let sec = i64::from_le_bytes(buf[8..16].try_into().expect("8"));
-                let nsec = u32::from_le_bytes(buf[16..20].try_into().expect("4"));
-                if nsec >= 1_000_000_000 {
-                    return Err(format!(
-                        "node {ino}: btime nanoseconds out of range: {nsec}"
-                    ));
-                }
-                if let Some(fs) = fs {
-                    fs.apply_btime(ino, memfs_fs::Timespec { sec, nsec });
-                }
-            }
+            R_FLAGS => read_flags(fs, r, &mut buf)?,
+            R_BTIME => read_btime(fs, r, &mut buf)?,
             R_END => {
-                info.required_end = read_u64(r, &mut buf)?;
-                info.nodes = read_u64(r, &mut buf)?;
-                info.pages = read_u64(r, &mut buf)?;
-                if info.nodes != nodes || info.pages != pages {
-                    return Err(format!(
-                        "trailer counts {} nodes and {} pages, the image holds {nodes} and {pages}",
-                        info.nodes, info.pages
-                    ));
-                }
-                if info.required_end < info.commit {
-                    return Err("trailer's required end precedes the image's commit".into());
-                }
-                let mut extra = [0u8; 1];
-                if r.read(&mut extra).map_err(|e| e.to_string())? != 0 {
-                    return Err("bytes after the image trailer".into());
-                }
+                read_end(r, &mut buf, &mut info, nodes, pages)?;
                 return Ok(info);
             }
             t => return Err(format!("unknown image record type {t}")),
         }
     }
+}
+
+/// An R_NODE record: a node's attributes, parent, symlink target, xattrs.
+fn read_node(fs: Option<&Fs>, r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    read_n(r, buf, ATTR_LEN + 8)?;
+    read_var(r, buf, false)?;
+    let mut rest = [0u8; 2];
+    r.read_exact(&mut rest)
+        .map_err(|e| format!("image truncated in a node: {e}"))?;
+    let nx = u16::from_le_bytes(rest);
+    buf.extend_from_slice(&rest);
+    for _ in 0..nx {
+        read_var(r, buf, false)?;
+        read_var(r, buf, true)?;
+    }
+    let mut c = Cursor::new(buf);
+    let attr = c.attr()?;
+    let parent = c.u64()?;
+    let target = c.bytes16()?;
+    let nx = c.u16()?;
+    let mut xs = Vec::with_capacity(nx as usize);
+    for _ in 0..nx {
+        xs.push((c.bytes16()?, c.bytes32()?));
+    }
+    if let Some(fs) = fs {
+        fs.install_node(&attr, parent.max(1), target);
+        fs.apply_xattrs(attr.ino, xs.into_iter());
+    }
+    Ok(())
+}
+
+/// An R_ENTRIES record: a slice of a directory's entries.
+fn read_entries(fs: Option<&Fs>, r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    read_n(r, buf, 12)?;
+    let dir = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+    let n = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
+    if n as usize > ENTRIES_PER_SLICE {
+        return Err(format!("{n} entries in one slice"));
+    }
+    buf.clear();
+    for _ in 0..n {
+        read_var(r, buf, false)?;
+        let at = buf.len();
+        buf.resize(at + 9, 0);
+        r.read_exact(&mut buf[at..])
+            .map_err(|e| format!("image truncated in entries: {e}"))?;
+    }
+    let mut c = Cursor::new(buf);
+    let mut entries = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let name = c.bytes16()?;
+        if name.is_empty() || name.len() > memfs_fs::NAME_MAX {
+            return Err(format!("directory {dir}: invalid entry name"));
+        }
+        let ino = c.u64()?;
+        let kind = kind_from(c.u8()?)?;
+        entries.push((name, ino, kind));
+    }
+    if let Some(fs) = fs {
+        fs.apply_entries(dir, entries.into_iter());
+    }
+    Ok(())
+}
+
+/// An R_PAGES record: one page of a file.
+fn read_page(fs: Option<&Fs>, r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    read_n(r, buf, 16 + PAGE_SIZE)?;
+    let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+    let idx = u64::from_le_bytes(buf[8..16].try_into().expect("8"));
+    // The last valid byte is MAX_FILE_SIZE - 1; its page must load.
+    if idx > (memfs_fs::MAX_FILE_SIZE - 1) / PAGE_SIZE as u64 {
+        return Err(format!("page index {idx} beyond the largest file"));
+    }
+    if let Some(fs) = fs {
+        fs.apply_pages(ino, idx, &buf[16..]);
+    }
+    Ok(())
+}
+
+/// An R_FLAGS record: a node's inode flags.
+fn read_flags(fs: Option<&Fs>, r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    read_n(r, buf, 12)?;
+    let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+    let flags = u32::from_le_bytes(buf[8..12].try_into().expect("4"));
+    if flags & !memfs_fs::FS_FL_SUPPORTED != 0 {
+        return Err(format!("node {ino}: unknown inode flags {flags:#x}"));
+    }
+    if let Some(fs) = fs {
+        fs.apply_flags(ino, flags);
+    }
+    Ok(())
+}
+
+/// An R_BTIME record: a node's creation time.
+fn read_btime(fs: Option<&Fs>, r: &mut dyn Read, buf: &mut Vec<u8>) -> Result<(), String> {
+    read_n(r, buf, 20)?;
+    let ino = u64::from_le_bytes(buf[..8].try_into().expect("8"));
+    let sec = i64::from_le_bytes(buf[8..16].try_into().expect("8"));
+    let nsec = u32::from_le_bytes(buf[16..20].try_into().expect("4"));
+    if nsec >= 1_000_000_000 {
+        return Err(format!(
+            "node {ino}: btime nanoseconds out of range: {nsec}"
+        ));
+    }
+    if let Some(fs) = fs {
+        fs.apply_btime(ino, memfs_fs::Timespec { sec, nsec });
+    }
+    Ok(())
+}
+
+/// The R_END trailer: checks its counts against the `nodes` and `pages`
+/// read, and that nothing follows it.
+fn read_end(
+    r: &mut dyn Read,
+    buf: &mut Vec<u8>,
+    info: &mut ImageInfo,
+    nodes: u64,
+    pages: u64,
+) -> Result<(), String> {
+    info.required_end = read_u64(r, buf)?;
+    info.nodes = read_u64(r, buf)?;
+    info.pages = read_u64(r, buf)?;
+    if info.nodes != nodes || info.pages != pages {
+        return Err(format!(
+            "trailer counts {} nodes and {} pages, the image holds {nodes} and {pages}",
+            info.nodes, info.pages
+        ));
+    }
+    if info.required_end < info.commit {
+        return Err("trailer's required end precedes the image's commit".into());
+    }
+    let mut extra = [0u8; 1];
+    if r.read(&mut extra).map_err(|e| e.to_string())? != 0 {
+        return Err("bytes after the image trailer".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

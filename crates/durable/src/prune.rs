@@ -10,6 +10,7 @@ use memfs_journal::recovery;
 use crate::clock::now_ns;
 use crate::error::Result;
 use crate::history_file::{CheckpointEntry, History};
+use crate::options::Retention;
 use crate::shared::Shared;
 
 /// Deletes checkpoints and journal segments that retention and the named
@@ -24,6 +25,40 @@ pub(crate) fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> 
     if r.commits.is_none() && r.age.is_none() && r.bytes.is_none() {
         return Ok((0, 0));
     }
+    let horizon = horizon(dir, last, r, h)?;
+    // With no checkpoint at or before the horizon, nothing can go: the
+    // journal from commit 1 is what rebuilds it.
+    let Some(mut base) = h.base_for(horizon) else {
+        return Ok((0, 0));
+    };
+    // The checkpoint before the newest always stays, with the journal since
+    // it: if the newest is ever found damaged, a restart falls back to it.
+    if let Some(prev) = h.checkpoints.iter().rev().nth(1)
+        && prev.commit < base.commit
+    {
+        base = *prev;
+    }
+    let doomed: Vec<CheckpointEntry> = h
+        .checkpoints
+        .iter()
+        .filter(|c| c.commit < base.commit)
+        .copied()
+        .collect();
+    if doomed.is_empty() && !segments_before(dir, base.commit)? {
+        return Ok((0, 0));
+    }
+    h.checkpoints.retain(|c| c.commit >= base.commit);
+    h.save(dir)?;
+    for c in &doomed {
+        memfs_journal::dir::remove_file(dir, &checkpoint_file_name(c.commit))?;
+    }
+    let pruned = shared.journal.prune(base.commit)?;
+    Ok((pruned, doomed.len()))
+}
+
+/// The oldest commit that must stay reachable under retention `r` and the
+/// named snapshots (some limit is set).
+fn horizon(dir: &Path, last: u64, r: Retention, h: &History) -> Result<u64> {
     let mut horizon = last;
     if let Some(n) = r.commits {
         horizon = horizon.min(last.saturating_sub(n));
@@ -57,34 +92,7 @@ pub(crate) fn prune(shared: &Shared, h: &mut History) -> Result<(usize, usize)> 
     if let Some(min_pin) = h.snapshots.iter().map(|s| s.commit).min() {
         horizon = horizon.min(min_pin);
     }
-    // With no checkpoint at or before the horizon, nothing can go: the
-    // journal from commit 1 is what rebuilds it.
-    let Some(mut base) = h.base_for(horizon) else {
-        return Ok((0, 0));
-    };
-    // The checkpoint before the newest always stays, with the journal since
-    // it: if the newest is ever found damaged, a restart falls back to it.
-    if let Some(prev) = h.checkpoints.iter().rev().nth(1)
-        && prev.commit < base.commit
-    {
-        base = *prev;
-    }
-    let doomed: Vec<CheckpointEntry> = h
-        .checkpoints
-        .iter()
-        .filter(|c| c.commit < base.commit)
-        .copied()
-        .collect();
-    if doomed.is_empty() && !segments_before(dir, base.commit)? {
-        return Ok((0, 0));
-    }
-    h.checkpoints.retain(|c| c.commit >= base.commit);
-    h.save(dir)?;
-    for c in &doomed {
-        memfs_journal::dir::remove_file(dir, &checkpoint_file_name(c.commit))?;
-    }
-    let pruned = shared.journal.prune(base.commit)?;
-    Ok((pruned, doomed.len()))
+    Ok(horizon)
 }
 
 fn segments_before(dir: &Path, commit: u64) -> Result<bool> {

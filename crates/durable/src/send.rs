@@ -40,7 +40,7 @@ use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, ROOT_INO};
+use memfs_fs::{FIRST_ENTRY_OFFSET, FileType, Fs, NodeView, ROOT_INO};
 use memfs_journal::checkpoint::checkpoint_file_name;
 use memfs_journal::{
     CheckpointReader, CheckpointRef, DataDir, Durability, Journal, JournalOptions, Manifest,
@@ -140,44 +140,8 @@ pub fn tree_sum(fs: &Fs) -> TreeSum {
             if v.nlink() == 0 && node.ino() != ROOT_INO {
                 return None;
             }
+            list_node(v, &mut buf);
             let a = v.attr();
-            buf.extend_from_slice(&a.ino.to_le_bytes());
-            buf.push(kind_code(a.kind));
-            buf.extend_from_slice(&a.perm.to_le_bytes());
-            buf.extend_from_slice(&a.nlink.to_le_bytes());
-            buf.extend_from_slice(&a.uid.to_le_bytes());
-            buf.extend_from_slice(&a.gid.to_le_bytes());
-            buf.extend_from_slice(&a.rdev.to_le_bytes());
-            buf.extend_from_slice(&a.size.to_le_bytes());
-            for t in [a.mtime, a.ctime] {
-                buf.extend_from_slice(&t.sec.to_le_bytes());
-                buf.extend_from_slice(&t.nsec.to_le_bytes());
-            }
-            let target = v.symlink_target().unwrap_or(b"");
-            buf.extend_from_slice(&(target.len() as u64).to_le_bytes());
-            buf.extend_from_slice(target);
-            let mut xs: Vec<(&[u8], &[u8])> = v.xattrs().collect();
-            xs.sort();
-            buf.extend_from_slice(&(xs.len() as u64).to_le_bytes());
-            for (k, val) in xs {
-                buf.extend_from_slice(&(k.len() as u64).to_le_bytes());
-                buf.extend_from_slice(k);
-                buf.extend_from_slice(&(val.len() as u64).to_le_bytes());
-                buf.extend_from_slice(val);
-            }
-            let mut entries = Vec::new();
-            v.entries_from(FIRST_ENTRY_OFFSET, |name, ino, kind, _| {
-                entries.push((name.to_vec(), ino, kind_code(kind)));
-                true
-            });
-            entries.sort();
-            buf.extend_from_slice(&(entries.len() as u64).to_le_bytes());
-            for (name, ino, k) in entries {
-                buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
-                buf.extend_from_slice(&name);
-                buf.extend_from_slice(&ino.to_le_bytes());
-                buf.push(k);
-            }
             Some((a.kind == FileType::RegularFile).then_some(a.size))
         });
         let Some(size) = size else { continue };
@@ -196,6 +160,48 @@ pub fn tree_sum(fs: &Fs) -> TreeSum {
     }
     sum.crc = crc;
     sum
+}
+
+/// Appends a node's canonical listing (all but its file data) to `buf`.
+fn list_node(v: &NodeView<'_>, buf: &mut Vec<u8>) {
+    let a = v.attr();
+    buf.extend_from_slice(&a.ino.to_le_bytes());
+    buf.push(kind_code(a.kind));
+    buf.extend_from_slice(&a.perm.to_le_bytes());
+    buf.extend_from_slice(&a.nlink.to_le_bytes());
+    buf.extend_from_slice(&a.uid.to_le_bytes());
+    buf.extend_from_slice(&a.gid.to_le_bytes());
+    buf.extend_from_slice(&a.rdev.to_le_bytes());
+    buf.extend_from_slice(&a.size.to_le_bytes());
+    for t in [a.mtime, a.ctime] {
+        buf.extend_from_slice(&t.sec.to_le_bytes());
+        buf.extend_from_slice(&t.nsec.to_le_bytes());
+    }
+    let target = v.symlink_target().unwrap_or(b"");
+    buf.extend_from_slice(&(target.len() as u64).to_le_bytes());
+    buf.extend_from_slice(target);
+    let mut xs: Vec<(&[u8], &[u8])> = v.xattrs().collect();
+    xs.sort();
+    buf.extend_from_slice(&(xs.len() as u64).to_le_bytes());
+    for (k, val) in xs {
+        buf.extend_from_slice(&(k.len() as u64).to_le_bytes());
+        buf.extend_from_slice(k);
+        buf.extend_from_slice(&(val.len() as u64).to_le_bytes());
+        buf.extend_from_slice(val);
+    }
+    let mut entries = Vec::new();
+    v.entries_from(FIRST_ENTRY_OFFSET, |name, ino, kind, _| {
+        entries.push((name.to_vec(), ino, kind_code(kind)));
+        true
+    });
+    entries.sort();
+    buf.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (name, ino, k) in entries {
+        buf.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&name);
+        buf.extend_from_slice(&ino.to_le_bytes());
+        buf.push(k);
+    }
 }
 
 /// What a stream's header says.
@@ -707,7 +713,6 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
         .unwrap_or_else(|_| dir.to_path_buf())
         .to_string_lossy()
         .into_owned();
-    let write_err = |e: io::Error| io_error("writing the stream", e);
     match from {
         None => {
             let header = StreamHeader {
@@ -721,44 +726,13 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
             // (nothing committed during its copy: an unmount's, or one taken
             // on an idle directory) is the snapshot's exact tree as an image:
             // it is streamed as it is, without rebuilding the tree in memory.
-            // Its chunks' CRC32Cs are checked as it is read.
             if h.checkpoints
                 .iter()
                 .any(|c| c.commit == snap.commit && c.required_end == snap.commit)
             {
-                let path = dir.join(checkpoint_file_name(snap.commit));
-                let mut img = CheckpointReader::open(&path)?;
-                let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
-                io::copy(&mut img, &mut w)
-                    .map_err(|e| io_error(&format!("copying {}", path.display()), e))?;
-                // No TreeSum: the receiver checks the stream's CRC32Cs and
-                // the image's own structure and counts.
-                let bytes = w.finish(0, TreeSum::default()).map_err(write_err)?;
-                return Ok(SendReport {
-                    header,
-                    bytes,
-                    records: 0,
-                    tree: TreeSum::default(),
-                });
+                return send_checkpoint(dir, header, out);
             }
-            let fs = materialize(dir, snap.commit, materialize_config())?;
-            let tree = tree_sum(&fs);
-            let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
-            let (nodes, pages) = image::write_nodes(&fs, snap.commit, &mut w).map_err(write_err)?;
-            let info = ImageInfo {
-                commit: snap.commit,
-                required_end: snap.commit,
-                nodes,
-                pages,
-            };
-            image::write_trailer(&mut w, &info).map_err(write_err)?;
-            let bytes = w.finish(0, tree).map_err(write_err)?;
-            Ok(SendReport {
-                header,
-                bytes,
-                records: 0,
-                tree,
-            })
+            send_rebuilt(dir, header, out)
         }
         Some(base_name) => {
             let base = find_snapshot(&h, dir, base_name)?;
@@ -768,71 +742,150 @@ pub fn send(dir: &Path, name: &str, from: Option<&str>, out: &mut dyn Write) -> 
                     base.commit, snap.commit
                 )));
             }
-            let fs = materialize(dir, base.commit, materialize_config())?;
-            let base_sum = tree_sum(&fs);
-            let header = StreamHeader {
-                name: name.into(),
-                commit: snap.commit,
-                base: Some((base_name.into(), base.commit, base_sum)),
-                time_ns: now_ns(),
+            send_incremental(
+                dir,
+                name,
+                snap.commit,
+                (base_name, base.commit),
                 source,
-            };
-            let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
-            let mut records = 0u64;
-            let mut failure: Option<Error> = None;
-            let mut expected = base.commit + 1;
-            memfs_journal::recovery::replay_readonly(dir, base.commit, &mut |id, p| {
-                if id > snap.commit {
-                    return Ok(());
-                }
-                let r = (|| -> Result<()> {
-                    if id != expected {
-                        return Err(invalid(format!(
-                            "the journal has commit {id} where {expected} was expected"
-                        )));
-                    }
-                    let m = crate::codec::decode(p)
-                        .map_err(|e| invalid(format!("commit {id}: {e}")))?;
-                    fs.apply(&m);
-                    w.write_all(&id.to_le_bytes()).map_err(write_err)?;
-                    w.write_all(&(p.len() as u32).to_le_bytes())
-                        .map_err(write_err)?;
-                    w.write_all(p).map_err(write_err)?;
-                    Ok(())
-                })();
-                match r {
-                    Ok(()) => {
-                        records += 1;
-                        expected += 1;
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let s = e.to_string();
-                        failure = Some(e);
-                        Err(s)
-                    }
-                }
-            })
-            .map_err(|e| failure.take().unwrap_or(e.into()))?;
-            if expected != snap.commit + 1 {
-                return Err(invalid(format!(
-                    "the journal of {} stops at commit {}, before the snapshot's commit {}",
-                    dir.display(),
-                    expected - 1,
-                    snap.commit
-                )));
-            }
-            fs.finish_rebuild(snap.commit);
-            let tree = tree_sum(&fs);
-            let bytes = w.finish(records, tree).map_err(write_err)?;
-            Ok(SendReport {
-                header,
-                bytes,
-                records,
-                tree,
-            })
+                out,
+            )
         }
     }
+}
+
+fn write_err(e: io::Error) -> Error {
+    io_error("writing the stream", e)
+}
+
+/// A full stream of the checkpoint at the snapshot's commit, copied as it
+/// is. Its chunks' CRC32Cs are checked as it is read.
+fn send_checkpoint(dir: &Path, header: StreamHeader, out: &mut dyn Write) -> Result<SendReport> {
+    let path = dir.join(checkpoint_file_name(header.commit));
+    let mut img = CheckpointReader::open(&path)?;
+    let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+    io::copy(&mut img, &mut w).map_err(|e| io_error(&format!("copying {}", path.display()), e))?;
+    // No TreeSum: the receiver checks the stream's CRC32Cs and
+    // the image's own structure and counts.
+    let bytes = w.finish(0, TreeSum::default()).map_err(write_err)?;
+    Ok(SendReport {
+        header,
+        bytes,
+        records: 0,
+        tree: TreeSum::default(),
+    })
+}
+
+/// A full stream of the snapshot's tree rebuilt in memory, written as an
+/// image.
+fn send_rebuilt(dir: &Path, header: StreamHeader, out: &mut dyn Write) -> Result<SendReport> {
+    let commit = header.commit;
+    let fs = materialize(dir, commit, materialize_config())?;
+    let tree = tree_sum(&fs);
+    let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+    let (nodes, pages) = image::write_nodes(&fs, commit, &mut w).map_err(write_err)?;
+    let info = ImageInfo {
+        commit,
+        required_end: commit,
+        nodes,
+        pages,
+    };
+    image::write_trailer(&mut w, &info).map_err(write_err)?;
+    let bytes = w.finish(0, tree).map_err(write_err)?;
+    Ok(SendReport {
+        header,
+        bytes,
+        records: 0,
+        tree,
+    })
+}
+
+/// An incremental stream: the journal records after the base snapshot up
+/// to the snapshot (at `commit`), applied meanwhile to the base rebuilt in
+/// memory for the TreeSums of both.
+fn send_incremental(
+    dir: &Path,
+    name: &str,
+    commit: u64,
+    (base_name, base_commit): (&str, u64),
+    source: String,
+    out: &mut dyn Write,
+) -> Result<SendReport> {
+    let fs = materialize(dir, base_commit, materialize_config())?;
+    let base_sum = tree_sum(&fs);
+    let header = StreamHeader {
+        name: name.into(),
+        commit,
+        base: Some((base_name.into(), base_commit, base_sum)),
+        time_ns: now_ns(),
+        source,
+    };
+    let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
+    let records = send_records(dir, &fs, base_commit, commit, &mut w)?;
+    fs.finish_rebuild(commit);
+    let tree = tree_sum(&fs);
+    let bytes = w.finish(records, tree).map_err(write_err)?;
+    Ok(SendReport {
+        header,
+        bytes,
+        records,
+        tree,
+    })
+}
+
+/// Writes the journal's records of the commits after `base_commit` up to
+/// `commit` to `w`, each applied to `fs`; returns how many.
+fn send_records(
+    dir: &Path,
+    fs: &Fs,
+    base_commit: u64,
+    commit: u64,
+    w: &mut FrameWriter<'_>,
+) -> Result<u64> {
+    let mut records = 0u64;
+    let mut failure: Option<Error> = None;
+    let mut expected = base_commit + 1;
+    memfs_journal::recovery::replay_readonly(dir, base_commit, &mut |id, p| {
+        if id > commit {
+            return Ok(());
+        }
+        let r = (|| -> Result<()> {
+            if id != expected {
+                return Err(invalid(format!(
+                    "the journal has commit {id} where {expected} was expected"
+                )));
+            }
+            let m = crate::codec::decode(p).map_err(|e| invalid(format!("commit {id}: {e}")))?;
+            fs.apply(&m);
+            w.write_all(&id.to_le_bytes()).map_err(write_err)?;
+            w.write_all(&(p.len() as u32).to_le_bytes())
+                .map_err(write_err)?;
+            w.write_all(p).map_err(write_err)?;
+            Ok(())
+        })();
+        match r {
+            Ok(()) => {
+                records += 1;
+                expected += 1;
+                Ok(())
+            }
+            Err(e) => {
+                let s = e.to_string();
+                failure = Some(e);
+                Err(s)
+            }
+        }
+    })
+    .map_err(|e| failure.take().unwrap_or(e.into()))?;
+    if expected != commit + 1 {
+        return Err(invalid(format!(
+            "the journal of {} stops at commit {}, before the snapshot's commit {}",
+            dir.display(),
+            expected - 1,
+            commit
+        )));
+    }
+    Ok(records)
 }
 
 /// What [`receive`] did.
@@ -909,7 +962,25 @@ fn receive_full(
     header: StreamHeader,
     opts: ReceiveOptions,
 ) -> Result<ReceiveReport> {
-    // Refuse early, before reading the stream, what cannot work.
+    let (parent, file_name) = full_target(dir)?;
+    let commit = header.commit;
+    let (mut sink, tree) = receive_checkpoint(r, &parent, &file_name, commit)?;
+    if let Some(hook) = opts.before_commit_point {
+        hook();
+    }
+    install_received(dir, &parent, &file_name, &mut sink, &header.name, commit)?;
+    Ok(ReceiveReport {
+        header,
+        bytes: r.data_bytes,
+        records: 0,
+        tree,
+    })
+}
+
+/// The directory a full stream is received into, as its parent (made if
+/// need be) and its name. Refuses early, before reading the stream, what
+/// cannot work.
+fn full_target(dir: &Path) -> Result<(PathBuf, String)> {
     if dir.exists() {
         if !dir.is_dir() {
             return Err(invalid(format!("{} is not a directory", dir.display())));
@@ -932,13 +1003,23 @@ fn receive_full(
         .to_string_lossy()
         .into_owned();
     std::fs::create_dir_all(&parent).map_err(|e| io_error(&parent.display().to_string(), e))?;
+    Ok((parent, file_name))
+}
 
+/// Reads a full stream to its end into a new checkpoint at `commit` beside
+/// the target, checked and synced but still unnamed; with the rebuilt
+/// tree's identity when the stream carries one to compare with.
+fn receive_checkpoint(
+    r: &mut FrameReader<'_>,
+    parent: &Path,
+    file_name: &str,
+    commit: u64,
+) -> Result<(CheckpointSink, Option<TreeSum>)> {
     // The image is the new checkpoint: its bytes go to an unnamed file on
     // D2's file system as they arrive, parsed meanwhile by the checks the
     // image loader makes (every record, without building the tree: zeroing
     // and filling 1 GiB of fresh pages was 63 % of a receive's time).
-    let commit = header.commit;
-    r.sink = Some(CheckpointSink::create(&parent, &file_name, commit)?);
+    r.sink = Some(CheckpointSink::create(parent, file_name, commit)?);
     let checked = image::validate_image(r);
     let sink_failed = r.sink.as_mut().and_then(|k| k.failed.take());
     if let Some(e) = sink_failed {
@@ -969,12 +1050,20 @@ fn receive_full(
     } else {
         None
     };
-    if let Some(hook) = opts.before_commit_point {
-        hook();
-    }
+    Ok((sink, tree))
+}
 
-    // Everything checked: make the new directory aside (the checkpoint
-    // linked into it), then rename it into place in one step.
+/// Everything checked: makes the new directory aside (the checkpoint
+/// linked into it, snapshot `name` at `commit`), then renames it into place
+/// at `dir` in one step.
+fn install_received(
+    dir: &Path,
+    parent: &Path,
+    file_name: &str,
+    sink: &mut CheckpointSink,
+    name: &str,
+    commit: u64,
+) -> Result<()> {
     let staging_path = parent.join(format!(".{file_name}.receive-{}", std::process::id()));
     if staging_path.exists() {
         std::fs::remove_dir_all(&staging_path)
@@ -993,7 +1082,7 @@ fn receive_full(
             time_ns: t,
         }],
         snapshots: vec![SnapshotEntry {
-            name: header.name.clone(),
+            name: name.to_owned(),
             commit,
             time_ns: t,
         }],
@@ -1021,16 +1110,11 @@ fn receive_full(
         )
     })?;
     staging.0 = None;
-    File::open(&parent)
+    File::open(parent)
         .and_then(|f| f.sync_all())
         .map_err(|e| io_error(&parent.display().to_string(), e))?;
     drop(lock);
-    Ok(ReceiveReport {
-        header,
-        bytes: r.data_bytes,
-        records: 0,
-        tree,
-    })
+    Ok(())
 }
 
 /// How much a full receive writes before it asks the kernel to start
@@ -1258,6 +1342,89 @@ fn receive_incremental(
     }
     let lock = lock_unmounted(dir, "receive")?;
     finish_rollback(dir)?;
+    let fs = base_tree(dir, &header, (&base_name, base_commit, base_sum))?;
+
+    // Apply every record to the tree in memory (which validates them) and
+    // keep them in a spool for the commit step.
+    let mut payload = Vec::new();
+    let (records, tree, mut spool) = apply_stream(dir, r, fs, &header, base_commit, &mut payload)?;
+
+    // Commit: the intent makes everything below one step. Until it is
+    // cleared, a crash brings the directory back to BASE at the next open.
+    let mut m = Manifest::load(dir)?.unwrap_or_default();
+    let after = m.checkpoint.map_or(0, |s| s.commit);
+    m.user = format!("{ROLLBACK_PREFIX}{base_commit}").into_bytes();
+    m.publish(dir)?;
+    append_records(
+        &lock,
+        dir,
+        (after, base_commit),
+        records,
+        &mut spool,
+        &mut payload,
+    )?;
+    let mut h = History::load(dir)?;
+    h.snapshots.push(SnapshotEntry {
+        name: header.name.clone(),
+        commit: header.commit,
+        time_ns: now_ns(),
+    });
+    h.save(dir)?;
+    if let Some(hook) = opts.before_commit_point {
+        hook();
+    }
+    m.user.clear();
+    m.publish(dir)?;
+    drop(lock);
+    Ok(ReceiveReport {
+        header,
+        bytes: r.data_bytes,
+        records,
+        tree: Some(tree),
+    })
+}
+
+fn spool_err(e: io::Error) -> Error {
+    io_error("writing the receive spool", e)
+}
+
+/// Applies an incremental stream's records to its base's tree `fs` and
+/// checks the result against the sender's; returns how many records, the
+/// tree's identity, and the records spooled for the commit step.
+fn apply_stream(
+    dir: &Path,
+    r: &mut FrameReader<'_>,
+    fs: Fs,
+    header: &StreamHeader,
+    base_commit: u64,
+    payload: &mut Vec<u8>,
+) -> Result<(u64, TreeSum, io::BufReader<File>)> {
+    let mut spool = io::BufWriter::with_capacity(1 << 20, spool_file(dir)?);
+    let records = apply_records(r, &fs, (base_commit, header.commit), &mut spool, payload)?;
+    let trailer = r.finish()?;
+    if base_commit + records != header.commit || trailer.records != records {
+        return Err(invalid(format!(
+            "refused the stream: it holds {records} commits, {} were announced",
+            header.commit - base_commit
+        )));
+    }
+    fs.finish_rebuild(header.commit);
+    let tree = tree_sum(&fs);
+    check_tree(tree, &trailer)?;
+    drop(fs);
+    let mut spool = spool.into_inner().map_err(|e| spool_err(e.into_error()))?;
+    spool.rewind().map_err(spool_err)?;
+    Ok((records, tree, io::BufReader::with_capacity(1 << 20, spool)))
+}
+
+/// The base snapshot of an incremental stream rebuilt in memory, once
+/// `dir` is found to hold it as its latest snapshot, unchanged since, with
+/// the sender's content, and without the stream's snapshot name.
+fn base_tree(
+    dir: &Path,
+    header: &StreamHeader,
+    (base_name, base_commit, base_sum): (&str, u64, TreeSum),
+) -> Result<Fs> {
     let h = History::load(dir)?;
     let latest = h
         .snapshots
@@ -1305,18 +1472,25 @@ fn receive_incremental(
             dir.display()
         )));
     }
+    Ok(fs)
+}
 
-    // Apply every record to the tree in memory (which validates them) and
-    // keep them in a spool for the commit step.
-    let mut spool = io::BufWriter::with_capacity(1 << 20, spool_file(dir)?);
-    let spool_err = |e: io::Error| io_error("writing the receive spool", e);
+/// Reads the stream's records of the commits after `base_commit` up to
+/// `commit`, applies each to `fs` and copies it to `spool`; returns how
+/// many.
+fn apply_records(
+    r: &mut FrameReader<'_>,
+    fs: &Fs,
+    (base_commit, commit): (u64, u64),
+    spool: &mut impl Write,
+    payload: &mut Vec<u8>,
+) -> Result<u64> {
     let mut expected = base_commit + 1;
-    let mut payload = Vec::new();
     let mut head = [0u8; 12];
     while read_or_end(r, &mut head)? {
         let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
         let len = u32::from_le_bytes(head[8..12].try_into().expect("4")) as usize;
-        if id != expected || id > header.commit {
+        if id != expected || id > commit {
             return Err(invalid(format!(
                 "refused the stream: record for commit {id} where {expected} was expected"
             )));
@@ -1327,43 +1501,34 @@ fn receive_incremental(
             )));
         }
         payload.resize(len, 0);
-        if !read_or_end(r, &mut payload)? && len > 0 {
+        if !read_or_end(r, payload)? && len > 0 {
             return Err(invalid("refused the stream: it ends inside a record"));
         }
-        let m = crate::codec::decode(&payload)
+        let m = crate::codec::decode(payload)
             .map_err(|e| invalid(format!("refused the stream: commit {id}: {e}")))?;
         fs.apply(&m);
         spool.write_all(&head).map_err(spool_err)?;
-        spool.write_all(&payload).map_err(spool_err)?;
+        spool.write_all(payload).map_err(spool_err)?;
         expected += 1;
     }
-    let trailer = r.finish()?;
-    let records = expected - base_commit - 1;
-    if expected != header.commit + 1 || trailer.records != records {
-        return Err(invalid(format!(
-            "refused the stream: it holds {records} commits, {} were announced",
-            header.commit - base_commit
-        )));
-    }
-    fs.finish_rebuild(header.commit);
-    let tree = tree_sum(&fs);
-    check_tree(tree, &trailer)?;
-    drop(fs);
-    let mut spool = spool.into_inner().map_err(|e| spool_err(e.into_error()))?;
-    spool.rewind().map_err(spool_err)?;
-    let mut spool = io::BufReader::with_capacity(1 << 20, spool);
+    Ok(expected - base_commit - 1)
+}
 
-    // Commit: the intent makes everything below one step. Until it is
-    // cleared, a crash brings the directory back to BASE at the next open.
-    let mut m = Manifest::load(dir)?.unwrap_or_default();
-    let after = m.checkpoint.map_or(0, |s| s.commit);
-    m.user = format!("{ROLLBACK_PREFIX}{base_commit}").into_bytes();
-    m.publish(dir)?;
+/// Appends the `records` spooled records to the journal of `dir` (at
+/// `base_commit`, its checkpoint at `after`), under the same commit ids.
+fn append_records(
+    lock: &DataDir,
+    dir: &Path,
+    (after, base_commit): (u64, u64),
+    records: u64,
+    spool: &mut impl Read,
+    payload: &mut Vec<u8>,
+) -> Result<()> {
     let jopts = JournalOptions {
         durability: Durability::None,
         ..Default::default()
     };
-    let (journal, _) = Journal::open(&lock, jopts, after, &mut |_, _| Ok(()))?;
+    let (journal, _) = Journal::open(lock, jopts, after, &mut |_, _| Ok(()))?;
     if journal.last_commit() != base_commit {
         return Err(invalid(format!(
             "{} changed while receiving: its journal is at commit {}",
@@ -1371,13 +1536,14 @@ fn receive_incremental(
             journal.last_commit()
         )));
     }
+    let mut head = [0u8; 12];
     for _ in 0..records {
         spool.read_exact(&mut head).map_err(spool_err)?;
         let id = u64::from_le_bytes(head[..8].try_into().expect("8"));
         let len = u32::from_le_bytes(head[8..12].try_into().expect("4")) as usize;
         payload.resize(len, 0);
-        spool.read_exact(&mut payload).map_err(spool_err)?;
-        let got = journal.commit(&payload)?;
+        spool.read_exact(payload).map_err(spool_err)?;
+        let got = journal.commit(payload)?;
         if got != id {
             return Err(invalid(format!(
                 "journal gave commit {got} to the stream's commit {id}"
@@ -1386,25 +1552,7 @@ fn receive_incremental(
     }
     journal.sync()?;
     journal.close()?;
-    let mut h = History::load(dir)?;
-    h.snapshots.push(SnapshotEntry {
-        name: header.name.clone(),
-        commit: header.commit,
-        time_ns: now_ns(),
-    });
-    h.save(dir)?;
-    if let Some(hook) = opts.before_commit_point {
-        hook();
-    }
-    m.user.clear();
-    m.publish(dir)?;
-    drop(lock);
-    Ok(ReceiveReport {
-        header,
-        bytes: r.data_bytes,
-        records,
-        tree: Some(tree),
-    })
+    Ok(())
 }
 
 #[cfg(test)]

@@ -248,98 +248,13 @@ pub fn mount_tree<T: Tree>(
     opts: &MountOptions,
 ) -> io::Result<Mounted<T>> {
     let local = fs.local().is_some();
-    let mut opts = opts.clone();
-    if !local {
-        if opts.data_path != DataPath::Fuse {
-            tracing::info!("passthrough is the local engine's only: serving the fuse data path");
-            opts.data_path = DataPath::Fuse;
-        }
-        // An empty name is never looked up: no `.snapshots`.
-        opts.snapdir_name = Vec::new();
-        opts.snapdir_visible = false;
-    }
-    if opts.locks == LockMode::Engine && !fs.keeps_locks() {
-        tracing::warn!("the served tree keeps no record locks: the kernel keeps them");
-        opts.locks = LockMode::Kernel;
-    }
-    let opts = &opts;
-    let mut mount_options = vec![
-        MountOption::FSName(opts.fsname.clone()),
-        MountOption::DefaultPermissions,
-        // Like tmpfs: device nodes and setuid programs work unless the user says otherwise.
-        MountOption::Dev,
-        MountOption::Suid,
-    ];
-    if !opts.subtype.is_empty() {
-        mount_options.push(MountOption::Subtype(opts.subtype.clone()));
-    }
-    for o in &opts.extra {
-        let o = kernel_option(o);
-        // A later flag overrides an earlier one (nodev after the default dev).
-        let opposite = match o {
-            MountOption::NoDev => Some(MountOption::Dev),
-            MountOption::NoSuid => Some(MountOption::Suid),
-            MountOption::Atime => Some(MountOption::NoAtime),
-            MountOption::NoAtime => Some(MountOption::Atime),
-            _ => None,
-        };
-        mount_options.retain(|m| Some(m) != opposite.as_ref());
-        mount_options.push(o);
-    }
-    let mut config = Config::default();
-    config.mount_options = mount_options;
-    config.acl = if opts.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(opts.threads.max(1));
-    config.clone_fd = true;
-    config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
-    config.spin_poll = Some(opts.poll);
-    config.paged_writes = opts.paged_writes;
-    let backing = match opts.data_path {
-        DataPath::Fuse => None,
-        p if opts.writeback_cache => {
-            if p == DataPath::Passthrough {
-                tracing::warn!(
-                    "passthrough does not combine with --writeback-cache: serving the fuse data path"
-                );
-            }
-            None
-        }
-        p => match Backing::new(opts.data_capacity) {
-            Ok(b) => Some(Arc::new(b)),
-            Err(e) => {
-                let msg = format!(
-                    "no private tmpfs for passthrough backing files ({e}; needs root): \
-                     serving the fuse data path"
-                );
-                if p == DataPath::Passthrough {
-                    tracing::warn!("{msg}");
-                } else {
-                    tracing::info!("{msg}");
-                }
-                None
-            }
-        },
-    };
+    let opts = &served_options(&*fs, local, opts);
+    let config = session_config(opts);
+    let backing = passthrough_backing(opts);
     if local {
         snapdir::check_dir_name(&opts.snapdir_name).map_err(io::Error::other)?;
     }
-    let io_uring = opts.io_uring && opts.locks != LockMode::Engine;
-    if opts.io_uring && !io_uring {
-        // A blocked F_SETLKW keeps its request's ring entry until the lock
-        // is granted, and a CPU's queue has URING_QUEUE_DEPTH of them: that
-        // many waiters on one CPU left every later request from it, the
-        // holder's unlock included, waiting for an entry for ever (measured:
-        // 12 waiters pinned to one CPU wedged it). /dev/fuse has no such
-        // bound.
-        tracing::warn!(
-            "--io-uring does not combine with --locks engine (blocked lock requests would hold \
-             the rings' entries): serving /dev/fuse"
-        );
-    }
+    let io_uring = serves_io_uring(opts);
     let notifier = Arc::new(OnceLock::new());
     let cell = Arc::new(swap::FsCell::new(fs));
     let slots = Arc::new(snapdir::Slots::default());
@@ -384,6 +299,122 @@ pub fn mount_tree<T: Tree>(
     })?;
     let swapper = swap::Swapper::new(cell, notify, slots, opts.snapdir_name.clone());
     Ok(Mounted { session, swapper })
+}
+
+/// `opts` as served for `fs`: what only the local engine has is turned off
+/// for another tree (see [`mount_tree`]).
+fn served_options<T: Tree>(fs: &T, local: bool, opts: &MountOptions) -> MountOptions {
+    let mut opts = opts.clone();
+    if !local {
+        if opts.data_path != DataPath::Fuse {
+            tracing::info!("passthrough is the local engine's only: serving the fuse data path");
+            opts.data_path = DataPath::Fuse;
+        }
+        // An empty name is never looked up: no `.snapshots`.
+        opts.snapdir_name = Vec::new();
+        opts.snapdir_visible = false;
+    }
+    if opts.locks == LockMode::Engine && !fs.keeps_locks() {
+        tracing::warn!("the served tree keeps no record locks: the kernel keeps them");
+        opts.locks = LockMode::Kernel;
+    }
+    opts
+}
+
+/// The kernel's mount options: ours, then the user's, a later flag
+/// overriding an earlier one.
+fn kernel_mount_options(opts: &MountOptions) -> Vec<MountOption> {
+    let mut mount_options = vec![
+        MountOption::FSName(opts.fsname.clone()),
+        MountOption::DefaultPermissions,
+        // Like tmpfs: device nodes and setuid programs work unless the user says otherwise.
+        MountOption::Dev,
+        MountOption::Suid,
+    ];
+    if !opts.subtype.is_empty() {
+        mount_options.push(MountOption::Subtype(opts.subtype.clone()));
+    }
+    for o in &opts.extra {
+        let o = kernel_option(o);
+        // A later flag overrides an earlier one (nodev after the default dev).
+        let opposite = match o {
+            MountOption::NoDev => Some(MountOption::Dev),
+            MountOption::NoSuid => Some(MountOption::Suid),
+            MountOption::Atime => Some(MountOption::NoAtime),
+            MountOption::NoAtime => Some(MountOption::Atime),
+            _ => None,
+        };
+        mount_options.retain(|m| Some(m) != opposite.as_ref());
+        mount_options.push(o);
+    }
+    mount_options
+}
+
+/// The fuser session's configuration.
+fn session_config(opts: &MountOptions) -> Config {
+    let mut config = Config::default();
+    config.mount_options = kernel_mount_options(opts);
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+    config.uring_queue_depth = Some(URING_QUEUE_DEPTH);
+    config.spin_poll = Some(opts.poll);
+    config.paged_writes = opts.paged_writes;
+    config
+}
+
+/// The private tmpfs for passthrough backing files, when `opts` asks for
+/// passthrough (or auto) and it combines with the other options.
+fn passthrough_backing(opts: &MountOptions) -> Option<Arc<Backing>> {
+    match opts.data_path {
+        DataPath::Fuse => None,
+        p if opts.writeback_cache => {
+            if p == DataPath::Passthrough {
+                tracing::warn!(
+                    "passthrough does not combine with --writeback-cache: serving the fuse data path"
+                );
+            }
+            None
+        }
+        p => match Backing::new(opts.data_capacity) {
+            Ok(b) => Some(Arc::new(b)),
+            Err(e) => {
+                let msg = format!(
+                    "no private tmpfs for passthrough backing files ({e}; needs root): \
+                     serving the fuse data path"
+                );
+                if p == DataPath::Passthrough {
+                    tracing::warn!("{msg}");
+                } else {
+                    tracing::info!("{msg}");
+                }
+                None
+            }
+        },
+    }
+}
+
+/// Whether requests come over io_uring: when asked for, unless record locks
+/// are the engine's.
+fn serves_io_uring(opts: &MountOptions) -> bool {
+    let io_uring = opts.io_uring && opts.locks != LockMode::Engine;
+    if opts.io_uring && !io_uring {
+        // A blocked F_SETLKW keeps its request's ring entry until the lock
+        // is granted, and a CPU's queue has URING_QUEUE_DEPTH of them: that
+        // many waiters on one CPU left every later request from it, the
+        // holder's unlock included, waiting for an entry for ever (measured:
+        // 12 waiters pinned to one CPU wedged it). /dev/fuse has no such
+        // bound.
+        tracing::warn!(
+            "--io-uring does not combine with --locks engine (blocked lock requests would hold \
+             the rings' entries): serving /dev/fuse"
+        );
+    }
+    io_uring
 }
 
 /// Raises the mount's readahead window to one FUSE request (`MAX_WRITE`).
@@ -767,6 +798,8 @@ impl<T: Tree> MemFuse<T> {
 }
 
 impl<T: Tree> Filesystem for MemFuse<T> {
+    // One piece: the FUSE INIT negotiation, one capability after another,
+    // each with what the adapter does when the kernel lacks it.
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let wanted = [
             InitFlags::FUSE_ASYNC_READ,
@@ -832,7 +865,7 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             }
         }
         // The kernel also needs default_permissions (always set, see
-        // `mount`), or it fails the whole INIT.
+        // `kernel_mount_options`), or it fails the whole INIT.
         if self.allow_idmap
             && let Err(e) = config.add_capabilities(InitFlags::FUSE_ALLOW_IDMAP)
         {
@@ -1958,19 +1991,7 @@ impl<T: Tree> MemFuse<T> {
         let drops = self.privileges_may_drop(kill, ino.0);
         let in_group = caller_in_group(caller);
         let r = match (self.backed(ino.0), data) {
-            (Some(b), data) => {
-                let copy;
-                let data = match data {
-                    WriteData::Bytes(d) => d,
-                    WriteData::Pages(p) => {
-                        copy = p.to_vec();
-                        &copy[..]
-                    }
-                };
-                (if append { b.size() } else { Ok(offset) })
-                    .and_then(|off| b.write_at(off, data))
-                    .and_then(|n| self.touch(caller, kill, ino.0).map(|()| n))
-            }
+            (Some(b), data) => self.write_backed(&b, data, append, offset, (caller, kill), ino.0),
             (None, WriteData::Bytes(data)) => self
                 .fs
                 .get()
@@ -2007,6 +2028,31 @@ impl<T: Tree> MemFuse<T> {
             }
             Err(e) => reply.error(err(e)),
         }
+    }
+
+    /// A WRITE to a file that has a backing file: the data goes there (at
+    /// its end for `append`), the engine keeps the times and privileges.
+    #[inline]
+    fn write_backed(
+        &self,
+        b: &passthrough::Backed,
+        data: WriteData<'_>,
+        append: bool,
+        offset: u64,
+        (caller, kill): (Ctx, bool),
+        ino: u64,
+    ) -> memfs_fs::Result<usize> {
+        let copy;
+        let data = match data {
+            WriteData::Bytes(d) => d,
+            WriteData::Pages(p) => {
+                copy = p.to_vec();
+                &copy[..]
+            }
+        };
+        (if append { b.size() } else { Ok(offset) })
+            .and_then(|off| b.write_at(off, data))
+            .and_then(|n| self.touch(caller, kill, ino).map(|()| n))
     }
 
     /// copy_file_range where either side is a backing file: kernel to kernel

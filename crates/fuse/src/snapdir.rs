@@ -393,6 +393,7 @@ pub fn check_dir_name(name: &[u8]) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn node_ids_do_not_collide() {
@@ -441,18 +442,24 @@ mod tests {
         fs.snapshot_create(name.as_bytes()).unwrap()
     }
 
-    #[test]
-    fn durable_snapshots_are_listed_built_once_and_retired() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
+    /// A way to build a snapshot's tree that counts its builds, and fails
+    /// for commit `fails`.
+    fn counting_build(fails: Option<u64>) -> (BuildTree, Arc<AtomicUsize>) {
         let builds = Arc::new(AtomicUsize::new(0));
         let b = builds.clone();
         let build: BuildTree = Arc::new(move |commit| {
             b.fetch_add(1, Ordering::SeqCst);
-            if commit == 99 {
+            if Some(commit) == fails {
                 return Err("no such commit".into());
             }
             Ok(Fs::new(memfs_fs::Config::default()))
         });
+        (build, builds)
+    }
+
+    #[test]
+    fn durable_snapshots_are_listed_built_once_and_retired() {
+        let (build, builds) = counting_build(Some(99));
         let s = Slots::default();
         s.set_durable(
             build.clone(),
@@ -503,12 +510,7 @@ mod tests {
         assert!(matches!(s.target(bad_slot), Err(Errno::ESTALE)));
         // A swapped tree (the data directory re-opened, a new way to
         // build): every slot retired, views unbuilt again, built the new way.
-        let builds2 = Arc::new(AtomicUsize::new(0));
-        let b2 = builds2.clone();
-        let build2: BuildTree = Arc::new(move |_| {
-            b2.fetch_add(1, Ordering::SeqCst);
-            Ok(Fs::new(memfs_fs::Config::default()))
-        });
+        let (build2, builds2) = counting_build(None);
         s.set_durable(build2, durable(&[("both", 7), ("bad", 100)]));
         s.forget_all();
         assert!(matches!(s.target(slot2), Err(Errno::ESTALE)));

@@ -226,106 +226,126 @@ impl<T: Tree> MemFuse<T> {
         plus: bool,
         mut add: impl FnMut(u64, u64, FileType, &[u8], Option<(&Attr, Duration)>) -> bool,
     ) -> Result<()> {
-        let ttl = self.entry_ttl;
         match node {
-            Node::SnapDir => {
-                let attr = |a: Result<Attr>| if plus { a.ok() } else { None };
-                if offset == 0
-                    && add(
-                        SNAPDIR,
-                        1,
-                        FileType::Directory,
-                        b".",
-                        attr(self.snapdir_attr()).as_ref().map(|a| (a, ttl)),
-                    )
-                {
-                    return Ok(());
-                }
-                if offset <= 1 {
-                    let root = attr(self.fs.get().getattr(ROOT_INO));
-                    if add(
-                        ROOT_INO,
-                        FIRST,
-                        FileType::Directory,
-                        b"..",
-                        root.as_ref().map(|a| (a, ttl)),
-                    ) {
-                        return Ok(());
-                    }
-                }
-                // Names only: sizes would cost O(what each preserved).
-                let engine = self
-                    .fs
-                    .get()
-                    .local()
-                    .map_or_else(Vec::new, |fs| fs.snapshot_names());
-                let list = self.slots.listing(&engine);
-                for (i, s) in list
-                    .iter()
-                    .enumerate()
-                    .skip(offset.saturating_sub(FIRST) as usize)
-                {
-                    let a = if plus {
-                        match self.listed_root(s) {
-                            Some(a) => Some(a),
-                            // Deleted meanwhile.
-                            None => continue,
-                        }
-                    } else {
-                        None
-                    };
-                    if add(
-                        snapdir::snap_root(s.slot),
-                        FIRST + i as u64 + 1,
-                        FileType::Directory,
-                        &s.name,
-                        a.as_ref().map(|(a, t)| (a, *t)),
-                    ) {
-                        break;
-                    }
-                }
-                Ok(())
-            }
-            Node::Snap { slot, ino } => {
-                let (fs, id) = self.snap_at(slot)?;
-                let mut failed = None;
-                fs.snap_readdir(id, ino, offset, |e| {
-                    let up_from_root = ino == ROOT_INO && e.name == b"..";
-                    let nodeid = if up_from_root {
-                        SNAPDIR
-                    } else {
-                        match snapdir::snap_nodeid(slot, e.ino) {
-                            Ok(n) => n,
-                            Err(err) => {
-                                failed = Some(err);
-                                return false;
-                            }
-                        }
-                    };
-                    let a = if !plus {
-                        None
-                    } else if up_from_root {
-                        self.snapdir_attr().ok()
-                    } else {
-                        fs.snap_getattr(id, e.ino)
-                            .and_then(|a| Self::renumber(slot, a))
-                            .ok()
-                    };
-                    if plus && a.is_none() {
-                        return true;
-                    }
-                    !add(
-                        nodeid,
-                        e.offset,
-                        e.kind,
-                        e.name,
-                        a.as_ref().map(|a| (a, ttl)),
-                    )
-                })?;
-                failed.map_or(Ok(()), Err)
-            }
+            Node::SnapDir => self.snapdir_list(offset, plus, &mut add),
+            Node::Snap { slot, ino } => self.snap_dir_list(slot, ino, offset, plus, &mut add),
             Node::Live(_) => Err(Errno::EINVAL),
         }
+    }
+
+    /// [`Self::snap_list`] of `.snapshots` itself: `.`, `..`, a directory
+    /// per snapshot.
+    fn snapdir_list(
+        &self,
+        offset: u64,
+        plus: bool,
+        add: &mut impl FnMut(u64, u64, FileType, &[u8], Option<(&Attr, Duration)>) -> bool,
+    ) -> Result<()> {
+        let ttl = self.entry_ttl;
+        let attr = |a: Result<Attr>| if plus { a.ok() } else { None };
+        if offset == 0
+            && add(
+                SNAPDIR,
+                1,
+                FileType::Directory,
+                b".",
+                attr(self.snapdir_attr()).as_ref().map(|a| (a, ttl)),
+            )
+        {
+            return Ok(());
+        }
+        if offset <= 1 {
+            let root = attr(self.fs.get().getattr(ROOT_INO));
+            if add(
+                ROOT_INO,
+                FIRST,
+                FileType::Directory,
+                b"..",
+                root.as_ref().map(|a| (a, ttl)),
+            ) {
+                return Ok(());
+            }
+        }
+        // Names only: sizes would cost O(what each preserved).
+        let engine = self
+            .fs
+            .get()
+            .local()
+            .map_or_else(Vec::new, |fs| fs.snapshot_names());
+        let list = self.slots.listing(&engine);
+        for (i, s) in list
+            .iter()
+            .enumerate()
+            .skip(offset.saturating_sub(FIRST) as usize)
+        {
+            let a = if plus {
+                match self.listed_root(s) {
+                    Some(a) => Some(a),
+                    // Deleted meanwhile.
+                    None => continue,
+                }
+            } else {
+                None
+            };
+            if add(
+                snapdir::snap_root(s.slot),
+                FIRST + i as u64 + 1,
+                FileType::Directory,
+                &s.name,
+                a.as_ref().map(|(a, t)| (a, *t)),
+            ) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::snap_list`] of directory `ino` in the snapshot in `slot`.
+    fn snap_dir_list(
+        &self,
+        slot: u64,
+        ino: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut impl FnMut(u64, u64, FileType, &[u8], Option<(&Attr, Duration)>) -> bool,
+    ) -> Result<()> {
+        let ttl = self.entry_ttl;
+        let (fs, id) = self.snap_at(slot)?;
+        let mut failed = None;
+        fs.snap_readdir(id, ino, offset, |e| {
+            let up_from_root = ino == ROOT_INO && e.name == b"..";
+            let nodeid = if up_from_root {
+                SNAPDIR
+            } else {
+                match snapdir::snap_nodeid(slot, e.ino) {
+                    Ok(n) => n,
+                    Err(err) => {
+                        failed = Some(err);
+                        return false;
+                    }
+                }
+            };
+            let a = if !plus {
+                None
+            } else if up_from_root {
+                self.snapdir_attr().ok()
+            } else {
+                fs.snap_getattr(id, e.ino)
+                    .and_then(|a| Self::renumber(slot, a))
+                    .ok()
+            };
+            if plus && a.is_none() {
+                return true;
+            }
+            !add(
+                nodeid,
+                e.offset,
+                e.kind,
+                e.name,
+                a.as_ref().map(|a| (a, ttl)),
+            )
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 
     pub(crate) fn snap_readdir(

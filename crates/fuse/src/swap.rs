@@ -213,35 +213,7 @@ impl Swapper {
             engine,
             ..Default::default()
         };
-        // What to drop: offset -1 is the attributes only, length 0 to the
-        // end of the file.
-        let mut inval: Vec<Inval> = Vec::new();
-        for &ino in &out.changed {
-            if !fs.kernel_holds(ino) {
-                continue;
-            }
-            r.inodes += 1;
-            match out.page_runs.binary_search_by_key(&ino, |p| p.0) {
-                // Only these pages changed: the rest of the page cache stays
-                // (dropping cached pages costs the kernel about a microsecond
-                // each, a whole big file's far more than its changes).
-                Ok(i) if out.page_runs[i].1.is_empty() => inval.push(Inval::Inode {
-                    ino,
-                    off: -1,
-                    len: 0,
-                }),
-                Ok(i) => inval.extend(out.page_runs[i].1.iter().map(|&(first, n)| Inval::Inode {
-                    ino,
-                    off: (first * PAGE) as i64,
-                    len: n.saturating_mul(PAGE).min(i64::MAX as u64) as i64,
-                })),
-                Err(_) => inval.push(Inval::Inode {
-                    ino,
-                    off: 0,
-                    len: 0,
-                }),
-            }
-        }
+        let mut inval = inode_invalidations(&fs, &out, &mut r);
         r.notifications = inval.len();
         for (parent, name) in out.entries {
             if fs.kernel_holds(parent) {
@@ -399,4 +371,39 @@ fn old_tree(old: &Fs, inval: &mut Vec<Inval>) -> (usize, usize) {
         });
     }
     (inodes, entries)
+}
+
+/// What the kernel must drop of the nodes an online rollback changed and it
+/// holds (counted in `r`).
+fn inode_invalidations(fs: &Fs, out: &RollbackOutcome, r: &mut RollbackReport) -> Vec<Inval> {
+    // What to drop: offset -1 is the attributes only, length 0 to the
+    // end of the file.
+    let mut inval: Vec<Inval> = Vec::new();
+    for &ino in &out.changed {
+        if !fs.kernel_holds(ino) {
+            continue;
+        }
+        r.inodes += 1;
+        match out.page_runs.binary_search_by_key(&ino, |p| p.0) {
+            // Only these pages changed: the rest of the page cache stays
+            // (dropping cached pages costs the kernel about a microsecond
+            // each, a whole big file's far more than its changes).
+            Ok(i) if out.page_runs[i].1.is_empty() => inval.push(Inval::Inode {
+                ino,
+                off: -1,
+                len: 0,
+            }),
+            Ok(i) => inval.extend(out.page_runs[i].1.iter().map(|&(first, n)| Inval::Inode {
+                ino,
+                off: (first * PAGE) as i64,
+                len: n.saturating_mul(PAGE).min(i64::MAX as u64) as i64,
+            })),
+            Err(_) => inval.push(Inval::Inode {
+                ino,
+                off: 0,
+                len: 0,
+            }),
+        }
+    }
+    inval
 }
