@@ -31,8 +31,10 @@
 
 pub mod error;
 pub mod keys;
+pub mod local;
 pub mod record;
 pub mod slot;
 pub mod topology;
 
 pub use error::{Error, Result};
+pub use local::LocalCluster;
