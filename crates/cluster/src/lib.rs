@@ -35,6 +35,8 @@ pub mod local;
 pub mod record;
 pub mod slot;
 pub mod topology;
+pub mod volume;
 
 pub use error::{Error, Result};
 pub use local::LocalCluster;
+pub use volume::{Admin, CreateOptions};
