@@ -8,12 +8,15 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use memfs_fs::{
-    Attr, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, Timespec, XattrMode,
-};
 use rayon::prelude::*;
 
-use super::{CmdResult, Shell, err, fs_err, quote};
+use crate::human;
+use memfs_fs::{
+    Attr, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, XattrMode,
+};
+
+use super::format::{format_time, ls_line_with, mode_string, name_str};
+use super::{CmdResult, Shell, err, fs_err};
 
 /// One command's help entry.
 pub struct Spec {
@@ -327,10 +330,6 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
 
 // ---- shared helpers --------------------------------------------------------------
 
-pub(super) fn name_str(name: &[u8]) -> String {
-    String::from_utf8_lossy(name).into_owned()
-}
-
 fn join(dir: &str, name: &str) -> String {
     if dir.ends_with('/') {
         format!("{dir}{name}")
@@ -401,95 +400,6 @@ thread_local! {
 
 fn return_err_line(e: &super::CmdError) {
     CURRENT.with(|c| eprintln!("{}: {}", c.borrow(), e));
-}
-
-fn mode_string(a: &Attr) -> String {
-    let mut s = String::with_capacity(10);
-    s.push(a.kind.letter());
-    let p = a.perm as u32;
-    let bits = [
-        (0o400, 'r'),
-        (0o200, 'w'),
-        (0o100, 'x'),
-        (0o040, 'r'),
-        (0o020, 'w'),
-        (0o010, 'x'),
-        (0o004, 'r'),
-        (0o002, 'w'),
-        (0o001, 'x'),
-    ];
-    for (i, (bit, c)) in bits.iter().enumerate() {
-        let set = p & bit != 0;
-        let ch = match i {
-            2 if p & 0o4000 != 0 => {
-                if set {
-                    's'
-                } else {
-                    'S'
-                }
-            }
-            5 if p & 0o2000 != 0 => {
-                if set {
-                    's'
-                } else {
-                    'S'
-                }
-            }
-            8 if p & 0o1000 != 0 => {
-                if set {
-                    't'
-                } else {
-                    'T'
-                }
-            }
-            _ if set => *c,
-            _ => '-',
-        };
-        s.push(ch);
-    }
-    s
-}
-
-/// `YYYY-MM-DD HH:MM:SS` in UTC (the shell has no time zone database).
-pub fn format_time(t: Timespec, nanos: bool) -> String {
-    let days = t.sec.div_euclid(86_400);
-    let secs = t.sec.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
-    if nanos {
-        format!(
-            "{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}:{ss:02}.{:09} UTC",
-            t.nsec
-        )
-    } else {
-        format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}")
-    }
-}
-
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes}B")
-    } else if v < 10.0 {
-        format!("{v:.1}{}", UNITS[i])
-    } else {
-        format!("{v:.0}{}", UNITS[i])
-    }
 }
 
 /// The absolute path of directory `ino`, found by walking `..` up to the root.
@@ -639,36 +549,6 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
 
 fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
     ls_line_with(name, a, long, |ino| fs.readlink(ino).ok())
-}
-
-/// One `ls` line; `target` gives a symbolic link's target (live tree or snapshot).
-pub(super) fn ls_line_with(
-    name: &[u8],
-    a: &Attr,
-    long: bool,
-    target: impl FnOnce(u64) -> Option<Vec<u8>>,
-) -> String {
-    let shown = quote(&name_str(name));
-    if !long {
-        return shown;
-    }
-    let mut line = format!(
-        "{} {:>3} {:>5} {:>5} {:>9} {} {}",
-        mode_string(a),
-        a.nlink,
-        a.uid,
-        a.gid,
-        a.size,
-        format_time(a.mtime, false),
-        shown
-    );
-    if a.kind == FileType::Symlink {
-        if let Some(t) = target(a.ino) {
-            line.push_str(" -> ");
-            line.push_str(&name_str(&t));
-        }
-    }
-    line
 }
 
 fn ls(sh: &mut Shell, args: &[String]) -> CmdResult {
@@ -851,39 +731,9 @@ fn copy_node(
     name: &[u8],
     shown: &str,
 ) -> CmdResult {
-    let (fs, ctx, recursive) = (cp.fs, cp.ctx, cp.recursive);
+    let (fs, ctx) = (cp.fs, cp.ctx);
     match src.kind {
-        FileType::RegularFile => {
-            let (dst, _) = fs
-                .create(ctx, dir, name, src.perm as u32, false)
-                .map_err(|e| fs_err(e, shown))?;
-            let r = (|| -> CmdResult {
-                if dst.ino == src.ino {
-                    return err(format!("{src_path} and {shown} are the same file"));
-                }
-                let trunc = SetAttr {
-                    size: Some(0),
-                    mode: Some(src.perm as u32),
-                    ..Default::default()
-                };
-                fs.setattr(ctx, dst.ino, &trunc)
-                    .map_err(|e| fs_err(e, shown))?;
-                let mut off = 0;
-                while off < src.size {
-                    let n = fs
-                        .copy_file_range(ctx, src.ino, off, dst.ino, off, src.size - off)
-                        .map_err(|e| fs_err(e, shown))?;
-                    if n == 0 {
-                        break;
-                    }
-                    off += n;
-                }
-                copy_xattrs(fs, src.ino, dst.ino, shown)
-            })();
-            fs.release(dst.ino);
-            fs.forget(dst.ino, 1);
-            r
-        }
+        FileType::RegularFile => copy_file(cp, src, src_path, dir, name, shown),
         FileType::Symlink => {
             let target = fs.readlink(src.ino).map_err(|e| fs_err(e, src_path))?;
             let a = fs
@@ -893,52 +743,10 @@ fn copy_node(
             Ok(())
         }
         FileType::Directory => {
-            if !recursive {
+            if !cp.recursive {
                 return err(format!("is a directory (use cp -r): {src_path}"));
             }
-            let d = match fs.lookup_noref(dir, name) {
-                Ok(a) if a.kind == FileType::Directory => a,
-                Ok(_) => return Err(fs_err(Errno::ENOTDIR, shown)),
-                Err(Errno::ENOENT) => {
-                    let a = fs
-                        .mkdir(ctx, dir, name, src.perm as u32)
-                        .map_err(|e| fs_err(e, shown))?;
-                    fs.forget(a.ino, 1);
-                    a
-                }
-                Err(e) => return Err(fs_err(e, shown)),
-            };
-            // Copying a directory into itself would never end.
-            let mut up = d.ino;
-            while up != ROOT_INO {
-                if up == src.ino {
-                    return err(format!("cannot copy a directory into itself: {src_path}"));
-                }
-                up = fs
-                    .lookup_noref(up, b"..")
-                    .map_err(|e| fs_err(e, shown))?
-                    .ino;
-            }
-            copy_xattrs(fs, src.ino, d.ino, shown)?;
-            let mut children: Vec<(Vec<u8>, u64)> = Vec::new();
-            fs.readdir(src.ino, 2, |e| {
-                children.push((e.name.to_vec(), e.ino));
-                true
-            })
-            .map_err(|e| fs_err(e, src_path))?;
-            for (cname, cino) in children {
-                let Ok(ca) = fs.getattr(cino) else { continue };
-                let cn = name_str(&cname);
-                copy_node(
-                    cp,
-                    &ca,
-                    &join(src_path, &cn),
-                    d.ino,
-                    &cname,
-                    &join(shown, &cn),
-                )?;
-            }
-            Ok(())
+            copy_dir(cp, src, src_path, dir, name, shown)
         }
         _ => {
             let a = fs
@@ -947,6 +755,113 @@ fn copy_node(
             fs.forget(a.ino, 1);
             Ok(())
         }
+    }
+}
+
+fn copy_file(
+    cp: &Copier<'_>,
+    src: &Attr,
+    src_path: &str,
+    dir: u64,
+    name: &[u8],
+    shown: &str,
+) -> CmdResult {
+    let (fs, ctx) = (cp.fs, cp.ctx);
+    let (dst, _) = fs
+        .create(ctx, dir, name, src.perm as u32, false)
+        .map_err(|e| fs_err(e, shown))?;
+    let r = (|| -> CmdResult {
+        if dst.ino == src.ino {
+            return err(format!("{src_path} and {shown} are the same file"));
+        }
+        let trunc = SetAttr {
+            size: Some(0),
+            mode: Some(src.perm as u32),
+            ..Default::default()
+        };
+        fs.setattr(ctx, dst.ino, &trunc)
+            .map_err(|e| fs_err(e, shown))?;
+        let mut off = 0;
+        while off < src.size {
+            let n = fs
+                .copy_file_range(ctx, src.ino, off, dst.ino, off, src.size - off)
+                .map_err(|e| fs_err(e, shown))?;
+            if n == 0 {
+                break;
+            }
+            off += n;
+        }
+        copy_xattrs(fs, src.ino, dst.ino, shown)
+    })();
+    fs.release(dst.ino);
+    fs.forget(dst.ino, 1);
+    r
+}
+
+fn copy_dir(
+    cp: &Copier<'_>,
+    src: &Attr,
+    src_path: &str,
+    dir: u64,
+    name: &[u8],
+    shown: &str,
+) -> CmdResult {
+    let fs = cp.fs;
+    let d = dir_to_fill(fs, cp.ctx, dir, name, src.perm as u32, shown)?;
+    // Copying a directory into itself would never end.
+    let mut up = d.ino;
+    while up != ROOT_INO {
+        if up == src.ino {
+            return err(format!("cannot copy a directory into itself: {src_path}"));
+        }
+        up = fs
+            .lookup_noref(up, b"..")
+            .map_err(|e| fs_err(e, shown))?
+            .ino;
+    }
+    copy_xattrs(fs, src.ino, d.ino, shown)?;
+    let mut children: Vec<(Vec<u8>, u64)> = Vec::new();
+    fs.readdir(src.ino, 2, |e| {
+        children.push((e.name.to_vec(), e.ino));
+        true
+    })
+    .map_err(|e| fs_err(e, src_path))?;
+    for (cname, cino) in children {
+        let Ok(ca) = fs.getattr(cino) else { continue };
+        let cn = name_str(&cname);
+        copy_node(
+            cp,
+            &ca,
+            &join(src_path, &cn),
+            d.ino,
+            &cname,
+            &join(shown, &cn),
+        )?;
+    }
+    Ok(())
+}
+
+/// The directory `name` in `dir` that a copy or an import fills: the one
+/// there, or a new one.
+fn dir_to_fill(
+    fs: &Fs,
+    ctx: Ctx,
+    dir: u64,
+    name: &[u8],
+    perm: u32,
+    shown: &str,
+) -> Result<Attr, super::CmdError> {
+    match fs.lookup_noref(dir, name) {
+        Ok(a) if a.kind == FileType::Directory => Ok(a),
+        Ok(_) => Err(fs_err(Errno::ENOTDIR, shown)),
+        Err(Errno::ENOENT) => {
+            let a = fs
+                .mkdir(ctx, dir, name, perm)
+                .map_err(|e| fs_err(e, shown))?;
+            fs.forget(a.ino, 1);
+            Ok(a)
+        }
+        Err(e) => Err(fs_err(e, shown)),
     }
 }
 
@@ -1252,7 +1167,13 @@ fn du(sh: &mut Shell, args: &[String]) -> CmdResult {
                 }
             }
         }
-        writeln!(sh.out, "{}\t{}\t{}", human(alloc), human(apparent), path)?;
+        writeln!(
+            sh.out,
+            "{}\t{}\t{}",
+            human::bytes(alloc),
+            human::bytes(apparent),
+            path
+        )?;
         results.push(Ok(()));
     }
     report_all(results)
@@ -1282,9 +1203,9 @@ fn df(sh: &mut Shell, args: &[String]) -> CmdResult {
     writeln!(
         sh.out,
         "{:>8} {:>8} {:>8} {:>4}% {:>10} {:>10} {:>10} {:>4}%",
-        human(size),
-        human(used),
-        human(free),
+        human::bytes(size),
+        human::bytes(used),
+        human::bytes(free),
         pct(used, size),
         s.files,
         iused,
@@ -1444,18 +1365,7 @@ fn import_node(
             .map_err(|e| fs_err(e, shown))?;
         fs.forget(a.ino, 1);
     } else if ft.is_dir() {
-        let d = match fs.lookup_noref(dir, name) {
-            Ok(a) if a.kind == FileType::Directory => a,
-            Ok(_) => return Err(fs_err(Errno::ENOTDIR, shown)),
-            Err(Errno::ENOENT) => {
-                let a = fs
-                    .mkdir(ctx, dir, name, perm)
-                    .map_err(|e| fs_err(e, shown))?;
-                fs.forget(a.ino, 1);
-                a
-            }
-            Err(e) => return Err(fs_err(e, shown)),
-        };
+        let d = dir_to_fill(fs, ctx, dir, name, perm, shown)?;
         let mut entries: Vec<_> = std::fs::read_dir(host)
             .map_err(|e| host_err(e, host))?
             .collect::<Result<_, _>>()
@@ -1475,38 +1385,50 @@ fn import_node(
             )?;
         }
     } else if ft.is_file() {
-        let mut f = std::fs::File::open(host).map_err(|e| host_err(e, host))?;
-        let (a, _) = fs
-            .create(ctx, dir, name, perm, false)
-            .map_err(|e| fs_err(e, shown))?;
-        let r = (|| -> CmdResult {
-            let set = SetAttr {
-                size: Some(0),
-                mode: Some(perm),
-                ..Default::default()
-            };
-            fs.setattr(ctx, a.ino, &set).map_err(|e| fs_err(e, shown))?;
-            let mut buf = vec![0u8; CHUNK];
-            let mut off = 0u64;
-            loop {
-                let n = f.read(&mut buf).map_err(|e| host_err(e, host))?;
-                if n == 0 {
-                    break;
-                }
-                fs.write(ctx, a.ino, off, &buf[..n], false)
-                    .map_err(|e| fs_err(e, shown))?;
-                off += n as u64;
-            }
-            Ok(())
-        })();
-        fs.release(a.ino);
-        fs.forget(a.ino, 1);
-        r?;
+        import_file(fs, ctx, host, dir, name, perm, shown)?;
     } else {
         return err(format!("unsupported file type: {} (host)", host.display()));
     }
     *count += 1;
     Ok(())
+}
+
+fn import_file(
+    fs: &Fs,
+    ctx: Ctx,
+    host: &Path,
+    dir: u64,
+    name: &[u8],
+    perm: u32,
+    shown: &str,
+) -> CmdResult {
+    let mut f = std::fs::File::open(host).map_err(|e| host_err(e, host))?;
+    let (a, _) = fs
+        .create(ctx, dir, name, perm, false)
+        .map_err(|e| fs_err(e, shown))?;
+    let r = (|| -> CmdResult {
+        let set = SetAttr {
+            size: Some(0),
+            mode: Some(perm),
+            ..Default::default()
+        };
+        fs.setattr(ctx, a.ino, &set).map_err(|e| fs_err(e, shown))?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut off = 0u64;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| host_err(e, host))?;
+            if n == 0 {
+                break;
+            }
+            fs.write(ctx, a.ino, off, &buf[..n], false)
+                .map_err(|e| fs_err(e, shown))?;
+            off += n as u64;
+        }
+        Ok(())
+    })();
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    r
 }
 
 fn import(sh: &mut Shell, args: &[String]) -> CmdResult {
@@ -1838,32 +1760,5 @@ mod tests {
         assert!(glob_match(b"*a*b*", b"xxaxxbxx"));
         assert!(!glob_match(b"*a*b", b"xxaxxbxx"));
         assert!(glob_match(b"[x", b"[x"));
-    }
-
-    #[test]
-    fn times_format_in_utc() {
-        let t = Timespec { sec: 0, nsec: 5 };
-        assert_eq!(format_time(t, true), "1970-01-01 00:00:00.000000005 UTC");
-        let t = Timespec {
-            sec: 951_782_400,
-            nsec: 0,
-        }; // 2000-02-29
-        assert_eq!(format_time(t, false), "2000-02-29 00:00");
-        let t = Timespec { sec: -1, nsec: 0 };
-        assert_eq!(format_time(t, false), "1969-12-31 23:59");
-    }
-
-    #[test]
-    fn modes() {
-        let fs = Fs::new(memfs_fs::Config {
-            capacity: 1 << 20,
-            max_inodes: 100,
-        });
-        let a = fs
-            .create_path(Ctx::ROOT, ROOT_INO, "/f", 0o4755, true)
-            .unwrap();
-        assert_eq!(mode_string(&a), "-rwsr-xr-x");
-        assert_eq!(human(1536), "1.5K");
-        assert_eq!(human(100), "100B");
     }
 }
