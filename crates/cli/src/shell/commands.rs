@@ -8,12 +8,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-use rayon::prelude::*;
-
-use crate::human;
 use memfs_fs::{
     Attr, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, XattrMode,
 };
+
+use crate::human;
 
 use super::format::{format_time, ls_line_with, mode_string, name_str};
 use super::{CmdResult, Shell, err, fs_err};
@@ -31,7 +30,7 @@ pub const COMMANDS: &[Spec] = &[
         name: "create",
         usage: "create [-n N] FILE...",
         summary: "create empty files",
-        details: "Fails for a name that already exists. With -n N the N files are created in parallel on a thread pool; N must equal the number of names.",
+        details: "Fails for a name that already exists. With -n N the N files are created in parallel on worker threads; N must equal the number of names.",
     },
     Spec {
         name: "write",
@@ -365,19 +364,42 @@ fn parallel_count(opts: &Opts, items: usize) -> Result<Option<usize>, super::Cmd
     Ok(Some(n))
 }
 
-/// Runs `op` on every item, on the thread pool when `parallel`, and reports
-/// every failure in item order, so that both forms print the same thing.
+/// Runs `op` on every item, on up to `parallel` worker threads when given
+/// (`-n N`), and reports every failure in item order, so that both forms
+/// print the same thing.
 fn for_each<T: Sync>(
     items: &[T],
-    parallel: bool,
+    parallel: Option<usize>,
     op: impl Fn(&T) -> CmdResult + Sync + Send,
 ) -> CmdResult {
-    let results: Vec<CmdResult> = if parallel {
-        items.par_iter().map(&op).collect()
-    } else {
-        items.iter().map(&op).collect()
+    let results: Vec<CmdResult> = match parallel {
+        Some(n) => in_parallel(items, n, &op),
+        None => items.iter().map(&op).collect(),
     };
     report_all(results)
+}
+
+/// `op` on every item on `n` workers, the results in item order. One worker
+/// per core at most (`-n` can name thousands of files), each on a contiguous
+/// run of the items, so that joining the workers in turn keeps the order.
+fn in_parallel<T: Sync>(
+    items: &[T],
+    n: usize,
+    op: &(impl Fn(&T) -> CmdResult + Sync),
+) -> Vec<CmdResult> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let workers = n.min(cores).max(1);
+    let run = items.len().div_ceil(workers).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(run)
+            .map(|chunk| s.spawn(move || chunk.iter().map(op).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Prints all but the last failure, and returns the last one: a command that
@@ -443,7 +465,7 @@ fn create(sh: &mut Shell, args: &[String]) -> CmdResult {
     if o.operands.is_empty() {
         return usage("create");
     }
-    let parallel = parallel_count(&o, o.operands.len())?.is_some();
+    let parallel = parallel_count(&o, o.operands.len())?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&o.operands, parallel, |name| {
         fs.create_path(ctx, cwd, name, 0o644, true)
@@ -494,7 +516,7 @@ fn write(sh: &mut Shell, args: &[String]) -> CmdResult {
         None => None,
     };
     let pairs: Vec<(&String, &String)> = o.operands.chunks(2).map(|c| (&c[0], &c[1])).collect();
-    let parallel = parallel_count(&o, pairs.len())?.is_some();
+    let parallel = parallel_count(&o, pairs.len())?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&pairs, parallel, |(path, text)| {
         write_one(fs, ctx, cwd, path, text.as_bytes(), at)
@@ -536,7 +558,7 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
     if o.operands.is_empty() {
         return usage("delete");
     }
-    let parallel = parallel_count(&o, o.operands.len())?.is_some();
+    let parallel = parallel_count(&o, o.operands.len())?;
     let (fs, cwd) = (&sh.fs, sh.cwd());
     for_each(&o.operands, parallel, |name| {
         match fs.unlink_path(cwd, name) {
@@ -625,7 +647,7 @@ fn mkdir(sh: &mut Shell, args: &[String]) -> CmdResult {
     }
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     let parents = o.has("-p");
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         let r = if parents {
             fs.mkdir_all(ctx, cwd, p, 0o755).map(|_| ())
         } else {
@@ -641,7 +663,7 @@ fn rmdir(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("rmdir");
     }
     let (fs, cwd) = (&sh.fs, sh.cwd());
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         fs.rmdir_path(cwd, p).map_err(|e| fs_err(e, p))
     })
 }
@@ -702,7 +724,7 @@ fn mv(sh: &mut Shell, args: &[String]) -> CmdResult {
         return Err(fs_err(Errno::ENOTDIR, dest));
     }
     let fs = &sh.fs;
-    for_each(srcs, false, |src| {
+    for_each(srcs, None, |src| {
         fs.lstat_path(cwd, src).map_err(|e| fs_err(e, src))?;
         let to = target_path(fs, cwd, src, dest, false);
         match fs.rename_path(cwd, src, &to, RenameFlags::default()) {
@@ -888,7 +910,7 @@ fn cp(sh: &mut Shell, args: &[String]) -> CmdResult {
     if srcs.len() > 1 && !is_dir(fs, cwd, dest) {
         return Err(fs_err(Errno::ENOTDIR, dest));
     }
-    for_each(srcs, false, |src| {
+    for_each(srcs, None, |src| {
         let a = fs.stat_path(cwd, src).map_err(|e| fs_err(e, src))?;
         let to = target_path(fs, cwd, src, dest, false);
         let (dir, name) = fs.resolve_parent(cwd, &to).map_err(|e| fs_err(e, &to))?;
@@ -994,7 +1016,7 @@ fn truncate(sh: &mut Shell, args: &[String]) -> CmdResult {
         .parse_size(size)
         .map_err(|_| super::CmdError(format!("invalid size: {size}")))?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         let ino = match fs.resolve(cwd, p, true) {
             Ok(i) => i,
             Err(Errno::ENOENT) => {
@@ -1025,7 +1047,7 @@ fn chmod(sh: &mut Shell, args: &[String]) -> CmdResult {
         _ => return err(format!("invalid mode (use octal, e.g. 644): {m}")),
     };
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands[1..], false, |p| {
+    for_each(&o.operands[1..], None, |p| {
         let ino = fs.resolve(cwd, p, true).map_err(|e| fs_err(e, p))?;
         let set = SetAttr {
             mode: Some(mode),
@@ -1043,7 +1065,7 @@ fn touch(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("touch");
     }
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands, false, |p| match fs.resolve(cwd, p, true) {
+    for_each(&o.operands, None, |p| match fs.resolve(cwd, p, true) {
         Ok(ino) => {
             let set = SetAttr {
                 atime: Some(SetTime::Now),
