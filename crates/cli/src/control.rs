@@ -400,18 +400,7 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
     Ok(Some(match cmd {
         // `mount -o remount,...` (mount.rs, `remount_atime`): the options
         // the atime policy follows, comma-separated, in order.
-        "remount" => {
-            let opts: Vec<&str> = arg.split(',').filter(|o| !o.is_empty()).collect();
-            if let Some(bad) = opts
-                .iter()
-                .find(|o| !crate::mount::REMOUNT_ATIME_OPTIONS.contains(o))
-            {
-                bail!("remount: {bad:?} is not an option the server changes live");
-            }
-            let now = m.fuse.atime.apply(opts.iter().copied());
-            tracing::info!(options = arg, atime = ?now, "remounted");
-            vec![format!("{now:?}")]
-        }
+        "remount" => vec![remount(m, arg)?],
         "kind" => vec![
             if m.durable.is_some() {
                 "durable"
@@ -422,22 +411,7 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
         ],
         "snap-create" => {
             need()?;
-            if m.fuse.data_path != memfs_fuse::DataPath::Fuse {
-                // The kernel writes a passthrough file's bytes straight to its
-                // backing file: the engine never sees them, so it could not
-                // preserve a page before its first change (docs/snapshots.md).
-                bail!(
-                    "{} serves file data through kernel passthrough (--data-path passthrough|auto), \
-                     whose writes bypass the engine: snapshots need the fuse data path \
-                     (memfs mount --data-path fuse, the default)",
-                    m.mountpoint.display()
-                );
-            }
-            let s = m
-                .swapper
-                .snapshot_create(name)
-                .map_err(|e| errno(e, &format!("cannot create snapshot {arg:?}")))?;
-            vec![snap_line(&s)]
+            vec![snap_create(m, arg)?]
         }
         "snap-delete" => {
             need()?;
@@ -455,30 +429,7 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
         }
         "snap-rollback" => {
             need()?;
-            if m.durable.is_some() {
-                bail!(
-                    "a durable mount rolls back through its journal: memfs rollback --mount {} --to NAME|COMMIT",
-                    m.mountpoint.display()
-                );
-            }
-            let t = Instant::now();
-            let r = m
-                .swapper
-                .rollback_to_snapshot(name)
-                .map_err(|e| errno(e, &format!("cannot roll back to snapshot {arg:?}")))?;
-            // INODES NAMES TOTAL_US, then the breakdown: CHANGED ENTRIES
-            // WAIT_US ENGINE_US INVALIDATION_US.
-            vec![format!(
-                "{} {} {} {} {} {} {} {}",
-                r.inodes,
-                r.names,
-                t.elapsed().as_micros(),
-                r.changed,
-                r.entries,
-                r.wait.as_micros(),
-                r.engine.as_micros(),
-                r.invalidate.as_micros()
-            )]
+            vec![snap_rollback(m, arg)?]
         }
         "clone" => {
             let (snap, target) = arg
@@ -490,6 +441,69 @@ fn engine_request(m: &Mount, line: &str) -> anyhow::Result<Option<Vec<String>>> 
         }
         _ => return Ok(None),
     }))
+}
+
+/// `remount OPTIONS`: the server's side of `mount -o remount,...`; the
+/// atime policy it has now.
+fn remount(m: &Mount, arg: &str) -> anyhow::Result<String> {
+    let opts: Vec<&str> = arg.split(',').filter(|o| !o.is_empty()).collect();
+    if let Some(bad) = opts
+        .iter()
+        .find(|o| !crate::remount_options::ATIME_POLICY.contains(o))
+    {
+        bail!("remount: {bad:?} is not an option the server changes live");
+    }
+    let now = m.fuse.atime.apply(opts.iter().copied());
+    tracing::info!(options = arg, atime = ?now, "remounted");
+    Ok(format!("{now:?}"))
+}
+
+/// `snap-create NAME`: the new snapshot's `snap-list` line.
+fn snap_create(m: &Mount, arg: &str) -> anyhow::Result<String> {
+    if m.fuse.data_path != memfs_fuse::DataPath::Fuse {
+        // The kernel writes a passthrough file's bytes straight to its
+        // backing file: the engine never sees them, so it could not
+        // preserve a page before its first change (docs/snapshots.md).
+        bail!(
+            "{} serves file data through kernel passthrough (--data-path passthrough|auto), \
+             whose writes bypass the engine: snapshots need the fuse data path \
+             (memfs mount --data-path fuse, the default)",
+            m.mountpoint.display()
+        );
+    }
+    let s = m
+        .swapper
+        .snapshot_create(arg.as_bytes())
+        .map_err(|e| errno(e, &format!("cannot create snapshot {arg:?}")))?;
+    Ok(snap_line(&s))
+}
+
+/// `snap-rollback NAME`: the line of counts and times it reports.
+fn snap_rollback(m: &Mount, arg: &str) -> anyhow::Result<String> {
+    if m.durable.is_some() {
+        bail!(
+            "a durable mount rolls back through its journal: memfs rollback --mount {} --to NAME|COMMIT",
+            m.mountpoint.display()
+        );
+    }
+    let t = Instant::now();
+    let r = m
+        .swapper
+        .rollback_to_snapshot(arg.as_bytes())
+        .map_err(|e| errno(e, &format!("cannot roll back to snapshot {arg:?}")))?;
+    // INODES NAMES TOTAL_US, then the breakdown: CHANGED ENTRIES
+    // WAIT_US ENGINE_US INVALIDATION_US.
+    Ok(format!(
+        "{} {} {} {} {} {} {} {}",
+        r.inodes,
+        r.names,
+        t.elapsed().as_micros(),
+        r.changed,
+        r.entries,
+        r.wait.as_micros(),
+        r.engine.as_micros(),
+        r.invalidate.as_micros()
+    ))
 }
 
 /// Mounts a writable clone of snapshot `snap` at `target`, served by this
@@ -587,7 +601,7 @@ pub fn mount_request(mountpoint: &Path, req: &str) -> anyhow::Result<Vec<String>
 
 /// Whether the memfs at `mountpoint` has a data directory (else: in memory).
 pub fn is_durable_mount(mountpoint: &Path) -> bool {
-    crate::mount::mount_source(mountpoint)
+    crate::mount_table::source(mountpoint)
         .map(PathBuf::from)
         .is_some_and(|d| {
             d.is_absolute() && d.join(memfs_durable::journal::dir::LOCK_FILE).is_file()
@@ -793,7 +807,7 @@ pub fn data_dir_of_mount(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     if !memfs_fuse::mounts::is_mounted(mountpoint) {
         bail!("{} is not mounted", mountpoint.display());
     }
-    let source = crate::mount::mount_source(mountpoint).with_context(|| {
+    let source = crate::mount_table::source(mountpoint).with_context(|| {
         format!(
             "cannot read the mount table entry of {}",
             mountpoint.display()

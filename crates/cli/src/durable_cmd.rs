@@ -191,7 +191,7 @@ fn print_snap_line(l: &str) -> anyhow::Result<()> {
     println!(
         "{name:<24} id {id:<10} {}  {nodes} nodes, {} of data",
         fmt_time_ns(ns.parse()?),
-        crate::mount::human_bytes(bytes.parse()?)
+        crate::human::bytes(bytes.parse()?)
     );
     Ok(())
 }
@@ -465,14 +465,16 @@ fn print_marker(m: &durable::ReadOnlyMarker) {
     );
 }
 
-pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
-    let data_dir = match (&a.data_dir, &a.mountpoint) {
+/// The data directory `memfs status` reports on: given, or the one a
+/// durable mount names as its source.
+fn status_data_dir(a: &StatusArgs) -> anyhow::Result<PathBuf> {
+    Ok(match (&a.data_dir, &a.mountpoint) {
         (Some(d), _) => d.clone(),
         (None, Some(mp)) => {
             if !memfs_fuse::mounts::is_mounted(mp) {
                 bail!("{} is not mounted", mp.display());
             }
-            crate::mount::mount_source(mp)
+            crate::mount_table::source(mp)
                 .map(PathBuf::from)
                 .filter(|p| p.is_absolute() && control::socket_path(p).exists())
                 .with_context(|| {
@@ -483,7 +485,11 @@ pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
                 })?
         }
         (None, None) => bail!("give a mount point or --data-dir"),
-    };
+    })
+}
+
+pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
+    let data_dir = status_data_dir(&a)?;
     check_dir(&data_dir)?;
     // Ask the server first: a directory on a disk gone read-only cannot
     // even be locked to find out whether it is in use.
@@ -547,6 +553,35 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
         r => r?,
     };
     let dir = &a.data_dir;
+    check_journal(&a)?;
+    let manifest = memfs_journal::Manifest::load(dir)?;
+    let base = manifest.as_ref().and_then(|m| m.checkpoint);
+    match &base {
+        Some(b) => println!(
+            "checkpoint: commit {} (journal needed through {})",
+            b.commit, b.required_end
+        ),
+        None => println!("checkpoint: none (the journal starts the history)"),
+    }
+    if let Some(m) = durable::read_only_marker(dir)? {
+        print_marker(&m);
+    }
+    let h = durable::History::load(dir)?;
+    println!(
+        "history: {} checkpoints kept, {} named snapshots",
+        h.checkpoints.len(),
+        h.snapshots.len()
+    );
+    drop(lock);
+    check_tree(dir, base)?;
+    println!("clean");
+    Ok(())
+}
+
+/// The journal's part of `fsck`: its segments, a torn tail, damage, and the
+/// repair of that damage when asked.
+fn check_journal(a: &FsckArgs) -> anyhow::Result<()> {
+    let dir = &a.data_dir;
     let v = memfs_journal::recovery::verify(dir)?;
     println!(
         "journal: {} segments, {} bytes, commits {}..={}",
@@ -596,25 +631,12 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
             r.files_removed.len()
         );
     }
-    let manifest = memfs_journal::Manifest::load(dir)?;
-    let base = manifest.as_ref().and_then(|m| m.checkpoint);
-    match &base {
-        Some(b) => println!(
-            "checkpoint: commit {} (journal needed through {})",
-            b.commit, b.required_end
-        ),
-        None => println!("checkpoint: none (the journal starts the history)"),
-    }
-    if let Some(m) = durable::read_only_marker(dir)? {
-        print_marker(&m);
-    }
-    let h = durable::History::load(dir)?;
-    println!(
-        "history: {} checkpoints kept, {} named snapshots",
-        h.checkpoints.len(),
-        h.snapshots.len()
-    );
-    drop(lock);
+    Ok(())
+}
+
+/// The tree's part of `fsck`: rebuilt from the checkpoint and the journal,
+/// then checked for consistency.
+fn check_tree(dir: &Path, base: Option<memfs_journal::CheckpointRef>) -> anyhow::Result<()> {
     let (fs, last) = durable::rebuild(dir, base, None, Config::default())
         .context("rebuilding the file system from the checkpoint and journal")?;
     let problems = fs.check_consistency();
@@ -629,7 +651,6 @@ pub fn run_fsck(a: FsckArgs) -> anyhow::Result<()> {
     if !problems.is_empty() {
         bail!("the file system tree is inconsistent");
     }
-    println!("clean");
     Ok(())
 }
 

@@ -23,8 +23,11 @@ use memfs_bench::{all as bench_all, report as bench_report};
 mod clone_cmd;
 mod control;
 mod durable_cmd;
+mod human;
 mod mount;
+mod mount_table;
 mod own_mount;
+mod remount_options;
 mod shell;
 mod store_cmd;
 

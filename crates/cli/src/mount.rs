@@ -6,6 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -13,6 +14,8 @@ use memfs_fs::{Config, Fs};
 use memfs_fuse::MountOptions;
 use memfs_fuse::mounts::unescape_mount_path;
 pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
+
+use crate::{mount_table, remount_options};
 
 /// Set in the background server process: its standard output is a pipe on
 /// which it reports the outcome of mounting to the process that started it.
@@ -243,15 +246,73 @@ const IGNORED_OPTIONS: &[&str] = &[
     "loud",
 ];
 
+/// What the flags and `-o` ask for beyond the FUSE options, as given (a
+/// `-o` value overrides its flag); [`MountArgs::settings`] resolves it.
+struct Requested {
+    size: Option<u64>,
+    inodes: Option<u64>,
+    data_dir: Option<PathBuf>,
+    durability: Option<String>,
+    interval: Option<String>,
+    retention: Option<String>,
+    remount: bool,
+}
+
 impl MountArgs {
     fn settings(&self) -> anyhow::Result<Settings> {
-        let mut size = self.size.as_deref().map(parse_size).transpose()?;
-        let mut inodes = self.inodes.as_deref().map(parse_count).transpose()?;
+        let mut req = Requested {
+            size: self.size.as_deref().map(parse_size).transpose()?,
+            inodes: self.inodes.as_deref().map(parse_count).transpose()?,
+            data_dir: self.data_dir.clone(),
+            durability: self.durability.clone(),
+            interval: self.checkpoint_interval.clone(),
+            retention: self.retention.clone(),
+            remount: false,
+        };
+        let mut fuse = self.fuse_flags()?;
+        for opt in self
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .filter(|o| !o.is_empty())
+        {
+            apply_option(opt, &mut fuse, &mut req)?;
+        }
+        memfs_fuse::snapdir::check_dir_name(&fuse.snapdir_name).map_err(anyhow::Error::msg)?;
+        if fuse.threads == 0 {
+            bail!("--threads must be at least 1");
+        }
+        let remount = req
+            .remount
+            .then(|| remount_options::mount_flags(self.options.iter().flat_map(|o| o.split(','))));
+        let mut config = Config::default();
+        if let Some(s) = req.size {
+            config.capacity = s;
+            config.max_inodes = (s / memfs_fs::PAGE_SIZE as u64).max(1024);
+        }
+        if let Some(i) = req.inodes {
+            config.max_inodes = i;
+        }
+        fuse.data_capacity = config.capacity;
+        if req.data_dir.is_some() && fuse.data_path != memfs_fuse::DataPath::Fuse {
+            if fuse.data_path == memfs_fuse::DataPath::Passthrough {
+                tracing::warn!(
+                    "--data-dir: serving the fuse data path (passthrough writes would bypass the journal)"
+                );
+            }
+            fuse.data_path = memfs_fuse::DataPath::Fuse;
+        }
+        Ok(Settings {
+            config,
+            fuse,
+            durable: durable_settings(req)?,
+            remount,
+        })
+    }
+
+    /// The FUSE options the flags (not `-o`) ask for.
+    fn fuse_flags(&self) -> anyhow::Result<MountOptions> {
         let mut fuse = MountOptions::default();
-        let mut data_dir = self.data_dir.clone();
-        let mut durability = self.durability.clone();
-        let mut interval = self.checkpoint_interval.clone();
-        let mut retention = self.retention.clone();
         if let Some(t) = self.threads {
             fuse.threads = t;
         }
@@ -281,138 +342,108 @@ impl MountArgs {
         if let Some(n) = &self.snapdir_name {
             fuse.snapdir_name = n.as_bytes().to_vec();
         }
-        let mut remount = false;
         if let Some(src) = &self.helper_source
             && !src.is_empty()
             && !src.contains([',', ' ', '\t', '\n', '\\'])
         {
             fuse.fsname = src.clone();
         }
-        for opt in self
-            .options
-            .iter()
-            .flat_map(|o| o.split(','))
-            .filter(|o| !o.is_empty())
-        {
-            let (key, value) = match opt.split_once('=') {
-                Some((k, v)) => (k, Some(v)),
-                None => (opt, None),
-            };
-            let need =
-                || value.with_context(|| format!("mount option {key} needs a value ({key}=...)"));
-            match key {
-                "size" => size = Some(parse_size(need()?)?),
-                "inodes" | "nr_inodes" => inodes = Some(parse_count(need()?)?),
-                "threads" => {
-                    fuse.threads = need()?
-                        .parse()
-                        .ok()
-                        .filter(|&t: &usize| t > 0)
-                        .with_context(|| {
-                            format!("invalid threads {:?}", value.unwrap_or_default())
-                        })?
-                }
-                "writeback_cache" => fuse.writeback_cache = true,
-                "allow_other" => fuse.allow_other = true,
-                "allow_idmap" => fuse.allow_idmap = true,
-                "io_uring" => fuse.io_uring = true,
-                "copy_writes" => fuse.paged_writes = false,
-                "poll_us" => fuse.poll = parse_poll_us("mount option poll_us", need()?)?,
-                "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
-                "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
-                "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
-                "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
-                "fsname" => fuse.fsname = need()?.to_string(),
-                "subtype" => fuse.subtype = need()?.to_string(),
-                "data_dir" => data_dir = Some(PathBuf::from(need()?)),
-                "durability" => durability = Some(need()?.to_string()),
-                "checkpoint_interval" => interval = Some(need()?.to_string()),
-                "retention" => retention = Some(need()?.to_string()),
-                "remount" => remount = true,
-                "snapdir" => fuse.snapdir_visible = parse_snapdir("mount option snapdir", need()?)?,
-                "snapdir_name" => fuse.snapdir_name = need()?.as_bytes().to_vec(),
-                // The FUSE kernel never updates atime itself: the policy is
-                // the engine's (noatime is also passed on as the mount flag).
-                "relatime" | "strictatime" => {
-                    fuse.atime.apply([key]);
-                }
-                "atime" | "noatime" => {
-                    fuse.atime.apply([key]);
-                    fuse.extra.push(opt.to_string())
-                }
-                k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
-                "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "sync"
-                | "async" | "dirsync" => {
-                    // Reading a read-only file system records no access
-                    // (generic/003), until a `remount,rw`.
-                    fuse.atime.apply([key]);
-                    fuse.extra.push(opt.to_string())
-                }
-                _ => bail!("unknown mount option {opt:?}"),
-            }
+        Ok(fuse)
+    }
+}
+
+/// One `-o` option, onto the FUSE options or what else it asks for.
+fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyhow::Result<()> {
+    let (key, value) = match opt.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (opt, None),
+    };
+    let need = || value.with_context(|| format!("mount option {key} needs a value ({key}=...)"));
+    match key {
+        "size" => req.size = Some(parse_size(need()?)?),
+        "inodes" | "nr_inodes" => req.inodes = Some(parse_count(need()?)?),
+        "threads" => {
+            fuse.threads = need()?
+                .parse()
+                .ok()
+                .filter(|&t: &usize| t > 0)
+                .with_context(|| format!("invalid threads {:?}", value.unwrap_or_default()))?
         }
-        memfs_fuse::snapdir::check_dir_name(&fuse.snapdir_name).map_err(anyhow::Error::msg)?;
-        if fuse.threads == 0 {
-            bail!("--threads must be at least 1");
+        "writeback_cache" => fuse.writeback_cache = true,
+        "allow_other" => fuse.allow_other = true,
+        "allow_idmap" => fuse.allow_idmap = true,
+        "io_uring" => fuse.io_uring = true,
+        "copy_writes" => fuse.paged_writes = false,
+        "poll_us" => fuse.poll = parse_poll_us("mount option poll_us", need()?)?,
+        "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
+        "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
+        "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
+        "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
+        "fsname" => fuse.fsname = need()?.to_string(),
+        "subtype" => fuse.subtype = need()?.to_string(),
+        "data_dir" => req.data_dir = Some(PathBuf::from(need()?)),
+        "durability" => req.durability = Some(need()?.to_string()),
+        "checkpoint_interval" => req.interval = Some(need()?.to_string()),
+        "retention" => req.retention = Some(need()?.to_string()),
+        "remount" => req.remount = true,
+        "snapdir" => fuse.snapdir_visible = parse_snapdir("mount option snapdir", need()?)?,
+        "snapdir_name" => fuse.snapdir_name = need()?.as_bytes().to_vec(),
+        // The FUSE kernel never updates atime itself: the policy is
+        // the engine's (noatime is also passed on as the mount flag).
+        "relatime" | "strictatime" => {
+            fuse.atime.apply([key]);
         }
-        let remount =
-            remount.then(|| remount_flags(self.options.iter().flat_map(|o| o.split(','))));
-        let mut config = Config::default();
-        if let Some(s) = size {
-            config.capacity = s;
-            config.max_inodes = (s / memfs_fs::PAGE_SIZE as u64).max(1024);
+        "atime" | "noatime" => {
+            fuse.atime.apply([key]);
+            fuse.extra.push(opt.to_string())
         }
-        if let Some(i) = inodes {
-            config.max_inodes = i;
+        k if IGNORED_OPTIONS.contains(&k) || k.starts_with("x-") => {}
+        "ro" | "rw" | "exec" | "noexec" | "suid" | "nosuid" | "dev" | "nodev" | "sync"
+        | "async" | "dirsync" => {
+            // Reading a read-only file system records no access
+            // (generic/003), until a `remount,rw`.
+            fuse.atime.apply([key]);
+            fuse.extra.push(opt.to_string())
         }
-        fuse.data_capacity = config.capacity;
-        if data_dir.is_some() && fuse.data_path != memfs_fuse::DataPath::Fuse {
-            if fuse.data_path == memfs_fuse::DataPath::Passthrough {
-                tracing::warn!(
-                    "--data-dir: serving the fuse data path (passthrough writes would bypass the journal)"
+        _ => bail!("unknown mount option {opt:?}"),
+    }
+    Ok(())
+}
+
+/// The data directory and its options; `None`: a pure in-memory mount.
+fn durable_settings(req: Requested) -> anyhow::Result<Option<(PathBuf, memfs_durable::Options)>> {
+    Ok(match req.data_dir {
+        None => {
+            if req.durability.is_some() || req.interval.is_some() || req.retention.is_some() {
+                bail!(
+                    "--durability, --checkpoint-interval and --retention need --data-dir (without it memfs keeps nothing)"
                 );
             }
-            fuse.data_path = memfs_fuse::DataPath::Fuse;
+            None
         }
-        let durable = match data_dir {
-            None => {
-                if durability.is_some() || interval.is_some() || retention.is_some() {
-                    bail!(
-                        "--durability, --checkpoint-interval and --retention need --data-dir (without it memfs keeps nothing)"
-                    );
-                }
-                None
+        Some(dir) => {
+            use memfs_durable as durable;
+            let mut o = durable::Options::default();
+            if let Some(d) = req.durability {
+                o.durability = durable::parse_durability(&d).map_err(|e| {
+                    anyhow::anyhow!(
+                        "invalid durability {d:?}: {e} (use none, sync, async, relaxed=N)"
+                    )
+                })?;
             }
-            Some(dir) => {
-                use memfs_durable as durable;
-                let mut o = durable::Options::default();
-                if let Some(d) = durability {
-                    o.durability = durable::parse_durability(&d).map_err(|e| {
-                        anyhow::anyhow!(
-                            "invalid durability {d:?}: {e} (use none, sync, async, relaxed=N)"
-                        )
-                    })?;
-                }
-                if let Some(i) = interval {
-                    let d = durable::parse_duration_arg(&i)
-                        .map_err(|e| anyhow::anyhow!("invalid checkpoint interval: {e}"))?;
-                    o.checkpoint_interval = (!d.is_zero()).then_some(d);
-                }
-                if let Some(r) = retention {
-                    o.retention = r
-                        .parse()
-                        .map_err(|e| anyhow::anyhow!("invalid retention {r:?}: {e}"))?;
-                }
-                Some((dir, o))
+            if let Some(i) = req.interval {
+                let d = durable::parse_duration_arg(&i)
+                    .map_err(|e| anyhow::anyhow!("invalid checkpoint interval: {e}"))?;
+                o.checkpoint_interval = (!d.is_zero()).then_some(d);
             }
-        };
-        Ok(Settings {
-            config,
-            fuse,
-            durable,
-            remount,
-        })
-    }
+            if let Some(r) = req.retention {
+                o.retention = r
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("invalid retention {r:?}: {e}"))?;
+            }
+            Some((dir, o))
+        }
+    })
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -466,50 +497,6 @@ fn preflight(mountpoint: &Path) -> anyhow::Result<PathBuf> {
     Ok(canon)
 }
 
-/// The mount(2) flags that `-o remount,...` asks for. mount(8) passes the
-/// whole option set (the current ones merged with the new), and the kernel
-/// replaces the mount's flags with these; with no atime option it keeps the
-/// current atime policy.
-fn remount_flags<'a>(opts: impl Iterator<Item = &'a str>) -> nix::mount::MsFlags {
-    use nix::mount::MsFlags;
-    let mut flags = MsFlags::MS_REMOUNT;
-    for o in opts {
-        let (set, clear) = match o {
-            "ro" => (MsFlags::MS_RDONLY, MsFlags::empty()),
-            "rw" => (MsFlags::empty(), MsFlags::MS_RDONLY),
-            "nosuid" => (MsFlags::MS_NOSUID, MsFlags::empty()),
-            "suid" => (MsFlags::empty(), MsFlags::MS_NOSUID),
-            "nodev" => (MsFlags::MS_NODEV, MsFlags::empty()),
-            "dev" => (MsFlags::empty(), MsFlags::MS_NODEV),
-            "noexec" => (MsFlags::MS_NOEXEC, MsFlags::empty()),
-            "exec" => (MsFlags::empty(), MsFlags::MS_NOEXEC),
-            "sync" => (MsFlags::MS_SYNCHRONOUS, MsFlags::empty()),
-            "async" => (MsFlags::empty(), MsFlags::MS_SYNCHRONOUS),
-            "dirsync" => (MsFlags::MS_DIRSYNC, MsFlags::empty()),
-            "lazytime" => (MsFlags::MS_LAZYTIME, MsFlags::empty()),
-            "nolazytime" => (MsFlags::empty(), MsFlags::MS_LAZYTIME),
-            "nodiratime" => (MsFlags::MS_NODIRATIME, MsFlags::empty()),
-            "diratime" => (MsFlags::empty(), MsFlags::MS_NODIRATIME),
-            "noatime" => (
-                MsFlags::MS_NOATIME,
-                MsFlags::MS_RELATIME | MsFlags::MS_STRICTATIME,
-            ),
-            "relatime" => (
-                MsFlags::MS_RELATIME,
-                MsFlags::MS_NOATIME | MsFlags::MS_STRICTATIME,
-            ),
-            "strictatime" => (
-                MsFlags::MS_STRICTATIME,
-                MsFlags::MS_NOATIME | MsFlags::MS_RELATIME,
-            ),
-            "atime" => (MsFlags::empty(), MsFlags::MS_NOATIME),
-            _ => (MsFlags::empty(), MsFlags::empty()),
-        };
-        flags = (flags - clear) | set;
-    }
-    flags
-}
-
 /// `mount -o remount,...`: the kernel changes a FUSE mount's flags itself
 /// (read-only is enforced by the VFS before a request reaches memfs), so the
 /// helper only has to make the mount(2) call that mount(8) left to it.
@@ -539,7 +526,7 @@ fn remount_atime(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
     let opts: Vec<&str> = options
         .iter()
         .flat_map(|o| o.split(','))
-        .filter(|o| REMOUNT_ATIME_OPTIONS.contains(o))
+        .filter(|o| remount_options::ATIME_POLICY.contains(o))
         .collect();
     if opts.is_empty() {
         return Ok(());
@@ -553,10 +540,6 @@ fn remount_atime(mountpoint: &Path, options: &[String]) -> anyhow::Result<()> {
         })?;
     Ok(())
 }
-
-/// Mount options that the server's atime policy follows ([`remount_atime`]).
-pub const REMOUNT_ATIME_OPTIONS: [&str; 6] =
-    ["noatime", "relatime", "strictatime", "atime", "ro", "rw"];
 
 pub fn run_mount(args: MountArgs) -> anyhow::Result<()> {
     let settings = args.settings()?;
@@ -609,7 +592,7 @@ fn spawn_background(mountpoint: &Path, settings: &Settings, quiet: bool) -> anyh
         println!(
             "memfs: mounted at {} ({what}: {} capacity, {} inodes, {} threads; server pid {})",
             mountpoint.display(),
-            human_bytes(c.capacity),
+            crate::human::bytes(c.capacity),
             c.max_inodes,
             settings.fuse.threads,
             child.id()
@@ -630,56 +613,16 @@ fn spawn_background(mountpoint: &Path, settings: &Settings, quiet: bool) -> anyh
     }
 }
 
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
+/// A durable mount's data directory, shared with the control socket.
+type SharedDurable = Arc<std::sync::Mutex<memfs_durable::DurableFs>>;
 
 fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<()> {
     if notify {
         // Leave the starter's session so its terminal's signals and hangups pass us by.
         let _ = nix::unistd::setsid();
     }
-    let (fs, durable, report) = match &settings.durable {
-        None => (Arc::new(Fs::new(settings.config)), None, None),
-        Some((dir, opts)) => {
-            let (d, report) = open_taking_over(dir, settings.config, opts)
-                .with_context(|| format!("cannot open data directory {}", dir.display()))?;
-            // Before the mount: nothing can change the tree yet.
-            if let Some(snapshots) = crate::control::durable_snapshots(&d) {
-                crate::control::share_recovered_snapshots(&d, &snapshots);
-            }
-            let fs = d.fs().clone();
-            (
-                fs,
-                Some(Arc::new(std::sync::Mutex::new(d))),
-                Some(report.to_string()),
-            )
-        }
-    };
-    let mut fuse_opts = settings.fuse.clone();
-    if let Some((dir, _)) = &settings.durable
-        && fuse_opts.fsname == "memfs"
-        && !dir.to_string_lossy().contains([',', ' ', '\t', '\n', '\\'])
-    {
-        // Shown as the source in /proc/mounts; `memfs umount` finds the data
-        // directory there to wait for the server to let go of it.
-        fuse_opts.fsname = dir
-            .canonicalize()
-            .unwrap_or_else(|_| dir.clone())
-            .to_string_lossy()
-            .into_owned();
-    }
+    let (fs, durable, report) = open_tree(&settings)?;
+    let fuse_opts = fuse_options(&settings);
     if !notify && let Some(r) = &report {
         // Before the mount appears: whoever sees the mount can read the report.
         eprintln!("memfs: recovery: {r}");
@@ -710,9 +653,67 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
         clones: clones.clone(),
     })?;
     let signals = UnmountOnSignal::start(mounted.unmounter(), mountpoint)?;
+    report_ready(mountpoint, notify, report.as_deref())?;
+    let result = mounted.run();
+    signals.stop();
+    let result = result.with_context(|| format!("serving {}", mountpoint.display()));
+    drop(ro_watch);
+    control.stop();
+    // The origin's clones are served by this process: they go with it.
+    clones.unmount_all();
+    if let Some(d) = durable {
+        close_data_dir(d)?;
+    }
+    result
+}
+
+/// The tree to serve: a new one, or the data directory's as recovered, with
+/// the recovery report.
+fn open_tree(
+    settings: &Settings,
+) -> anyhow::Result<(Arc<Fs>, Option<SharedDurable>, Option<String>)> {
+    let Some((dir, opts)) = &settings.durable else {
+        return Ok((Arc::new(Fs::new(settings.config)), None, None));
+    };
+    let (d, report) = open_taking_over(dir, settings.config, opts)
+        .with_context(|| format!("cannot open data directory {}", dir.display()))?;
+    // Before the mount: nothing can change the tree yet.
+    if let Some(snapshots) = crate::control::durable_snapshots(&d) {
+        crate::control::share_recovered_snapshots(&d, &snapshots);
+    }
+    let fs = d.fs().clone();
+    Ok((
+        fs,
+        Some(Arc::new(std::sync::Mutex::new(d))),
+        Some(report.to_string()),
+    ))
+}
+
+/// The FUSE options to mount with: a durable mount names its data directory
+/// as its source.
+fn fuse_options(settings: &Settings) -> MountOptions {
+    let mut fuse_opts = settings.fuse.clone();
+    if let Some((dir, _)) = &settings.durable
+        && fuse_opts.fsname == "memfs"
+        && !dir.to_string_lossy().contains([',', ' ', '\t', '\n', '\\'])
+    {
+        // Shown as the source in /proc/mounts; `memfs umount` finds the data
+        // directory there to wait for the server to let go of it.
+        fuse_opts.fsname = dir
+            .canonicalize()
+            .unwrap_or_else(|_| dir.clone())
+            .to_string_lossy()
+            .into_owned();
+    }
+    fuse_opts
+}
+
+/// Tells the starting process (or, in the foreground, the user) that the
+/// mount is usable.
+fn report_ready(mountpoint: &Path, notify: bool, report: Option<&str>) -> anyhow::Result<()> {
     if notify {
         let mut out = std::io::stdout();
-        match &report {
+        match report {
             Some(r) => writeln!(out, "ready\t{r}"),
             None => writeln!(out, "ready"),
         }
@@ -729,30 +730,25 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
             mountpoint.display()
         );
     }
-    let result = mounted.run();
-    signals.stop();
-    let result = result.with_context(|| format!("serving {}", mountpoint.display()));
-    drop(ro_watch);
-    control.stop();
-    // The origin's clones are served by this process: they go with it.
-    clones.unmount_all();
-    if let Some(d) = durable {
-        // The session's workers are gone with `mounted`: this is the last reference.
-        match Arc::try_unwrap(d) {
-            Ok(d) => d
-                .into_inner()
+    Ok(())
+}
+
+fn close_data_dir(d: SharedDurable) -> anyhow::Result<()> {
+    // The session's workers are gone with `mounted`: this is the last reference.
+    match Arc::try_unwrap(d) {
+        Ok(d) => d
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .close()
+            .context("closing the data directory")?,
+        Err(d) => {
+            d.lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .close()
-                .context("closing the data directory")?,
-            Err(d) => {
-                d.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .sync()
-                    .context("syncing the data directory")?;
-            }
+                .sync()
+                .context("syncing the data directory")?;
         }
     }
-    result
+    Ok(())
 }
 
 /// When the data directory fails and the file system turns read-only, a
@@ -766,13 +762,12 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
 /// a new server of the same data directory cannot mount before we let go
 /// of its lock, at close.
 struct ReadOnlyWatch {
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ReadOnlyWatch {
     fn start(d: &memfs_durable::DurableFs, mountpoint: &Path) -> ReadOnlyWatch {
-        use std::sync::atomic::{AtomicBool, Ordering};
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         d.on_read_only(move |reason| {
             let _ = tx.send(reason.to_string());
@@ -784,64 +779,8 @@ impl ReadOnlyWatch {
             std::thread::Builder::new()
                 .name("memfs-readonly".into())
                 .spawn(move || {
-                    let reason = loop {
-                        if stop.load(Ordering::Acquire) {
-                            return;
-                        }
-                        match rx.recv_timeout(Duration::from_millis(200)) {
-                            Ok(r) => break r,
-                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                            Err(_) => return,
-                        }
-                    };
-                    // EBUSY while a file is open for writing (or an unlinked
-                    // file is open): the kernel refuses a read-only remount
-                    // then, so try again until it is free.
-                    let mut told = false;
-                    while !stop.load(Ordering::Acquire) {
-                        let m = mp.clone();
-                        let r = match crate::own_mount::call(
-                            "the read-only remount",
-                            crate::own_mount::LIMIT,
-                            move || remount_read_only(&m),
-                        ) {
-                            Ok(r) => r,
-                            // No thread, or a remount that did not return:
-                            // not retried (that would pile up threads).
-                            Err(e) => {
-                                tracing::warn!(
-                                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
-                                    mp.display()
-                                );
-                                return;
-                            }
-                        };
-                        match r {
-                            Ok(()) => {
-                                tracing::warn!(
-                                    "remounted {} read-only: {reason}",
-                                    mp.display()
-                                );
-                                return;
-                            }
-                            Err(nix::errno::Errno::EBUSY) => {
-                                if !told {
-                                    tracing::info!(
-                                        "{} is busy (files open for writing): remounting it read-only once they close",
-                                        mp.display()
-                                    );
-                                    told = true;
-                                }
-                                std::thread::sleep(Duration::from_millis(100));
-                            }
-                            Err(e) => {
-                                tracing::warn!(
-                                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
-                                    mp.display()
-                                );
-                                return;
-                            }
-                        }
+                    if let Some(reason) = wait_for_read_only(&rx, &stop) {
+                        remount_read_only_when_free(&mp, &stop, &reason);
                     }
                 })
                 .ok()
@@ -850,9 +789,72 @@ impl ReadOnlyWatch {
     }
 }
 
+/// Why the file system turned read-only, once it does; `None`: stopped first.
+fn wait_for_read_only(rx: &std::sync::mpsc::Receiver<String>, stop: &AtomicBool) -> Option<String> {
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return None;
+        }
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(r) => return Some(r),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => return None,
+        }
+    }
+}
+
+fn remount_read_only_when_free(mp: &Path, stop: &AtomicBool, reason: &str) {
+    // EBUSY while a file is open for writing (or an unlinked
+    // file is open): the kernel refuses a read-only remount
+    // then, so try again until it is free.
+    let mut told = false;
+    while !stop.load(Ordering::Acquire) {
+        let m = mp.to_path_buf();
+        let r = match crate::own_mount::call(
+            "the read-only remount",
+            crate::own_mount::LIMIT,
+            move || remount_read_only(&m),
+        ) {
+            Ok(r) => r,
+            // No thread, or a remount that did not return:
+            // not retried (that would pile up threads).
+            Err(e) => {
+                tracing::warn!(
+                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
+                    mp.display()
+                );
+                return;
+            }
+        };
+        match r {
+            Ok(()) => {
+                tracing::warn!("remounted {} read-only: {reason}", mp.display());
+                return;
+            }
+            Err(nix::errno::Errno::EBUSY) => {
+                if !told {
+                    tracing::info!(
+                        "{} is busy (files open for writing): remounting it read-only once they close",
+                        mp.display()
+                    );
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot remount {} read-only ({e}); mutations still fail with EROFS",
+                    mp.display()
+                );
+                return;
+            }
+        }
+    }
+}
+
 impl Drop for ReadOnlyWatch {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -890,7 +892,7 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
     if !is_mounted(mp) {
         bail!("{} is not mounted", mp.display());
     }
-    let data_dir = mount_source(mp)
+    let data_dir = mount_table::source(mp)
         .map(PathBuf::from)
         .filter(|p| p.is_absolute() && p.join(memfs_durable::journal::dir::LOCK_FILE).is_file());
     unmount(mp, args.lazy)?;
@@ -900,22 +902,6 @@ pub fn run_umount(args: UmountArgs) -> anyhow::Result<()> {
         wait_for_data_dir(&dir)?;
     }
     Ok(())
-}
-
-/// The source field of `mp`'s mount (a durable memfs puts its data directory there).
-pub(crate) fn mount_source(mp: &Path) -> Option<String> {
-    let canon = mp.canonicalize().ok()?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        let point = PathBuf::from(unescape_mount_path(f.get(4)?));
-        if point != canon {
-            return None;
-        }
-        // Optional fields end at "-"; then type, source.
-        let dash = f.iter().position(|x| *x == "-")?;
-        f.get(dash + 2).map(|s| unescape_mount_path(s))
-    })
 }
 
 /// How long a new mount waits for the exiting server of its data directory.

@@ -521,7 +521,7 @@ fn size_limits_give_clear_errors() {
     assert_eq!(o.stderr, "create: no space left on the file system: c\n");
 }
 
-/// The `-n N` forms run on a thread pool; their results must be the ones of
+/// The `-n N` forms run on worker threads; their results must be the ones of
 /// the sequential forms.
 #[test]
 fn parallel_forms_match_sequential() {

@@ -9,11 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use memfs_fs::{
-    Attr, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, Timespec, XattrMode,
+    Attr, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, SetTime, XattrMode,
 };
-use rayon::prelude::*;
 
-use super::{CmdResult, Shell, err, fs_err, quote};
+use crate::human;
+
+use super::format::{format_time, ls_line_with, mode_string, name_str};
+use super::{CmdResult, Shell, err, fs_err};
 
 /// One command's help entry.
 pub struct Spec {
@@ -28,7 +30,7 @@ pub const COMMANDS: &[Spec] = &[
         name: "create",
         usage: "create [-n N] FILE...",
         summary: "create empty files",
-        details: "Fails for a name that already exists. With -n N the N files are created in parallel on a thread pool; N must equal the number of names.",
+        details: "Fails for a name that already exists. With -n N the N files are created in parallel on worker threads; N must equal the number of names.",
     },
     Spec {
         name: "write",
@@ -327,10 +329,6 @@ pub fn dispatch(sh: &mut Shell, words: &[String]) -> CmdResult {
 
 // ---- shared helpers --------------------------------------------------------------
 
-pub(super) fn name_str(name: &[u8]) -> String {
-    String::from_utf8_lossy(name).into_owned()
-}
-
 fn join(dir: &str, name: &str) -> String {
     if dir.ends_with('/') {
         format!("{dir}{name}")
@@ -366,19 +364,42 @@ fn parallel_count(opts: &Opts, items: usize) -> Result<Option<usize>, super::Cmd
     Ok(Some(n))
 }
 
-/// Runs `op` on every item, on the thread pool when `parallel`, and reports
-/// every failure in item order, so that both forms print the same thing.
+/// Runs `op` on every item, on up to `parallel` worker threads when given
+/// (`-n N`), and reports every failure in item order, so that both forms
+/// print the same thing.
 fn for_each<T: Sync>(
     items: &[T],
-    parallel: bool,
+    parallel: Option<usize>,
     op: impl Fn(&T) -> CmdResult + Sync + Send,
 ) -> CmdResult {
-    let results: Vec<CmdResult> = if parallel {
-        items.par_iter().map(&op).collect()
-    } else {
-        items.iter().map(&op).collect()
+    let results: Vec<CmdResult> = match parallel {
+        Some(n) => in_parallel(items, n, &op),
+        None => items.iter().map(&op).collect(),
     };
     report_all(results)
+}
+
+/// `op` on every item on `n` workers, the results in item order. One worker
+/// per core at most (`-n` can name thousands of files), each on a contiguous
+/// run of the items, so that joining the workers in turn keeps the order.
+fn in_parallel<T: Sync>(
+    items: &[T],
+    n: usize,
+    op: &(impl Fn(&T) -> CmdResult + Sync),
+) -> Vec<CmdResult> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let workers = n.min(cores).max(1);
+    let run = items.len().div_ceil(workers).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(run)
+            .map(|chunk| s.spawn(move || chunk.iter().map(op).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
 }
 
 /// Prints all but the last failure, and returns the last one: a command that
@@ -401,95 +422,6 @@ thread_local! {
 
 fn return_err_line(e: &super::CmdError) {
     CURRENT.with(|c| eprintln!("{}: {}", c.borrow(), e));
-}
-
-fn mode_string(a: &Attr) -> String {
-    let mut s = String::with_capacity(10);
-    s.push(a.kind.letter());
-    let p = a.perm as u32;
-    let bits = [
-        (0o400, 'r'),
-        (0o200, 'w'),
-        (0o100, 'x'),
-        (0o040, 'r'),
-        (0o020, 'w'),
-        (0o010, 'x'),
-        (0o004, 'r'),
-        (0o002, 'w'),
-        (0o001, 'x'),
-    ];
-    for (i, (bit, c)) in bits.iter().enumerate() {
-        let set = p & bit != 0;
-        let ch = match i {
-            2 if p & 0o4000 != 0 => {
-                if set {
-                    's'
-                } else {
-                    'S'
-                }
-            }
-            5 if p & 0o2000 != 0 => {
-                if set {
-                    's'
-                } else {
-                    'S'
-                }
-            }
-            8 if p & 0o1000 != 0 => {
-                if set {
-                    't'
-                } else {
-                    'T'
-                }
-            }
-            _ if set => *c,
-            _ => '-',
-        };
-        s.push(ch);
-    }
-    s
-}
-
-/// `YYYY-MM-DD HH:MM:SS` in UTC (the shell has no time zone database).
-pub fn format_time(t: Timespec, nanos: bool) -> String {
-    let days = t.sec.div_euclid(86_400);
-    let secs = t.sec.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    let (hh, mm, ss) = (secs / 3600, secs / 60 % 60, secs % 60);
-    if nanos {
-        format!(
-            "{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}:{ss:02}.{:09} UTC",
-            t.nsec
-        )
-    } else {
-        format!("{y:04}-{m:02}-{d:02} {hh:02}:{mm:02}")
-    }
-}
-
-pub fn human(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut v = bytes as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < UNITS.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{bytes}B")
-    } else if v < 10.0 {
-        format!("{v:.1}{}", UNITS[i])
-    } else {
-        format!("{v:.0}{}", UNITS[i])
-    }
 }
 
 /// The absolute path of directory `ino`, found by walking `..` up to the root.
@@ -533,7 +465,7 @@ fn create(sh: &mut Shell, args: &[String]) -> CmdResult {
     if o.operands.is_empty() {
         return usage("create");
     }
-    let parallel = parallel_count(&o, o.operands.len())?.is_some();
+    let parallel = parallel_count(&o, o.operands.len())?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&o.operands, parallel, |name| {
         fs.create_path(ctx, cwd, name, 0o644, true)
@@ -584,7 +516,7 @@ fn write(sh: &mut Shell, args: &[String]) -> CmdResult {
         None => None,
     };
     let pairs: Vec<(&String, &String)> = o.operands.chunks(2).map(|c| (&c[0], &c[1])).collect();
-    let parallel = parallel_count(&o, pairs.len())?.is_some();
+    let parallel = parallel_count(&o, pairs.len())?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&pairs, parallel, |(path, text)| {
         write_one(fs, ctx, cwd, path, text.as_bytes(), at)
@@ -626,7 +558,7 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
     if o.operands.is_empty() {
         return usage("delete");
     }
-    let parallel = parallel_count(&o, o.operands.len())?.is_some();
+    let parallel = parallel_count(&o, o.operands.len())?;
     let (fs, cwd) = (&sh.fs, sh.cwd());
     for_each(&o.operands, parallel, |name| {
         match fs.unlink_path(cwd, name) {
@@ -639,36 +571,6 @@ fn delete(sh: &mut Shell, args: &[String]) -> CmdResult {
 
 fn ls_line(fs: &Fs, name: &[u8], a: &Attr, long: bool) -> String {
     ls_line_with(name, a, long, |ino| fs.readlink(ino).ok())
-}
-
-/// One `ls` line; `target` gives a symbolic link's target (live tree or snapshot).
-pub(super) fn ls_line_with(
-    name: &[u8],
-    a: &Attr,
-    long: bool,
-    target: impl FnOnce(u64) -> Option<Vec<u8>>,
-) -> String {
-    let shown = quote(&name_str(name));
-    if !long {
-        return shown;
-    }
-    let mut line = format!(
-        "{} {:>3} {:>5} {:>5} {:>9} {} {}",
-        mode_string(a),
-        a.nlink,
-        a.uid,
-        a.gid,
-        a.size,
-        format_time(a.mtime, false),
-        shown
-    );
-    if a.kind == FileType::Symlink {
-        if let Some(t) = target(a.ino) {
-            line.push_str(" -> ");
-            line.push_str(&name_str(&t));
-        }
-    }
-    line
 }
 
 fn ls(sh: &mut Shell, args: &[String]) -> CmdResult {
@@ -745,7 +647,7 @@ fn mkdir(sh: &mut Shell, args: &[String]) -> CmdResult {
     }
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     let parents = o.has("-p");
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         let r = if parents {
             fs.mkdir_all(ctx, cwd, p, 0o755).map(|_| ())
         } else {
@@ -761,7 +663,7 @@ fn rmdir(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("rmdir");
     }
     let (fs, cwd) = (&sh.fs, sh.cwd());
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         fs.rmdir_path(cwd, p).map_err(|e| fs_err(e, p))
     })
 }
@@ -822,7 +724,7 @@ fn mv(sh: &mut Shell, args: &[String]) -> CmdResult {
         return Err(fs_err(Errno::ENOTDIR, dest));
     }
     let fs = &sh.fs;
-    for_each(srcs, false, |src| {
+    for_each(srcs, None, |src| {
         fs.lstat_path(cwd, src).map_err(|e| fs_err(e, src))?;
         let to = target_path(fs, cwd, src, dest, false);
         match fs.rename_path(cwd, src, &to, RenameFlags::default()) {
@@ -851,39 +753,9 @@ fn copy_node(
     name: &[u8],
     shown: &str,
 ) -> CmdResult {
-    let (fs, ctx, recursive) = (cp.fs, cp.ctx, cp.recursive);
+    let (fs, ctx) = (cp.fs, cp.ctx);
     match src.kind {
-        FileType::RegularFile => {
-            let (dst, _) = fs
-                .create(ctx, dir, name, src.perm as u32, false)
-                .map_err(|e| fs_err(e, shown))?;
-            let r = (|| -> CmdResult {
-                if dst.ino == src.ino {
-                    return err(format!("{src_path} and {shown} are the same file"));
-                }
-                let trunc = SetAttr {
-                    size: Some(0),
-                    mode: Some(src.perm as u32),
-                    ..Default::default()
-                };
-                fs.setattr(ctx, dst.ino, &trunc)
-                    .map_err(|e| fs_err(e, shown))?;
-                let mut off = 0;
-                while off < src.size {
-                    let n = fs
-                        .copy_file_range(ctx, src.ino, off, dst.ino, off, src.size - off)
-                        .map_err(|e| fs_err(e, shown))?;
-                    if n == 0 {
-                        break;
-                    }
-                    off += n;
-                }
-                copy_xattrs(fs, src.ino, dst.ino, shown)
-            })();
-            fs.release(dst.ino);
-            fs.forget(dst.ino, 1);
-            r
-        }
+        FileType::RegularFile => copy_file(cp, src, src_path, dir, name, shown),
         FileType::Symlink => {
             let target = fs.readlink(src.ino).map_err(|e| fs_err(e, src_path))?;
             let a = fs
@@ -893,52 +765,10 @@ fn copy_node(
             Ok(())
         }
         FileType::Directory => {
-            if !recursive {
+            if !cp.recursive {
                 return err(format!("is a directory (use cp -r): {src_path}"));
             }
-            let d = match fs.lookup_noref(dir, name) {
-                Ok(a) if a.kind == FileType::Directory => a,
-                Ok(_) => return Err(fs_err(Errno::ENOTDIR, shown)),
-                Err(Errno::ENOENT) => {
-                    let a = fs
-                        .mkdir(ctx, dir, name, src.perm as u32)
-                        .map_err(|e| fs_err(e, shown))?;
-                    fs.forget(a.ino, 1);
-                    a
-                }
-                Err(e) => return Err(fs_err(e, shown)),
-            };
-            // Copying a directory into itself would never end.
-            let mut up = d.ino;
-            while up != ROOT_INO {
-                if up == src.ino {
-                    return err(format!("cannot copy a directory into itself: {src_path}"));
-                }
-                up = fs
-                    .lookup_noref(up, b"..")
-                    .map_err(|e| fs_err(e, shown))?
-                    .ino;
-            }
-            copy_xattrs(fs, src.ino, d.ino, shown)?;
-            let mut children: Vec<(Vec<u8>, u64)> = Vec::new();
-            fs.readdir(src.ino, 2, |e| {
-                children.push((e.name.to_vec(), e.ino));
-                true
-            })
-            .map_err(|e| fs_err(e, src_path))?;
-            for (cname, cino) in children {
-                let Ok(ca) = fs.getattr(cino) else { continue };
-                let cn = name_str(&cname);
-                copy_node(
-                    cp,
-                    &ca,
-                    &join(src_path, &cn),
-                    d.ino,
-                    &cname,
-                    &join(shown, &cn),
-                )?;
-            }
-            Ok(())
+            copy_dir(cp, src, src_path, dir, name, shown)
         }
         _ => {
             let a = fs
@@ -947,6 +777,113 @@ fn copy_node(
             fs.forget(a.ino, 1);
             Ok(())
         }
+    }
+}
+
+fn copy_file(
+    cp: &Copier<'_>,
+    src: &Attr,
+    src_path: &str,
+    dir: u64,
+    name: &[u8],
+    shown: &str,
+) -> CmdResult {
+    let (fs, ctx) = (cp.fs, cp.ctx);
+    let (dst, _) = fs
+        .create(ctx, dir, name, src.perm as u32, false)
+        .map_err(|e| fs_err(e, shown))?;
+    let r = (|| -> CmdResult {
+        if dst.ino == src.ino {
+            return err(format!("{src_path} and {shown} are the same file"));
+        }
+        let trunc = SetAttr {
+            size: Some(0),
+            mode: Some(src.perm as u32),
+            ..Default::default()
+        };
+        fs.setattr(ctx, dst.ino, &trunc)
+            .map_err(|e| fs_err(e, shown))?;
+        let mut off = 0;
+        while off < src.size {
+            let n = fs
+                .copy_file_range(ctx, src.ino, off, dst.ino, off, src.size - off)
+                .map_err(|e| fs_err(e, shown))?;
+            if n == 0 {
+                break;
+            }
+            off += n;
+        }
+        copy_xattrs(fs, src.ino, dst.ino, shown)
+    })();
+    fs.release(dst.ino);
+    fs.forget(dst.ino, 1);
+    r
+}
+
+fn copy_dir(
+    cp: &Copier<'_>,
+    src: &Attr,
+    src_path: &str,
+    dir: u64,
+    name: &[u8],
+    shown: &str,
+) -> CmdResult {
+    let fs = cp.fs;
+    let d = dir_to_fill(fs, cp.ctx, dir, name, src.perm as u32, shown)?;
+    // Copying a directory into itself would never end.
+    let mut up = d.ino;
+    while up != ROOT_INO {
+        if up == src.ino {
+            return err(format!("cannot copy a directory into itself: {src_path}"));
+        }
+        up = fs
+            .lookup_noref(up, b"..")
+            .map_err(|e| fs_err(e, shown))?
+            .ino;
+    }
+    copy_xattrs(fs, src.ino, d.ino, shown)?;
+    let mut children: Vec<(Vec<u8>, u64)> = Vec::new();
+    fs.readdir(src.ino, 2, |e| {
+        children.push((e.name.to_vec(), e.ino));
+        true
+    })
+    .map_err(|e| fs_err(e, src_path))?;
+    for (cname, cino) in children {
+        let Ok(ca) = fs.getattr(cino) else { continue };
+        let cn = name_str(&cname);
+        copy_node(
+            cp,
+            &ca,
+            &join(src_path, &cn),
+            d.ino,
+            &cname,
+            &join(shown, &cn),
+        )?;
+    }
+    Ok(())
+}
+
+/// The directory `name` in `dir` that a copy or an import fills: the one
+/// there, or a new one.
+fn dir_to_fill(
+    fs: &Fs,
+    ctx: Ctx,
+    dir: u64,
+    name: &[u8],
+    perm: u32,
+    shown: &str,
+) -> Result<Attr, super::CmdError> {
+    match fs.lookup_noref(dir, name) {
+        Ok(a) if a.kind == FileType::Directory => Ok(a),
+        Ok(_) => Err(fs_err(Errno::ENOTDIR, shown)),
+        Err(Errno::ENOENT) => {
+            let a = fs
+                .mkdir(ctx, dir, name, perm)
+                .map_err(|e| fs_err(e, shown))?;
+            fs.forget(a.ino, 1);
+            Ok(a)
+        }
+        Err(e) => Err(fs_err(e, shown)),
     }
 }
 
@@ -973,7 +910,7 @@ fn cp(sh: &mut Shell, args: &[String]) -> CmdResult {
     if srcs.len() > 1 && !is_dir(fs, cwd, dest) {
         return Err(fs_err(Errno::ENOTDIR, dest));
     }
-    for_each(srcs, false, |src| {
+    for_each(srcs, None, |src| {
         let a = fs.stat_path(cwd, src).map_err(|e| fs_err(e, src))?;
         let to = target_path(fs, cwd, src, dest, false);
         let (dir, name) = fs.resolve_parent(cwd, &to).map_err(|e| fs_err(e, &to))?;
@@ -1079,7 +1016,7 @@ fn truncate(sh: &mut Shell, args: &[String]) -> CmdResult {
         .parse_size(size)
         .map_err(|_| super::CmdError(format!("invalid size: {size}")))?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands, false, |p| {
+    for_each(&o.operands, None, |p| {
         let ino = match fs.resolve(cwd, p, true) {
             Ok(i) => i,
             Err(Errno::ENOENT) => {
@@ -1110,7 +1047,7 @@ fn chmod(sh: &mut Shell, args: &[String]) -> CmdResult {
         _ => return err(format!("invalid mode (use octal, e.g. 644): {m}")),
     };
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands[1..], false, |p| {
+    for_each(&o.operands[1..], None, |p| {
         let ino = fs.resolve(cwd, p, true).map_err(|e| fs_err(e, p))?;
         let set = SetAttr {
             mode: Some(mode),
@@ -1128,7 +1065,7 @@ fn touch(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("touch");
     }
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
-    for_each(&o.operands, false, |p| match fs.resolve(cwd, p, true) {
+    for_each(&o.operands, None, |p| match fs.resolve(cwd, p, true) {
         Ok(ino) => {
             let set = SetAttr {
                 atime: Some(SetTime::Now),
@@ -1252,7 +1189,13 @@ fn du(sh: &mut Shell, args: &[String]) -> CmdResult {
                 }
             }
         }
-        writeln!(sh.out, "{}\t{}\t{}", human(alloc), human(apparent), path)?;
+        writeln!(
+            sh.out,
+            "{}\t{}\t{}",
+            human::bytes(alloc),
+            human::bytes(apparent),
+            path
+        )?;
         results.push(Ok(()));
     }
     report_all(results)
@@ -1282,9 +1225,9 @@ fn df(sh: &mut Shell, args: &[String]) -> CmdResult {
     writeln!(
         sh.out,
         "{:>8} {:>8} {:>8} {:>4}% {:>10} {:>10} {:>10} {:>4}%",
-        human(size),
-        human(used),
-        human(free),
+        human::bytes(size),
+        human::bytes(used),
+        human::bytes(free),
         pct(used, size),
         s.files,
         iused,
@@ -1444,18 +1387,7 @@ fn import_node(
             .map_err(|e| fs_err(e, shown))?;
         fs.forget(a.ino, 1);
     } else if ft.is_dir() {
-        let d = match fs.lookup_noref(dir, name) {
-            Ok(a) if a.kind == FileType::Directory => a,
-            Ok(_) => return Err(fs_err(Errno::ENOTDIR, shown)),
-            Err(Errno::ENOENT) => {
-                let a = fs
-                    .mkdir(ctx, dir, name, perm)
-                    .map_err(|e| fs_err(e, shown))?;
-                fs.forget(a.ino, 1);
-                a
-            }
-            Err(e) => return Err(fs_err(e, shown)),
-        };
+        let d = dir_to_fill(fs, ctx, dir, name, perm, shown)?;
         let mut entries: Vec<_> = std::fs::read_dir(host)
             .map_err(|e| host_err(e, host))?
             .collect::<Result<_, _>>()
@@ -1475,38 +1407,50 @@ fn import_node(
             )?;
         }
     } else if ft.is_file() {
-        let mut f = std::fs::File::open(host).map_err(|e| host_err(e, host))?;
-        let (a, _) = fs
-            .create(ctx, dir, name, perm, false)
-            .map_err(|e| fs_err(e, shown))?;
-        let r = (|| -> CmdResult {
-            let set = SetAttr {
-                size: Some(0),
-                mode: Some(perm),
-                ..Default::default()
-            };
-            fs.setattr(ctx, a.ino, &set).map_err(|e| fs_err(e, shown))?;
-            let mut buf = vec![0u8; CHUNK];
-            let mut off = 0u64;
-            loop {
-                let n = f.read(&mut buf).map_err(|e| host_err(e, host))?;
-                if n == 0 {
-                    break;
-                }
-                fs.write(ctx, a.ino, off, &buf[..n], false)
-                    .map_err(|e| fs_err(e, shown))?;
-                off += n as u64;
-            }
-            Ok(())
-        })();
-        fs.release(a.ino);
-        fs.forget(a.ino, 1);
-        r?;
+        import_file(fs, ctx, host, dir, name, perm, shown)?;
     } else {
         return err(format!("unsupported file type: {} (host)", host.display()));
     }
     *count += 1;
     Ok(())
+}
+
+fn import_file(
+    fs: &Fs,
+    ctx: Ctx,
+    host: &Path,
+    dir: u64,
+    name: &[u8],
+    perm: u32,
+    shown: &str,
+) -> CmdResult {
+    let mut f = std::fs::File::open(host).map_err(|e| host_err(e, host))?;
+    let (a, _) = fs
+        .create(ctx, dir, name, perm, false)
+        .map_err(|e| fs_err(e, shown))?;
+    let r = (|| -> CmdResult {
+        let set = SetAttr {
+            size: Some(0),
+            mode: Some(perm),
+            ..Default::default()
+        };
+        fs.setattr(ctx, a.ino, &set).map_err(|e| fs_err(e, shown))?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut off = 0u64;
+        loop {
+            let n = f.read(&mut buf).map_err(|e| host_err(e, host))?;
+            if n == 0 {
+                break;
+            }
+            fs.write(ctx, a.ino, off, &buf[..n], false)
+                .map_err(|e| fs_err(e, shown))?;
+            off += n as u64;
+        }
+        Ok(())
+    })();
+    fs.release(a.ino);
+    fs.forget(a.ino, 1);
+    r
 }
 
 fn import(sh: &mut Shell, args: &[String]) -> CmdResult {
@@ -1838,32 +1782,5 @@ mod tests {
         assert!(glob_match(b"*a*b*", b"xxaxxbxx"));
         assert!(!glob_match(b"*a*b", b"xxaxxbxx"));
         assert!(glob_match(b"[x", b"[x"));
-    }
-
-    #[test]
-    fn times_format_in_utc() {
-        let t = Timespec { sec: 0, nsec: 5 };
-        assert_eq!(format_time(t, true), "1970-01-01 00:00:00.000000005 UTC");
-        let t = Timespec {
-            sec: 951_782_400,
-            nsec: 0,
-        }; // 2000-02-29
-        assert_eq!(format_time(t, false), "2000-02-29 00:00");
-        let t = Timespec { sec: -1, nsec: 0 };
-        assert_eq!(format_time(t, false), "1969-12-31 23:59");
-    }
-
-    #[test]
-    fn modes() {
-        let fs = Fs::new(memfs_fs::Config {
-            capacity: 1 << 20,
-            max_inodes: 100,
-        });
-        let a = fs
-            .create_path(Ctx::ROOT, ROOT_INO, "/f", 0o4755, true)
-            .unwrap();
-        assert_eq!(mode_string(&a), "-rwsr-xr-x");
-        assert_eq!(human(1536), "1.5K");
-        assert_eq!(human(100), "100B");
     }
 }

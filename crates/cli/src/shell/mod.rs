@@ -7,6 +7,7 @@
 //! input and reports every failure as one line `command: what: path`.
 
 mod commands;
+mod format;
 mod interactive;
 mod parse;
 mod snap;

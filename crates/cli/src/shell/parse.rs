@@ -55,34 +55,11 @@ pub fn parse(input: &str) -> Result<Vec<Vec<String>>, ParseError> {
             }
             '\'' => {
                 in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('\'') => break,
-                        Some(x) => word.push(x),
-                        None => return Err(ParseError::Incomplete("unterminated single quote")),
-                    }
-                }
+                single_quoted(&mut chars, &mut word)?;
             }
             '"' => {
                 in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('"') => break,
-                        Some('\\') => match chars.next() {
-                            Some(x @ ('"' | '\\' | '$' | '`')) => word.push(x),
-                            Some('\n') => {}
-                            Some(x) => {
-                                word.push('\\');
-                                word.push(x);
-                            }
-                            None => {
-                                return Err(ParseError::Incomplete("unterminated double quote"));
-                            }
-                        },
-                        Some(x) => word.push(x),
-                        None => return Err(ParseError::Incomplete("unterminated double quote")),
-                    }
-                }
+                double_quoted(&mut chars, &mut word)?;
             }
             '\\' => match chars.next() {
                 // A backslash-newline joins lines.
@@ -104,6 +81,45 @@ pub fn parse(input: &str) -> Result<Vec<Vec<String>>, ParseError> {
         commands.push(words);
     }
     Ok(commands)
+}
+
+/// The rest of a single-quoted string, up to its closing quote, onto `word`:
+/// nothing is special inside.
+fn single_quoted(
+    chars: &mut impl Iterator<Item = char>,
+    word: &mut String,
+) -> Result<(), ParseError> {
+    loop {
+        match chars.next() {
+            Some('\'') => return Ok(()),
+            Some(x) => word.push(x),
+            None => return Err(ParseError::Incomplete("unterminated single quote")),
+        }
+    }
+}
+
+/// The rest of a double-quoted string, up to its closing quote, onto `word`,
+/// with the escapes the module names.
+fn double_quoted(
+    chars: &mut impl Iterator<Item = char>,
+    word: &mut String,
+) -> Result<(), ParseError> {
+    loop {
+        match chars.next() {
+            Some('"') => return Ok(()),
+            Some('\\') => match chars.next() {
+                Some(x @ ('"' | '\\' | '$' | '`')) => word.push(x),
+                Some('\n') => {}
+                Some(x) => {
+                    word.push('\\');
+                    word.push(x);
+                }
+                None => return Err(ParseError::Incomplete("unterminated double quote")),
+            },
+            Some(x) => word.push(x),
+            None => return Err(ParseError::Incomplete("unterminated double quote")),
+        }
+    }
 }
 
 /// Quotes `s` so that [`parse`] gives it back as one word.

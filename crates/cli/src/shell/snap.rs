@@ -12,7 +12,7 @@ use std::io::Write;
 
 use memfs_fs::{Attr, Errno, FileType, Fs, ROOT_INO};
 
-use super::commands::{ls_line_with, name_str};
+use super::format::{format_time, ls_line_with, name_str};
 use super::{CmdError, CmdResult, Shell, err, fs_err};
 
 /// The directory that shows the snapshots, as on a mount.
@@ -167,9 +167,9 @@ pub fn manage(sh: &mut Shell, ops: &[&str]) -> CmdResult {
                     sh.out,
                     "{} {} (keeps {} nodes, {} of its own)",
                     name_str(&s.name),
-                    super::commands::format_time(s.created, false),
+                    format_time(s.created, false),
                     s.nodes,
-                    super::commands::human(s.bytes)
+                    crate::human::bytes(s.bytes)
                 )?;
             }
         }
