@@ -14,7 +14,7 @@ use super::follower::Replica;
 use super::protocol::{self as p, ErrorCode, Frame, Limits, ProtoError, Role, Welcome, op};
 use super::{Stream, is_timeout};
 use crate::stages::{self, Stage};
-use crate::{Store, StoreError};
+use crate::{MetricsSnapshot, Store, StoreError};
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -823,56 +823,21 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     };
     let store = &*store;
     let Some(role) = ss.role else {
-        let Frame::Hello {
-            key_width,
-            role,
-            user,
-            token,
-        } = frame
-        else {
-            send_error(
-                sh,
-                &mut ss.out,
-                ErrorCode::HandshakeRequired,
-                "the first frame must be HELLO",
-            );
-            return Next::Close;
-        };
-        let kw = store.key_width();
-        if key_width != 0 && key_width as usize != kw {
-            let e = ProtoError::KeyWidth {
-                expected: kw,
-                got: key_width as usize,
-            };
-            send_error(sh, &mut ss.out, ErrorCode::KeyWidth, &e.to_string());
-            return Next::Close;
-        }
-        if let Some(auth) = &sh.cfg.auth
-            && let Err((code, msg)) = auth.check(user, token, role)
-        {
-            tracing::warn!(user = %String::from_utf8_lossy(user), %role, "handshake refused: {msg}");
-            send_error(sh, &mut ss.out, code, &msg);
-            return Next::Close;
-        }
-        ss.role = Some(role);
-        ss.kw = kw;
-        let (last_seq, current) = sh.position(store);
-        p::put_welcome(
-            &mut ss.out,
-            &Welcome {
-                version: p::VERSION,
-                key_width: kw as u16,
-                shards: store.options().shards as u32,
-                rollback_window: store.options().rollback_window,
-                current,
-                oldest: store.oldest_rollback_block(),
-                last_seq,
-                max_frame: lim.max_frame,
-                max_batch: lim.max_batch,
-            },
-        );
-        return Next::Continue;
+        return hello(sh, ss, store, frame);
     };
+    request(sh, ss, store, role, ty, body, frame)
+}
+
+/// One request of a session past its handshake, by command.
+fn request(
+    sh: &Shared,
+    ss: &mut Session,
+    store: &Store,
+    role: Role,
+    ty: u8,
+    body: &[u8],
+    frame: Frame,
+) -> Next {
     let replica = sh.is_replica();
     let need = |r: Role| -> bool { role == r && !replica };
     match frame {
@@ -880,33 +845,8 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             send_error(sh, &mut ss.out, ErrorCode::Malformed, "HELLO sent twice");
         }
         Frame::Ping => p::put_empty(&mut ss.out, op::PONG),
-        Frame::Get { key } => {
-            sh.counters.gets.fetch_add(1, Relaxed);
-            let out = &mut ss.out;
-            if let Err(e) = store.get_with(key, |v| p::put_value(out, v)) {
-                send_error(sh, &mut ss.out, store_code(&e), &e.to_string());
-            }
-        }
-        Frame::MultiGet { count, keys } => {
-            sh.counters.gets.fetch_add(count as u64, Relaxed);
-            let out = &mut ss.out;
-            let at = p::begin(out, op::VALUES);
-            out.extend_from_slice(&count.to_le_bytes());
-            for k in keys.chunks_exact(ss.kw) {
-                let r = store.get_with(k, |v| {
-                    let v = v.unwrap_or(&[]);
-                    out.extend_from_slice(&(v.len() as u16).to_le_bytes());
-                    out.extend_from_slice(v);
-                });
-                if r.is_err() {
-                    // Unreachable: the parser checked every key's width.
-                    out.truncate(at);
-                    send_error(sh, out, ErrorCode::Internal, "multi_get failed");
-                    return Next::Continue;
-                }
-            }
-            p::end(out, at);
-        }
+        Frame::Get { key } => get(sh, ss, store, key),
+        Frame::MultiGet { count, keys } => multi_get(sh, ss, store, count, keys),
         Frame::Status => {
             let (last_seq, current) = sh.position(store);
             p::put_u64s(
@@ -916,79 +856,10 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             );
         }
         Frame::Set { block, entries, .. } if need(Role::Write) => {
-            // The SET body (block, count, entries) is the event's body as is,
-            // and its entries are the journal's form: applied in place.
-            let set_body = body;
-            let received = stages::enabled().then(Instant::now);
-            let _w = sh.write.lock();
-            let locked = stages::enabled().then(Instant::now);
-            let prev = store.current_block();
-            // Published the moment the journal has the block, before the
-            // writer's tables are updated: a follower then applies it while
-            // the writer does, not after (a follower's work per block equals
-            // the writer's, so in series it could not keep within one block).
-            // This server's own readers see the block (and STATUS its
-            // position) only once `set_encoded_with` returns.
-            let publish_block = |seq: u64| {
-                if let (Some(r), Some(l)) = (received, locked) {
-                    stages::mark_at(seq, Stage::SetReceived, r);
-                    stages::mark_at(seq, Stage::WriterLocked, l);
-                }
-                let mut f = Vec::with_capacity(set_body.len() + 21);
-                p::put_ev_block(&mut f, seq, prev, set_body);
-                publish(sh, seq, block, f, false);
-                stages::mark(seq, Stage::Published);
-            };
-            match store.set_encoded_with(block, entries, &publish_block) {
-                Ok(seq) => {
-                    sh.log.lock().visible = (seq, block);
-                    sh.counters.blocks.fetch_add(1, Relaxed);
-                    wait_for_followers(sh, seq);
-                    p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
+            set(sh, ss, store, body, block, entries);
         }
-        Frame::Pop { block, key } if need(Role::Write) => {
-            let _w = sh.write.lock();
-            let prev = store.current_block();
-            match store.pop(block, key) {
-                Ok(old) => {
-                    let seq = store.last_commit();
-                    let mut b = Vec::new();
-                    b.extend_from_slice(&block.to_le_bytes());
-                    b.extend_from_slice(&1u32.to_le_bytes());
-                    b.extend_from_slice(key);
-                    b.extend_from_slice(&0u16.to_le_bytes());
-                    let mut f = Vec::new();
-                    p::put_ev_block(&mut f, seq, prev, &b);
-                    publish(sh, seq, block, f, true);
-                    sh.counters.blocks.fetch_add(1, Relaxed);
-                    wait_for_followers(sh, seq);
-                    p::put_popped(&mut ss.out, block, seq, old.as_deref());
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
-        }
-        Frame::Rollback { target } if need(Role::Write) => {
-            let _w = sh.write.lock();
-            let prev = store.current_block();
-            let seq_before = store.last_commit();
-            match store.rollback(target) {
-                Ok(()) => {
-                    let now = store.current_block();
-                    let seq = store.last_commit();
-                    if seq != seq_before {
-                        let mut f = Vec::new();
-                        p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
-                        publish(sh, seq, now, f, true);
-                        wait_for_followers(sh, seq);
-                    }
-                    p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
-        }
+        Frame::Pop { block, key } if need(Role::Write) => pop(sh, ss, store, block, key),
+        Frame::Rollback { target } if need(Role::Write) => rollback(sh, ss, store, target),
         Frame::Subscribe {
             from_seq,
             from_block,
@@ -999,62 +870,232 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             };
         }
         Frame::Snapshot if need(Role::Follow) => return Next::Snapshot,
-        Frame::Ack { seq } if need(Role::Follow) => {
-            let (last, visible) = {
-                let l = sh.log.lock();
-                (l.last_seq, l.visible)
-            };
-            if seq > last {
-                let msg = format!(
-                    "ACK of event {seq}, but the writer's last event is {last}: this follower does not follow this writer's history"
-                );
-                send_error(sh, &mut ss.out, ErrorCode::HistoryDiverged, &msg);
-                return Next::Continue;
-            }
-            let bound = sh.cfg.max_follower_lag.unwrap_or(0);
-            let mut acks = sh.acks.lock();
-            let f = acks.entry(ss.id).or_insert(Acker {
-                seq: 0,
-                in_sync: false,
-            });
-            f.seq = f.seq.max(seq);
-            if !f.in_sync && last - f.seq <= bound {
-                f.in_sync = true;
-                if sh.cfg.max_follower_lag.is_some() {
-                    tracing::info!(
-                        connection = ss.id,
-                        seq = f.seq,
-                        "a follower is in sync: writes wait for it"
-                    );
-                }
-            }
-            drop(acks);
-            sh.acks_cv.notify_all();
-            p::put_u64s(&mut ss.out, op::DONE, &[visible.1, visible.0]);
-        }
+        Frame::Ack { seq } if need(Role::Follow) => ack(sh, ss, seq),
         Frame::Set { .. }
         | Frame::Pop { .. }
         | Frame::Rollback { .. }
         | Frame::Subscribe { .. }
         | Frame::Ack { .. }
-        | Frame::Snapshot => {
-            if replica {
-                let msg = format!(
-                    "this server is a follower's read-only replica: {} goes to the writer",
-                    p::name_of(ty)
-                );
-                send_error(sh, &mut ss.out, ErrorCode::ReadOnlyReplica, &msg);
-            } else {
-                let msg = format!("a {role} session may not send {}", p::name_of(ty));
-                send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
-            }
-        }
+        | Frame::Snapshot => refuse(sh, ss, role, replica, ty),
         _ => {
             let msg = format!("{} is not a request", p::name_of(ty));
             send_error(sh, &mut ss.out, ErrorCode::UnknownType, &msg);
         }
     }
     Next::Continue
+}
+
+/// A request this session's role (or a replica) may not make.
+fn refuse(sh: &Shared, ss: &mut Session, role: Role, replica: bool, ty: u8) {
+    if replica {
+        let msg = format!(
+            "this server is a follower's read-only replica: {} goes to the writer",
+            p::name_of(ty)
+        );
+        send_error(sh, &mut ss.out, ErrorCode::ReadOnlyReplica, &msg);
+    } else {
+        let msg = format!("a {role} session may not send {}", p::name_of(ty));
+        send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
+    }
+}
+
+/// The handshake: the session's first frame, which must be HELLO, fixes its
+/// key width and role once the key width and credentials check out.
+fn hello(sh: &Shared, ss: &mut Session, store: &Store, frame: Frame) -> Next {
+    let lim = sh.cfg.limits;
+    let Frame::Hello {
+        key_width,
+        role,
+        user,
+        token,
+    } = frame
+    else {
+        send_error(
+            sh,
+            &mut ss.out,
+            ErrorCode::HandshakeRequired,
+            "the first frame must be HELLO",
+        );
+        return Next::Close;
+    };
+    let kw = store.key_width();
+    if key_width != 0 && key_width as usize != kw {
+        let e = ProtoError::KeyWidth {
+            expected: kw,
+            got: key_width as usize,
+        };
+        send_error(sh, &mut ss.out, ErrorCode::KeyWidth, &e.to_string());
+        return Next::Close;
+    }
+    if let Some(auth) = &sh.cfg.auth
+        && let Err((code, msg)) = auth.check(user, token, role)
+    {
+        tracing::warn!(user = %String::from_utf8_lossy(user), %role, "handshake refused: {msg}");
+        send_error(sh, &mut ss.out, code, &msg);
+        return Next::Close;
+    }
+    ss.role = Some(role);
+    ss.kw = kw;
+    let (last_seq, current) = sh.position(store);
+    p::put_welcome(
+        &mut ss.out,
+        &Welcome {
+            version: p::VERSION,
+            key_width: kw as u16,
+            shards: store.options().shards as u32,
+            rollback_window: store.options().rollback_window,
+            current,
+            oldest: store.oldest_rollback_block(),
+            last_seq,
+            max_frame: lim.max_frame,
+            max_batch: lim.max_batch,
+        },
+    );
+    Next::Continue
+}
+
+fn get(sh: &Shared, ss: &mut Session, store: &Store, key: &[u8]) {
+    sh.counters.gets.fetch_add(1, Relaxed);
+    let out = &mut ss.out;
+    if let Err(e) = store.get_with(key, |v| p::put_value(out, v)) {
+        send_error(sh, &mut ss.out, store_code(&e), &e.to_string());
+    }
+}
+
+fn multi_get(sh: &Shared, ss: &mut Session, store: &Store, count: u32, keys: &[u8]) {
+    sh.counters.gets.fetch_add(count as u64, Relaxed);
+    let out = &mut ss.out;
+    let at = p::begin(out, op::VALUES);
+    out.extend_from_slice(&count.to_le_bytes());
+    for k in keys.chunks_exact(ss.kw) {
+        let r = store.get_with(k, |v| {
+            let v = v.unwrap_or(&[]);
+            out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            out.extend_from_slice(v);
+        });
+        if r.is_err() {
+            // Unreachable: the parser checked every key's width.
+            out.truncate(at);
+            send_error(sh, out, ErrorCode::Internal, "multi_get failed");
+            return;
+        }
+    }
+    p::end(out, at);
+}
+
+/// A SET: journals and applies the block, publishing it to the followers as
+/// soon as the journal has it.
+fn set(sh: &Shared, ss: &mut Session, store: &Store, body: &[u8], block: u64, entries: &[u8]) {
+    // The SET body (block, count, entries) is the event's body as is,
+    // and its entries are the journal's form: applied in place.
+    let set_body = body;
+    let received = stages::enabled().then(Instant::now);
+    let _w = sh.write.lock();
+    let locked = stages::enabled().then(Instant::now);
+    let prev = store.current_block();
+    // Published the moment the journal has the block, before the
+    // writer's tables are updated: a follower then applies it while
+    // the writer does, not after (a follower's work per block equals
+    // the writer's, so in series it could not keep within one block).
+    // This server's own readers see the block (and STATUS its
+    // position) only once `set_encoded_with` returns.
+    let publish_block = |seq: u64| {
+        if let (Some(r), Some(l)) = (received, locked) {
+            stages::mark_at(seq, Stage::SetReceived, r);
+            stages::mark_at(seq, Stage::WriterLocked, l);
+        }
+        let mut f = Vec::with_capacity(set_body.len() + 21);
+        p::put_ev_block(&mut f, seq, prev, set_body);
+        publish(sh, seq, block, f, false);
+        stages::mark(seq, Stage::Published);
+    };
+    match store.set_encoded_with(block, entries, &publish_block) {
+        Ok(seq) => {
+            sh.log.lock().visible = (seq, block);
+            sh.counters.blocks.fetch_add(1, Relaxed);
+            wait_for_followers(sh, seq);
+            p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+fn pop(sh: &Shared, ss: &mut Session, store: &Store, block: u64, key: &[u8]) {
+    let _w = sh.write.lock();
+    let prev = store.current_block();
+    match store.pop(block, key) {
+        Ok(old) => {
+            let seq = store.last_commit();
+            let mut b = Vec::new();
+            b.extend_from_slice(&block.to_le_bytes());
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(key);
+            b.extend_from_slice(&0u16.to_le_bytes());
+            let mut f = Vec::new();
+            p::put_ev_block(&mut f, seq, prev, &b);
+            publish(sh, seq, block, f, true);
+            sh.counters.blocks.fetch_add(1, Relaxed);
+            wait_for_followers(sh, seq);
+            p::put_popped(&mut ss.out, block, seq, old.as_deref());
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+fn rollback(sh: &Shared, ss: &mut Session, store: &Store, target: u64) {
+    let _w = sh.write.lock();
+    let prev = store.current_block();
+    let seq_before = store.last_commit();
+    match store.rollback(target) {
+        Ok(()) => {
+            let now = store.current_block();
+            let seq = store.last_commit();
+            if seq != seq_before {
+                let mut f = Vec::new();
+                p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
+                publish(sh, seq, now, f, true);
+                wait_for_followers(sh, seq);
+            }
+            p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+/// A follower's ACK: records how far it has applied, and marks it in sync
+/// (so that writes wait for it) once it is within `max_follower_lag`.
+fn ack(sh: &Shared, ss: &mut Session, seq: u64) {
+    let (last, visible) = {
+        let l = sh.log.lock();
+        (l.last_seq, l.visible)
+    };
+    if seq > last {
+        let msg = format!(
+            "ACK of event {seq}, but the writer's last event is {last}: this follower does not follow this writer's history"
+        );
+        send_error(sh, &mut ss.out, ErrorCode::HistoryDiverged, &msg);
+        return;
+    }
+    let bound = sh.cfg.max_follower_lag.unwrap_or(0);
+    let mut acks = sh.acks.lock();
+    let f = acks.entry(ss.id).or_insert(Acker {
+        seq: 0,
+        in_sync: false,
+    });
+    f.seq = f.seq.max(seq);
+    if !f.in_sync && last - f.seq <= bound {
+        f.in_sync = true;
+        if sh.cfg.max_follower_lag.is_some() {
+            tracing::info!(
+                connection = ss.id,
+                seq = f.seq,
+                "a follower is in sync: writes wait for it"
+            );
+        }
+    }
+    drop(acks);
+    sh.acks_cv.notify_all();
+    p::put_u64s(&mut ss.out, op::DONE, &[visible.1, visible.0]);
 }
 
 /// With `max_follower_lag` K, holds the reply to the write that made event
@@ -1382,7 +1423,6 @@ fn send_snapshot(sh: &Shared, s: &mut Stream, out: &mut Vec<u8>) -> io::Result<(
 }
 
 fn metrics_text(sh: &Shared) -> String {
-    use std::fmt::Write as _;
     let Some(store) = sh.store() else {
         return "# HELP memfs_store_healthy 1 when the store accepts writes.\n# TYPE memfs_store_healthy gauge\nmemfs_store_healthy 0\n".into();
     };
@@ -1392,201 +1432,275 @@ fn metrics_text(sh: &Shared) -> String {
     drop(store);
     let c = &sh.counters;
     let mut t = String::new();
-    let mut g = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            t,
-            "# HELP memfs_store_{name} {help}\n# TYPE memfs_store_{name} {kind}\nmemfs_store_{name} {v}"
-        );
-    };
-    g("block", "gauge", "Current block.", m.block as f64);
-    g(
+    store_activity(&mut t, &m, oldest);
+    store_durability(&mut t, &m);
+    store_contents(&mut t, &m);
+    connection_metrics(&mut t, c);
+    follower_metrics(&mut t, sh);
+    traffic_metrics(&mut t, c);
+    event_metrics(&mut t, sh, last_seq);
+    error_metrics(&mut t, c);
+    t
+}
+
+/// One metric in Prometheus text: its HELP and TYPE lines, then its value.
+fn metric(t: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        t,
+        "# HELP memfs_store_{name} {help}\n# TYPE memfs_store_{name} {kind}\nmemfs_store_{name} {v}"
+    );
+}
+
+fn store_activity(t: &mut String, m: &MetricsSnapshot, oldest: u64) {
+    metric(t, "block", "gauge", "Current block.", m.block as f64);
+    metric(
+        t,
         "oldest_rollback_block",
         "gauge",
         "Oldest block a rollback can reach.",
         oldest as f64,
     );
-    g(
+    metric(
+        t,
         "blocks_total",
         "counter",
         "Blocks applied since start.",
         m.blocks as f64,
     );
-    g(
+    metric(
+        t,
         "ops_total",
         "counter",
         "Operations applied since start.",
         m.ops as f64,
     );
-    g(
+    metric(
+        t,
         "rollbacks_total",
         "counter",
         "Rollbacks since start.",
         m.rollbacks as f64,
     );
-    g(
+    metric(
+        t,
         "block_latency_p50_seconds",
         "gauge",
         "Block latency, median.",
         m.latency_p50_us as f64 / 1e6,
     );
-    g(
+    metric(
+        t,
         "block_latency_p99_seconds",
         "gauge",
         "Block latency, 99th percentile.",
         m.latency_p99_us as f64 / 1e6,
     );
-    g(
+}
+
+fn store_durability(t: &mut String, m: &MetricsSnapshot) {
+    metric(
+        t,
         "pending_blocks",
         "gauge",
         "Blocks committed but not yet durable.",
         m.pending_blocks as f64,
     );
-    g(
+    metric(
+        t,
         "durable_commit",
         "gauge",
         "Last durable journal commit.",
         m.durable_commit as f64,
     );
-    g("fsyncs_total", "counter", "fsync calls.", m.fsyncs as f64);
-    g(
+    metric(
+        t,
+        "fsyncs_total",
+        "counter",
+        "fsync calls.",
+        m.fsyncs as f64,
+    );
+    metric(
+        t,
         "journal_bytes",
         "gauge",
         "Journal bytes on disk.",
         m.journal_bytes as f64,
     );
-    g(
+    metric(
+        t,
         "snapshots_total",
         "counter",
         "Snapshots written.",
         m.snapshots_written as f64,
     );
-    g("entries", "gauge", "Live keys.", m.entries as f64);
-    g(
+}
+
+fn store_contents(t: &mut String, m: &MetricsSnapshot) {
+    metric(t, "entries", "gauge", "Live keys.", m.entries as f64);
+    metric(
+        t,
         "table_bytes",
         "gauge",
         "Memory of the tables.",
         m.table_bytes as f64,
     );
-    g(
+    metric(
+        t,
         "window_blocks",
         "gauge",
         "Blocks in the rollback window.",
         m.window_blocks as f64,
     );
-    g(
+    metric(
+        t,
         "healthy",
         "gauge",
         "1 when the store accepts writes.",
         if m.health == "ok" { 1.0 } else { 0.0 },
     );
-    g(
+}
+
+fn connection_metrics(t: &mut String, c: &Counters) {
+    metric(
+        t,
         "connections_active",
         "gauge",
         "Open connections.",
         c.connections_active.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "connections_total",
         "counter",
         "Connections accepted.",
         c.connections_total.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "connections_rejected_total",
         "counter",
         "Connections refused at the limit.",
         c.connections_rejected.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "subscribers_active",
         "gauge",
         "Open subscriptions.",
         c.subscribers_active.load(Relaxed) as f64,
     );
+}
+
+fn follower_metrics(t: &mut String, sh: &Shared) {
+    let c = &sh.counters;
     {
         let a = sh.acks.lock();
-        g(
+        metric(
+            t,
             "followers_reporting",
             "gauge",
             "Followers that report their position (ACK).",
             a.len() as f64,
         );
-        g(
+        metric(
+            t,
             "followers_in_sync",
             "gauge",
             "Followers within --max-follower-lag, whom writes wait for.",
             a.values().filter(|f| f.in_sync).count() as f64,
         );
-        g(
+        metric(
+            t,
             "follower_applied_seq_min",
             "gauge",
             "Lowest event a reporting follower has applied (0 with none).",
             a.values().map(|f| f.seq).min().unwrap_or(0) as f64,
         );
     }
-    g(
+    metric(
+        t,
         "follower_waits_total",
         "counter",
         "Writes whose reply waited for a follower.",
         c.follower_waits.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "follower_wait_seconds_total",
         "counter",
         "Time writes waited for followers.",
         c.follower_wait_nanos.load(Relaxed) as f64 / 1e9,
     );
-    g(
+    metric(
+        t,
         "follower_timeouts_total",
         "counter",
         "Followers writes stopped waiting for (--follower-wait ran out).",
         c.follower_timeouts.load(Relaxed) as f64,
     );
-    g(
+}
+
+fn traffic_metrics(t: &mut String, c: &Counters) {
+    metric(
+        t,
         "requests_total",
         "counter",
         "Frames received.",
         c.requests.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "gets_total",
         "counter",
         "Keys read.",
         c.gets.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "events_sent_total",
         "counter",
         "Events sent to subscribers.",
         c.events_sent.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "bytes_in_total",
         "counter",
         "Bytes received.",
         c.bytes_in.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "bytes_out_total",
         "counter",
         "Bytes sent.",
         c.bytes_out.load(Relaxed) as f64,
     );
+}
+
+fn event_metrics(t: &mut String, sh: &Shared, last_seq: u64) {
     {
         let l = sh.log.lock();
-        g(
+        metric(
+            t,
             "event_seq",
             "gauge",
             "Sequence number of the last event.",
             last_seq as f64,
         );
-        g(
+        metric(
+            t,
             "event_history_first",
             "gauge",
             "First event kept for subscribers.",
             l.first_seq() as f64,
         );
     }
+}
+
+fn error_metrics(t: &mut String, c: &Counters) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         t,
         "# HELP memfs_store_errors_total Error frames sent, by code.\n# TYPE memfs_store_errors_total counter"
@@ -1599,7 +1713,6 @@ fn metrics_text(sh: &Shared) -> String {
             c.errors(code)
         );
     }
-    t
 }
 
 /// Serves `GET /metrics` (Prometheus text) and `GET /health` on `addr`
