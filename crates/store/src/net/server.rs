@@ -682,83 +682,18 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream, id: u64) -> io::Result<()> {
                     let next = handle(sh, &mut ss, ty, body);
                     start += n;
                     frame_started = None;
-                    match next {
-                        Next::Continue => {}
-                        Next::Close => {
-                            let _ = s.write_all(&ss.out).and_then(|_| s.flush());
-                            close_gracefully(&mut s);
-                            return Ok(());
-                        }
-                        Next::Subscribe {
-                            from_seq,
-                            from_block,
-                        } => {
-                            s.write_all(&ss.out)?;
-                            s.flush()?;
-                            ss.out.clear();
-                            return subscribe(sh, &mut s, &mut ss.out, from_seq, from_block);
-                        }
-                        Next::Snapshot => {
-                            s.write_all(&ss.out)?;
-                            ss.out.clear();
-                            send_snapshot(sh, &mut s, &mut ss.out)?;
-                            close_gracefully(&mut s);
-                            return Ok(());
-                        }
+                    if !go_on(sh, &mut s, &mut ss, next)? {
+                        return Ok(());
                     }
                 }
             }
         }
-        if !ss.out.is_empty() {
-            sh.counters
-                .bytes_out
-                .fetch_add(ss.out.len() as u64, Relaxed);
-            s.write_all(&ss.out)?;
-            s.flush()?;
-            ss.out.clear();
-            if ss.out.capacity() > 4 << 20 {
-                ss.out.shrink_to(64 << 10);
-            }
-        }
+        flush_replies(sh, &mut s, &mut ss)?;
         if sh.stopping.load(Relaxed) {
             return Ok(());
         }
-        // Make room: move a partial frame to the front, grow for a big one.
-        if start == end {
-            start = 0;
-            end = 0;
-            if inbuf.len() > 1 << 20 {
-                // A big SET came and went: do not keep its buffer per connection.
-                inbuf.truncate(64 << 10);
-                inbuf.shrink_to_fit();
-            }
-        } else if start > 0 {
-            inbuf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
-        }
-        if let Ok(Some(total)) = p::frame_len(&inbuf[..end], lim.max_frame)
-            && total > inbuf.len()
-        {
-            inbuf.resize(total, 0);
-        }
-        if end == inbuf.len() {
-            let n = inbuf.len() * 2;
-            inbuf.resize(n, 0);
-        }
-        // Idle between frames; a frame (or the handshake) once begun must
-        // arrive within the frame timeout.
-        let timeout = if ss.role.is_none() {
-            sh.cfg.frame_timeout
-        } else if end == 0 {
-            sh.cfg.idle_timeout
-        } else {
-            let t0 = *frame_started.get_or_insert_with(Instant::now);
-            sh.cfg
-                .frame_timeout
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_millis(1))
-        };
+        make_room(&mut inbuf, &mut start, &mut end, lim.max_frame);
+        let timeout = read_timeout(sh, &ss, end, &mut frame_started);
         s.tcp().set_read_timeout(Some(timeout))?;
         match s.read(&mut inbuf[end..]) {
             Ok(0) => return Ok(()),
@@ -770,22 +705,119 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream, id: u64) -> io::Result<()> {
                 end += n;
             }
             Err(e) if is_timeout(&e) => {
-                let what = if ss.role.is_none() {
-                    "no complete handshake"
-                } else if end == 0 {
-                    "idle"
-                } else {
-                    "half-sent frame"
-                };
-                let msg = format!("timeout: {what} after {:?}", timeout);
-                send_error(sh, &mut ss.out, ErrorCode::Timeout, &msg);
-                let _ = s.write_all(&ss.out).and_then(|_| s.flush());
-                close_gracefully(&mut s);
+                time_out(sh, &mut s, &mut ss, end, timeout);
                 return Ok(());
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Tells the client which wait ran out, then closes.
+fn time_out(sh: &Shared, s: &mut Stream, ss: &mut Session, end: usize, timeout: Duration) {
+    let what = if ss.role.is_none() {
+        "no complete handshake"
+    } else if end == 0 {
+        "idle"
+    } else {
+        "half-sent frame"
+    };
+    let msg = format!("timeout: {what} after {:?}", timeout);
+    send_error(sh, &mut ss.out, ErrorCode::Timeout, &msg);
+    let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+    close_gracefully(s);
+}
+
+/// Acts on what `handle` said after a frame. `Ok(false)`: the session is
+/// over, closed or handed on to a subscription or a snapshot (both end it).
+fn go_on(sh: &Shared, s: &mut Stream, ss: &mut Session, next: Next) -> io::Result<bool> {
+    match next {
+        Next::Continue => return Ok(true),
+        Next::Close => {
+            let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+            close_gracefully(s);
+        }
+        Next::Subscribe {
+            from_seq,
+            from_block,
+        } => {
+            s.write_all(&ss.out)?;
+            s.flush()?;
+            ss.out.clear();
+            subscribe(sh, s, &mut ss.out, from_seq, from_block)?;
+        }
+        Next::Snapshot => {
+            s.write_all(&ss.out)?;
+            ss.out.clear();
+            send_snapshot(sh, s, &mut ss.out)?;
+            close_gracefully(s);
+        }
+    }
+    Ok(false)
+}
+
+/// Sends the replies to the frames just answered, in one write.
+fn flush_replies(sh: &Shared, s: &mut Stream, ss: &mut Session) -> io::Result<()> {
+    if !ss.out.is_empty() {
+        sh.counters
+            .bytes_out
+            .fetch_add(ss.out.len() as u64, Relaxed);
+        s.write_all(&ss.out)?;
+        s.flush()?;
+        ss.out.clear();
+        if ss.out.capacity() > 4 << 20 {
+            ss.out.shrink_to(64 << 10);
+        }
+    }
+    Ok(())
+}
+
+/// Makes room to read into: moves a partial frame to the front, grows for a
+/// big one.
+fn make_room(inbuf: &mut Vec<u8>, start: &mut usize, end: &mut usize, max_frame: u32) {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+        if inbuf.len() > 1 << 20 {
+            // A big SET came and went: do not keep its buffer per connection.
+            inbuf.truncate(64 << 10);
+            inbuf.shrink_to_fit();
+        }
+    } else if *start > 0 {
+        inbuf.copy_within(*start..*end, 0);
+        *end -= *start;
+        *start = 0;
+    }
+    if let Ok(Some(total)) = p::frame_len(&inbuf[..*end], max_frame)
+        && total > inbuf.len()
+    {
+        inbuf.resize(total, 0);
+    }
+    if *end == inbuf.len() {
+        let n = inbuf.len() * 2;
+        inbuf.resize(n, 0);
+    }
+}
+
+/// Idle between frames; a frame (or the handshake) once begun must arrive
+/// within the frame timeout.
+fn read_timeout(
+    sh: &Shared,
+    ss: &Session,
+    end: usize,
+    frame_started: &mut Option<Instant>,
+) -> Duration {
+    if ss.role.is_none() {
+        sh.cfg.frame_timeout
+    } else if end == 0 {
+        sh.cfg.idle_timeout
+    } else {
+        let t0 = *frame_started.get_or_insert_with(Instant::now);
+        sh.cfg
+            .frame_timeout
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_millis(1))
     }
 }
 
