@@ -381,82 +381,12 @@ impl Server {
             let sh = self.shared.clone();
             sh.counters.connections_total.fetch_add(1, Relaxed);
             if sh.counters.connections_active.load(Relaxed) >= sh.cfg.max_connections {
-                sh.counters.connections_rejected.fetch_add(1, Relaxed);
-                sh.counters.error(ErrorCode::TooManyConnections);
-                tracing::warn!(peer = ?sock.peer_addr().ok(), limit = sh.cfg.max_connections, "connection refused: too many connections");
-                // Tell the client why, off the accept thread (a TLS handshake
-                // may be needed), but never with more than a few threads.
-                if rejecting.fetch_add(1, Relaxed) < 16 {
-                    let r = rejecting.clone();
-                    let _ = std::thread::Builder::new()
-                        .stack_size(256 << 10)
-                        .spawn(move || {
-                            reject(&sh, sock);
-                            r.fetch_sub(1, Relaxed);
-                        });
-                } else {
-                    rejecting.fetch_sub(1, Relaxed);
-                }
+                turn_away(sh, sock, &rejecting);
                 continue;
             }
-            sh.counters.connections_active.fetch_add(1, Relaxed);
-            let id = sh.next_id.fetch_add(1, Relaxed);
-            if let Ok(c) = sock.try_clone() {
-                sh.conns.lock().insert(id, c);
-            }
-            let spawned = std::thread::Builder::new()
-                .name(format!("store-conn-{id}"))
-                .stack_size(256 << 10)
-                .spawn({
-                    let sh = sh.clone();
-                    move || {
-                        let peer = sock.peer_addr().ok();
-                        if let Err(e) = serve(&sh, sock, id)
-                            && !matches!(
-                                e.kind(),
-                                io::ErrorKind::UnexpectedEof
-                                    | io::ErrorKind::BrokenPipe
-                                    | io::ErrorKind::ConnectionReset
-                            )
-                        {
-                            tracing::info!(?peer, error = %e, "connection closed");
-                        }
-                        sh.conns.lock().remove(&id);
-                        if sh.acks.lock().remove(&id).is_some() {
-                            // A write waiting for this follower stops waiting.
-                            sh.acks_cv.notify_all();
-                            tracing::info!(connection = id, "a follower's position reports ended");
-                        }
-                        sh.counters.connections_active.fetch_sub(1, Relaxed);
-                    }
-                });
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start a connection thread");
-                    sh.conns.lock().remove(&id);
-                    sh.counters.connections_active.fetch_sub(1, Relaxed);
-                }
-            }
+            threads.extend(start_connection(sh, sock));
         }
-        // Stop reading on every connection: a thread blocked in read sees EOF,
-        // one serving a request finishes it and answers first.
-        for c in self.shared.conns.lock().values() {
-            let _ = c.shutdown(std::net::Shutdown::Read);
-        }
-        self.shared.log_cv.notify_all();
-        let deadline = Instant::now() + self.shared.cfg.write_timeout + Duration::from_secs(1);
-        let mut stuck = 0usize;
-        for t in threads {
-            while !t.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
-                stuck += 1;
-            }
-        }
+        let stuck = finish_connections(&self.shared, threads);
         let Backing::Owned(store) = &self.shared.store else {
             // The follower owns the replica and closes it.
             tracing::info!("replica server stopped");
@@ -487,6 +417,97 @@ impl Server {
     }
 }
 
+/// Refuses a connection over `max_connections`, telling the client why.
+fn turn_away(sh: Arc<Shared>, sock: TcpStream, rejecting: &Arc<AtomicUsize>) {
+    sh.counters.connections_rejected.fetch_add(1, Relaxed);
+    sh.counters.error(ErrorCode::TooManyConnections);
+    tracing::warn!(peer = ?sock.peer_addr().ok(), limit = sh.cfg.max_connections, "connection refused: too many connections");
+    // Tell the client why, off the accept thread (a TLS handshake
+    // may be needed), but never with more than a few threads.
+    if rejecting.fetch_add(1, Relaxed) < 16 {
+        let r = rejecting.clone();
+        let _ = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                reject(&sh, sock);
+                r.fetch_sub(1, Relaxed);
+            });
+    } else {
+        rejecting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Serves an accepted connection on a thread of its own.
+fn start_connection(sh: Arc<Shared>, sock: TcpStream) -> Option<JoinHandle<()>> {
+    sh.counters.connections_active.fetch_add(1, Relaxed);
+    let id = sh.next_id.fetch_add(1, Relaxed);
+    if let Ok(c) = sock.try_clone() {
+        sh.conns.lock().insert(id, c);
+    }
+    let spawned = std::thread::Builder::new()
+        .name(format!("store-conn-{id}"))
+        .stack_size(256 << 10)
+        .spawn({
+            let sh = sh.clone();
+            move || connection(&sh, sock, id)
+        });
+    match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a connection thread");
+            sh.conns.lock().remove(&id);
+            sh.counters.connections_active.fetch_sub(1, Relaxed);
+            None
+        }
+    }
+}
+
+/// A connection's thread: serves it, then forgets it.
+fn connection(sh: &Arc<Shared>, sock: TcpStream, id: u64) {
+    let peer = sock.peer_addr().ok();
+    if let Err(e) = serve(sh, sock, id)
+        && !matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+        )
+    {
+        tracing::info!(?peer, error = %e, "connection closed");
+    }
+    sh.conns.lock().remove(&id);
+    if sh.acks.lock().remove(&id).is_some() {
+        // A write waiting for this follower stops waiting.
+        sh.acks_cv.notify_all();
+        tracing::info!(connection = id, "a follower's position reports ended");
+    }
+    sh.counters.connections_active.fetch_sub(1, Relaxed);
+}
+
+/// Ends every connection and waits for their threads until the write
+/// timeout; returns how many did not finish.
+fn finish_connections(shared: &Shared, threads: Vec<JoinHandle<()>>) -> usize {
+    // Stop reading on every connection: a thread blocked in read sees EOF,
+    // one serving a request finishes it and answers first.
+    for c in shared.conns.lock().values() {
+        let _ = c.shutdown(std::net::Shutdown::Read);
+    }
+    shared.log_cv.notify_all();
+    let deadline = Instant::now() + shared.cfg.write_timeout + Duration::from_secs(1);
+    let mut stuck = 0usize;
+    for t in threads {
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        } else {
+            stuck += 1;
+        }
+    }
+    stuck
+}
+
 /// Fills the log from the journal since the last snapshot, so that a
 /// follower that was behind when the writer restarted can catch up.
 fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
@@ -504,24 +525,8 @@ fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
         }
         let (after_block, frame) = match crate::codec::decode(payload)? {
             crate::codec::Decoded::Block { block, body } => {
-                let mut f = Vec::with_capacity(body.len() + 40);
-                let at = p::begin(&mut f, op::EV_BLOCK);
-                f.extend_from_slice(&id.to_le_bytes());
-                f.extend_from_slice(&prev_after.unwrap_or(0).to_le_bytes());
-                f.extend_from_slice(&block.to_le_bytes());
-                let count_at = f.len();
-                f.extend_from_slice(&0u32.to_le_bytes());
-                let mut n = 0u32;
-                for e in crate::codec::entries(body, kw) {
-                    let e = e?;
-                    f.extend_from_slice(e.key);
-                    f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
-                    f.extend_from_slice(e.value);
-                    n += 1;
-                }
-                f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-                p::end(&mut f, at);
-                (block, f)
+                let prev = prev_after.unwrap_or(0);
+                (block, block_event(id, prev, block, body, kw)?)
             }
             crate::codec::Decoded::Rollback {
                 target, current, ..
@@ -559,6 +564,29 @@ fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
         log.events.clear();
         log.bytes = 0;
     }
+}
+
+/// The EV_BLOCK frame of journal commit `id`, a block of the store's
+/// encoded `body`, that followed block `prev`.
+fn block_event(id: u64, prev: u64, block: u64, body: &[u8], kw: usize) -> Result<Vec<u8>, String> {
+    let mut f = Vec::with_capacity(body.len() + 40);
+    let at = p::begin(&mut f, op::EV_BLOCK);
+    f.extend_from_slice(&id.to_le_bytes());
+    f.extend_from_slice(&prev.to_le_bytes());
+    f.extend_from_slice(&block.to_le_bytes());
+    let count_at = f.len();
+    f.extend_from_slice(&0u32.to_le_bytes());
+    let mut n = 0u32;
+    for e in crate::codec::entries(body, kw) {
+        let e = e?;
+        f.extend_from_slice(e.key);
+        f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
+        f.extend_from_slice(e.value);
+        n += 1;
+    }
+    f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+    p::end(&mut f, at);
+    Ok(f)
 }
 
 fn push_event(log: &mut Log, cfg: &ServerConfig, ev: Event) {
@@ -1202,59 +1230,7 @@ fn subscribe(
     from_seq: u64,
     from_block: u64,
 ) -> io::Result<()> {
-    let check = {
-        let l = sh.log.lock();
-        if from_seq > l.last_seq {
-            Err((
-                ErrorCode::HistoryDiverged,
-                format!(
-                    "the follower is at event {from_seq} (block {from_block}) but the writer's history ends at event {} (block {}): the follower does not follow this writer's history (a writer that lost blocks in a crash?)",
-                    l.last_seq, l.current
-                ),
-            ))
-        } else if from_seq == l.last_seq {
-            if from_block == l.current {
-                Ok(())
-            } else {
-                Err((
-                    ErrorCode::HistoryDiverged,
-                    format!(
-                        "the follower is at event {from_seq} with block {from_block}, the writer at the same event has block {}",
-                        l.current
-                    ),
-                ))
-            }
-        } else if from_seq + 1 < l.first_seq() {
-            Err((
-                ErrorCode::HistoryUnavailable,
-                format!(
-                    "the follower needs events from {} on, but the writer keeps events {}..={} only; it must fetch a snapshot (SNAPSHOT)",
-                    from_seq + 1,
-                    l.first_seq(),
-                    l.last_seq
-                ),
-            ))
-        } else {
-            let next = &l.events[(from_seq + 1 - l.first_seq()) as usize];
-            let prev = p::split_frame(&next.frame, u32::MAX)
-                .ok()
-                .flatten()
-                .and_then(|(_, b, _)| b.get(8..16))
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
-            if prev == Some(from_block) {
-                Ok(())
-            } else {
-                Err((
-                    ErrorCode::HistoryDiverged,
-                    format!(
-                        "the follower is at event {from_seq} with block {from_block}, the writer's event {} follows block {}",
-                        from_seq + 1,
-                        prev.unwrap_or(0)
-                    ),
-                ))
-            }
-        }
-    };
+    let check = check_position(&sh.log.lock(), from_seq, from_block);
     if let Err((code, msg)) = check {
         send_error(sh, out, code, &msg);
         s.write_all(out)?;
@@ -1269,7 +1245,68 @@ fn subscribe(
     }
     let _dec = Dec(&sh.counters.subscribers_active);
     tracing::info!(from_seq, from_block, "subscription started");
-    let mut sent = from_seq;
+    stream_events(sh, s, out, from_seq)
+}
+
+/// Whether a follower at event `from_seq` with block `from_block` can be
+/// sent the events after it: it must be on this writer's history, and the
+/// history must still hold the next event.
+fn check_position(l: &Log, from_seq: u64, from_block: u64) -> Result<(), (ErrorCode, String)> {
+    if from_seq > l.last_seq {
+        Err((
+            ErrorCode::HistoryDiverged,
+            format!(
+                "the follower is at event {from_seq} (block {from_block}) but the writer's history ends at event {} (block {}): the follower does not follow this writer's history (a writer that lost blocks in a crash?)",
+                l.last_seq, l.current
+            ),
+        ))
+    } else if from_seq == l.last_seq {
+        if from_block == l.current {
+            Ok(())
+        } else {
+            Err((
+                ErrorCode::HistoryDiverged,
+                format!(
+                    "the follower is at event {from_seq} with block {from_block}, the writer at the same event has block {}",
+                    l.current
+                ),
+            ))
+        }
+    } else if from_seq + 1 < l.first_seq() {
+        Err((
+            ErrorCode::HistoryUnavailable,
+            format!(
+                "the follower needs events from {} on, but the writer keeps events {}..={} only; it must fetch a snapshot (SNAPSHOT)",
+                from_seq + 1,
+                l.first_seq(),
+                l.last_seq
+            ),
+        ))
+    } else {
+        let next = &l.events[(from_seq + 1 - l.first_seq()) as usize];
+        let prev = p::split_frame(&next.frame, u32::MAX)
+            .ok()
+            .flatten()
+            .and_then(|(_, b, _)| b.get(8..16))
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+        if prev == Some(from_block) {
+            Ok(())
+        } else {
+            Err((
+                ErrorCode::HistoryDiverged,
+                format!(
+                    "the follower is at event {from_seq} with block {from_block}, the writer's event {} follows block {}",
+                    from_seq + 1,
+                    prev.unwrap_or(0)
+                ),
+            ))
+        }
+    }
+}
+
+/// Sends the events after `sent`, in batches, and a heartbeat when there are
+/// none for a while, until the client goes away or the server stops.
+fn stream_events(sh: &Shared, s: &mut Stream, out: &mut Vec<u8>, mut sent: u64) -> io::Result<()> {
     let mut batch: Vec<(u64, Arc<Vec<u8>>)> = Vec::new();
     loop {
         {
