@@ -471,22 +471,7 @@ impl Journal {
             // operation's append or release; one still held after the stall
             // limit (leaked, or behind a hung disk) refuses this one.
             if hdr + want > seg_size && g.reserved > 0 {
-                let since = *queued.get_or_insert_with(Instant::now);
-                let waited = since.elapsed();
-                if waited >= g.stall_limit {
-                    tracing::error!(
-                        journal = %inner.dir.display(),
-                        reserved = g.reserved,
-                        wanted = need,
-                        "journal: a reservation waited {waited:?} for the {} bytes reserved ahead of it; refused",
-                        g.reserved
-                    );
-                    return Err(Error::Stalled {
-                        what: "the journal reservations ahead of this one",
-                        waited,
-                    });
-                }
-                wait_bounded(inner, &inner.space_cv, &mut g, Some(since));
+                wait_behind_reservations(inner, &mut g, &mut queued, need)?;
                 continue;
             }
             // Frames land in the current segment while they fit in
@@ -506,88 +491,7 @@ impl Journal {
                 wait_bounded(inner, &inner.space_cv, &mut g, None);
                 continue;
             }
-            g.allocating = true;
-            g.alloc_since = Instant::now();
-            let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
-            let (path, target, is_new) = if grow_cur {
-                let t = if in_cur {
-                    (g.logical_seg_len + want + ALLOC_STEP).min(seg_size)
-                } else {
-                    seg_size
-                };
-                (g.append_file.clone(), t, false)
-            } else {
-                let t = (hdr + want + ALLOC_STEP).min(seg_size).max(hdr + want);
-                match &g.next_spare {
-                    Some((p, _)) => (p.clone(), t, false),
-                    None => {
-                        g.spare_seq += 1;
-                        let name = format!("journal-spare-{}.tmp", g.spare_seq);
-                        (inner.dir.join(name), t, true)
-                    }
-                }
-            };
-            let r = MutexGuard::unlocked(&mut g, || -> std::io::Result<()> {
-                let mode = if is_new {
-                    OpenMode::CreateTruncate
-                } else {
-                    OpenMode::Write
-                };
-                let mut f = inner.storage.open(&path, mode)?;
-                f.allocate(target)
-            });
-            g.allocating = false;
-            inner.space_cv.notify_all();
-            match r {
-                Ok(()) => {
-                    if grow_cur {
-                        if g.append_file == path {
-                            g.alloc_end = g.alloc_end.max(target);
-                        }
-                    } else if is_new {
-                        g.next_spare = Some((path, target));
-                    } else if let Some(s) = g.next_spare.as_mut()
-                        && s.0 == path
-                    {
-                        s.1 = s.1.max(target);
-                    }
-                }
-                // The spare was renamed or the segment rotated meanwhile:
-                // look again (a file that vanished otherwise is an error).
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
-                        && !is_new
-                        && g.append_file != path
-                        && g.next_spare.as_ref().is_none_or(|s| s.0 != path) => {}
-                // The current segment is not created yet (an unreserved
-                // frame rotated without a spare): write it out, look again.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
-                        && !is_new
-                        && g.append_file == path
-                        && !g.segments.iter().any(|s| s.1 == path) =>
-                {
-                    if g.flushing {
-                        wait_bounded(inner, &inner.durable_cv, &mut g, None);
-                    } else {
-                        flush(inner, &mut g, false)?;
-                    }
-                }
-                Err(e) => {
-                    if is_new {
-                        let _ = inner.storage.remove_file(&path);
-                    }
-                    return Err(match e.raw_os_error() {
-                        Some(c)
-                            if c == nix::errno::Errno::ENOSPC as i32
-                                || c == nix::errno::Errno::EDQUOT as i32 =>
-                        {
-                            Error::NoSpace { path, source: e }
-                        }
-                        _ => Error::Io { path, source: e },
-                    });
-                }
-            }
+            preallocate(inner, &mut g, in_cur, want)?;
         }
     }
 
@@ -773,6 +677,159 @@ impl Drop for Journal {
     fn drop(&mut self) {
         if let Err(e) = self.shutdown() {
             tracing::error!(error = %e, "journal: final flush failed");
+        }
+    }
+}
+
+/// Waits, in [`Journal::reserve`], for the reservations ahead to end; refuses
+/// once it has waited the stall limit since it was first `queued`.
+fn wait_behind_reservations(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    queued: &mut Option<Instant>,
+    need: u64,
+) -> Result<()> {
+    let since = *queued.get_or_insert_with(Instant::now);
+    let waited = since.elapsed();
+    if waited >= g.stall_limit {
+        tracing::error!(
+            journal = %inner.dir.display(),
+            reserved = g.reserved,
+            wanted = need,
+            "journal: a reservation waited {waited:?} for the {} bytes reserved ahead of it; refused",
+            g.reserved
+        );
+        return Err(Error::Stalled {
+            what: "the journal reservations ahead of this one",
+            waited,
+        });
+    }
+    wait_bounded(inner, &inner.space_cv, g, Some(since));
+    Ok(())
+}
+
+/// The space to allocate for reservations of `want` bytes in all: whether
+/// it grows the current segment (else the spare), which file, up to which
+/// length, and whether that file is a new spare to create.
+fn alloc_target(
+    inner: &Inner,
+    g: &mut State,
+    in_cur: bool,
+    want: u64,
+) -> (bool, PathBuf, u64, bool) {
+    let hdr = SEGMENT_HEADER_LEN as u64;
+    let seg_size = inner.opts.segment_size;
+    let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
+    let (path, target, is_new) = if grow_cur {
+        let t = if in_cur {
+            (g.logical_seg_len + want + ALLOC_STEP).min(seg_size)
+        } else {
+            seg_size
+        };
+        (g.append_file.clone(), t, false)
+    } else {
+        let t = (hdr + want + ALLOC_STEP).min(seg_size).max(hdr + want);
+        match &g.next_spare {
+            Some((p, _)) => (p.clone(), t, false),
+            None => {
+                g.spare_seq += 1;
+                let name = format!("journal-spare-{}.tmp", g.spare_seq);
+                (inner.dir.join(name), t, true)
+            }
+        }
+    };
+    (grow_cur, path, target, is_new)
+}
+
+/// Allocates, without the lock, the space [`alloc_target`] chose, and
+/// records it. `Ok` also when the file moved on meanwhile: the caller looks
+/// again.
+fn preallocate(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    in_cur: bool,
+    want: u64,
+) -> Result<()> {
+    g.allocating = true;
+    g.alloc_since = Instant::now();
+    let (grow_cur, path, target, is_new) = alloc_target(inner, g, in_cur, want);
+    let r = MutexGuard::unlocked(g, || -> std::io::Result<()> {
+        let mode = if is_new {
+            OpenMode::CreateTruncate
+        } else {
+            OpenMode::Write
+        };
+        let mut f = inner.storage.open(&path, mode)?;
+        f.allocate(target)
+    });
+    g.allocating = false;
+    inner.space_cv.notify_all();
+    match r {
+        Ok(()) => {
+            if grow_cur {
+                if g.append_file == path {
+                    g.alloc_end = g.alloc_end.max(target);
+                }
+            } else if is_new {
+                g.next_spare = Some((path, target));
+            } else if let Some(s) = g.next_spare.as_mut()
+                && s.0 == path
+            {
+                s.1 = s.1.max(target);
+            }
+            Ok(())
+        }
+        Err(e) => alloc_failed(inner, g, e, path, is_new),
+    }
+}
+
+/// What a failed preallocation of `path` means: the file moved on (look
+/// again), the current segment is not written yet (write it, look again),
+/// or a real failure.
+fn alloc_failed(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    e: std::io::Error,
+    path: PathBuf,
+    is_new: bool,
+) -> Result<()> {
+    match e {
+        // The spare was renamed or the segment rotated meanwhile:
+        // look again (a file that vanished otherwise is an error).
+        e if e.kind() == std::io::ErrorKind::NotFound
+            && !is_new
+            && g.append_file != path
+            && g.next_spare.as_ref().is_none_or(|s| s.0 != path) =>
+        {
+            Ok(())
+        }
+        // The current segment is not created yet (an unreserved
+        // frame rotated without a spare): write it out, look again.
+        e if e.kind() == std::io::ErrorKind::NotFound
+            && !is_new
+            && g.append_file == path
+            && !g.segments.iter().any(|s| s.1 == path) =>
+        {
+            if g.flushing {
+                wait_bounded(inner, &inner.durable_cv, g, None);
+            } else {
+                flush(inner, g, false)?;
+            }
+            Ok(())
+        }
+        e => {
+            if is_new {
+                let _ = inner.storage.remove_file(&path);
+            }
+            Err(match e.raw_os_error() {
+                Some(c)
+                    if c == nix::errno::Errno::ENOSPC as i32
+                        || c == nix::errno::Errno::EDQUOT as i32 =>
+                {
+                    Error::NoSpace { path, source: e }
+                }
+                _ => Error::Io { path, source: e },
+            })
         }
     }
 }
