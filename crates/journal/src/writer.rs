@@ -219,72 +219,9 @@ impl Journal {
         let report = scan.report;
         let mut segments = scan.segments;
         let last = report.last_commit;
-        let (seg, len) = match scan.tail {
-            Tail::Empty => {
-                let first = last + 1;
-                let seg = create_segment(st, &path, first)?;
-                segments.push((first, seg.path.clone()));
-                (seg, SEGMENT_HEADER_LEN as u64)
-            }
-            Tail::Append {
-                first,
-                path: p,
-                len,
-                rewrite_header,
-            } => {
-                let mut file = st.open(&p, OpenMode::Write).map_err(io_err(&p))?;
-                let mut len = len;
-                if rewrite_header {
-                    file.set_len(0).map_err(io_err(&p))?;
-                    file.write_all(&format::encode_segment_header(first))
-                        .map_err(io_err(&p))?;
-                    len = SEGMENT_HEADER_LEN as u64;
-                    file.sync_all().map_err(io_err(&p))?;
-                } else if report.truncated_tail.is_some() {
-                    file.set_len(len).map_err(io_err(&p))?;
-                    file.sync_all().map_err(io_err(&p))?;
-                    tracing::warn!(
-                        file = %p.display(),
-                        offset = len,
-                        "truncated a torn journal tail"
-                    );
-                }
-                file.seek(std::io::SeekFrom::Start(len))
-                    .map_err(io_err(&p))?;
-                (Segment { file, path: p }, len)
-            }
-        };
+        let (seg, len) = open_tail(st, &path, scan.tail, &report, &mut segments)?;
         remove_stale_spares(st, &path);
-        let append_file = segments.last().map(|s| s.1.clone()).unwrap_or_default();
-        let state = State {
-            pending: VecDeque::new(),
-            spare: Vec::new(),
-            pending_bytes: 0,
-            last_appended: last,
-            written: last,
-            durable: last,
-            unsynced: 0,
-            last_sync: Instant::now(),
-            flushing: false,
-            gathering: false,
-            seg: Some(seg),
-            logical_seg_len: len,
-            segments,
-            append_file,
-            alloc_end: 0,
-            reserved: 0,
-            next_spare: None,
-            spare_seq: 0,
-            allocating: false,
-            flush_since: Instant::now(),
-            alloc_since: Instant::now(),
-            stall_limit: STALL_LIMIT,
-            error: None,
-            shutdown: false,
-            fsyncs: 0,
-            bytes_written: 0,
-            throttled: 0,
-        };
+        let state = State::recovered(seg, len, segments, last);
         let inner = Arc::new(Inner {
             id: JournalId::next(),
             state: Mutex::new(state),
@@ -392,22 +329,7 @@ impl Journal {
         let rotate = g.logical_seg_len > SEGMENT_HEADER_LEN as u64
             && g.logical_seg_len + frame_len > inner.opts.segment_size;
         if rotate || g.pending.is_empty() {
-            let buf = g.spare.pop().unwrap_or_default();
-            let mut new_segment = None;
-            if rotate {
-                // The new segment goes into the preallocated spare, whose
-                // space the reservations were counted against.
-                let spare = g.next_spare.take();
-                let (file, alloc) = match &spare {
-                    Some((p, n)) => (p.clone(), *n),
-                    None => (inner.dir.join(format::segment_file_name(id)), 0),
-                };
-                g.append_file = file;
-                g.alloc_end = alloc;
-                new_segment = Some((id, spare.map(|s| s.0)));
-                g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
-            }
-            g.pending.push_back(Chunk { new_segment, buf });
+            start_chunk(inner, &mut g, id, rotate);
         }
         let header = format::encode_frame_header(id, len, pcrc);
         let chunk = g.pending.back_mut().expect("pending chunk exists");
@@ -832,6 +754,112 @@ fn alloc_failed(
             })
         }
     }
+}
+
+impl State {
+    /// The state of a journal just recovered up to commit `last`, appending
+    /// to `seg` (`len` bytes long), the last of `segments`.
+    fn recovered(seg: Segment, len: u64, segments: Vec<(u64, PathBuf)>, last: u64) -> State {
+        let append_file = segments.last().map(|s| s.1.clone()).unwrap_or_default();
+        State {
+            pending: VecDeque::new(),
+            spare: Vec::new(),
+            pending_bytes: 0,
+            last_appended: last,
+            written: last,
+            durable: last,
+            unsynced: 0,
+            last_sync: Instant::now(),
+            flushing: false,
+            gathering: false,
+            seg: Some(seg),
+            logical_seg_len: len,
+            segments,
+            append_file,
+            alloc_end: 0,
+            reserved: 0,
+            next_spare: None,
+            spare_seq: 0,
+            allocating: false,
+            flush_since: Instant::now(),
+            alloc_since: Instant::now(),
+            stall_limit: STALL_LIMIT,
+            error: None,
+            shutdown: false,
+            fsyncs: 0,
+            bytes_written: 0,
+            throttled: 0,
+        }
+    }
+}
+
+/// The segment to append to after recovery, and its length: a new one
+/// after an empty journal, else the last one, its torn header rewritten or
+/// its torn tail cut.
+fn open_tail(
+    st: &dyn Storage,
+    path: &Path,
+    tail: Tail,
+    report: &RecoveryReport,
+    segments: &mut Vec<(u64, PathBuf)>,
+) -> Result<(Segment, u64)> {
+    let last = report.last_commit;
+    Ok(match tail {
+        Tail::Empty => {
+            let first = last + 1;
+            let seg = create_segment(st, path, first)?;
+            segments.push((first, seg.path.clone()));
+            (seg, SEGMENT_HEADER_LEN as u64)
+        }
+        Tail::Append {
+            first,
+            path: p,
+            len,
+            rewrite_header,
+        } => {
+            let mut file = st.open(&p, OpenMode::Write).map_err(io_err(&p))?;
+            let mut len = len;
+            if rewrite_header {
+                file.set_len(0).map_err(io_err(&p))?;
+                file.write_all(&format::encode_segment_header(first))
+                    .map_err(io_err(&p))?;
+                len = SEGMENT_HEADER_LEN as u64;
+                file.sync_all().map_err(io_err(&p))?;
+            } else if report.truncated_tail.is_some() {
+                file.set_len(len).map_err(io_err(&p))?;
+                file.sync_all().map_err(io_err(&p))?;
+                tracing::warn!(
+                    file = %p.display(),
+                    offset = len,
+                    "truncated a torn journal tail"
+                );
+            }
+            file.seek(std::io::SeekFrom::Start(len))
+                .map_err(io_err(&p))?;
+            (Segment { file, path: p }, len)
+        }
+    })
+}
+
+/// Begins a new chunk of pending frames for commit `id`; with `rotate`, the
+/// chunk starts a new segment.
+fn start_chunk(inner: &Inner, g: &mut State, id: u64, rotate: bool) {
+    let buf = g.spare.pop().unwrap_or_default();
+    let mut new_segment = None;
+    if rotate {
+        // The new segment goes into the preallocated spare, whose
+        // space the reservations were counted against.
+        let spare = g.next_spare.take();
+        let (file, alloc) = match &spare {
+            Some((p, n)) => (p.clone(), *n),
+            None => (inner.dir.join(format::segment_file_name(id)), 0),
+        };
+        g.append_file = file;
+        g.alloc_end = alloc;
+        new_segment = Some((id, spare.map(|s| s.0)));
+        g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
+    }
+    g.pending.push_back(Chunk { new_segment, buf });
 }
 
 fn create_segment(st: &dyn Storage, dir: &Path, first: u64) -> Result<Segment> {
