@@ -696,7 +696,7 @@ impl Store {
         if block <= current {
             return Err(StoreError::BlockNotIncreasing { block, current });
         }
-        let mut gate = self.shared.gate.lock();
+        let gate = self.shared.gate.lock();
         // The journal entry is the operations themselves (key := value), so it
         // does not depend on applying them: encode it first, then write it
         // while the tables are updated. In `sync` mode the fsync overlaps the
@@ -704,96 +704,21 @@ impl Store {
         let mut redo = std::mem::take(&mut w.redo);
         redo.clear();
         if encoded.is_none() {
-            redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
-            for i in 0..ops.len() {
-                let (k, v) = (ops.key(i), ops.value(i));
-                redo.extend_from_slice(k);
-                redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
-                redo.extend_from_slice(v);
-            }
+            encode_entries(&mut redo, ops, self.shared.kw);
         }
         let entries = encoded.unwrap_or(&redo);
         let header = codec::block_header(block);
         // Space first: a block that cannot be journaled is refused before
         // anything changes, and the store stays at the previous block.
-        let reserved = match w.journal.reserve((header.len() + entries.len()) as u64) {
+        let reserved = match self.reserve_space(w, header.len() + entries.len()) {
             Ok(n) => n,
             Err(e) => {
                 w.redo = redo;
-                let e = StoreError::from(e);
-                if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
-                    self.shared.fail(&e);
-                }
                 return Err(e);
             }
         };
-        let overlap = ops.len() >= PARALLEL_MIN_OPS
-            && matches!(
-                w.opts.durability,
-                Durability::Sync | Durability::Relaxed { .. }
-            );
-        let journal = w.journal.clone();
-        // Stage marks (off unless a measurement turned them on): a prepared
-        // block is a follower's, an encoded one the server's.
-        let (tables_stage, journal_stage) = if bucketed.is_some() {
-            (
-                stages::Stage::FollowerTables,
-                stages::Stage::FollowerJournal,
-            )
-        } else {
-            (stages::Stage::WriterTables, stages::Stage::WriterJournal)
-        };
-        let mut tables_done = None;
-        // The journal entry does not depend on the tables, so the block is
-        // committed once the journal has it: `committed` runs right then,
-        // and the tables are updated after it (`async`, small blocks) or
-        // while the journal writes (`sync`/`relaxed`, large blocks: there it
-        // runs on the journal's thread). A journal failure fails the store
-        // either way.
-        let commit = || {
-            let r = journal.commit_reserved(&[&header, entries], reserved);
-            if let Ok(id) = &r {
-                stages::mark(*id, journal_stage);
-                committed(*id);
-            }
-            r
-        };
-        let (res, undo) = if overlap {
-            std::thread::scope(|sc| {
-                let h = sc.spawn(commit);
-                let undo = match bucketed {
-                    Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
-                    None => apply_ops(&self.shared, w, ops),
-                };
-                if stages::enabled() {
-                    tables_done = Some(Instant::now());
-                }
-                let res = h.join().unwrap_or_else(|_| {
-                    Err(memfs_journal::Error::Failed(
-                        "journal thread panicked".into(),
-                    ))
-                });
-                (res, undo)
-            })
-        } else {
-            let res = commit();
-            // Nothing to undo when the journal refused the block: the store
-            // fails below and the tables stay at the previous block.
-            let undo = match (&res, bucketed) {
-                (Err(_), _) => Vec::new(),
-                (Ok(_), Some((h, b))) => apply_bucketed(&self.shared, w, ops, h, b),
-                (Ok(_), None) => apply_ops(&self.shared, w, ops),
-            };
-            if stages::enabled() {
-                tables_done = Some(Instant::now());
-            }
-            (res, undo)
-        };
-        if let Ok(id) = &res
-            && let Some(t) = tables_done
-        {
-            stages::mark_at(*id, tables_stage, t);
-        }
+        let (res, undo) =
+            self.journal_and_apply(w, ops, bucketed, [&header, entries], reserved, committed);
         w.redo = redo;
         let id = match res {
             Ok(id) => id,
@@ -804,18 +729,89 @@ impl Store {
                 return Err(e);
             }
         };
-        self.shared.current.store(block, Ordering::Release);
-        let undo = Arc::new(UndoBlock { block, parts: undo });
-        let limit = w.opts.rollback_window;
-        let keep = spare_limit(self.shared.shards.len());
-        push_window(&mut gate, limit, undo.clone(), &mut w.spare, keep);
-        drop(gate);
+        let undo = self.make_current(w, gate, block, undo);
         self.shared.metrics.record_block(ops.len(), t0.elapsed());
         w.blocks_since_snapshot += 1;
         if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
             self.maybe_start_snapshot(w);
         }
         Ok((id, undo))
+    }
+
+    /// Journals a block (`parts`, its header and entries, into `reserved`
+    /// space) and updates the tables; `committed` gets its journal id as soon
+    /// as the journal has it.
+    fn journal_and_apply<O: Ops>(
+        &self,
+        w: &mut Writer,
+        ops: &O,
+        bucketed: Option<(&[u64], &[Vec<u32>])>,
+        parts: [&[u8]; 2],
+        reserved: u64,
+        committed: &(dyn Fn(u64) + Sync),
+    ) -> (memfs_journal::Result<u64>, Vec<Vec<u8>>) {
+        let overlap = ops.len() >= PARALLEL_MIN_OPS
+            && matches!(
+                w.opts.durability,
+                Durability::Sync | Durability::Relaxed { .. }
+            );
+        let journal = w.journal.clone();
+        let (tables_stage, journal_stage) = block_stages(bucketed.is_some());
+        // The journal entry does not depend on the tables, so the block is
+        // committed once the journal has it: `committed` runs right then,
+        // and the tables are updated after it (`async`, small blocks) or
+        // while the journal writes (`sync`/`relaxed`, large blocks: there it
+        // runs on the journal's thread). A journal failure fails the store
+        // either way.
+        let commit = || {
+            let r = journal.commit_reserved(&parts, reserved);
+            if let Ok(id) = &r {
+                stages::mark(*id, journal_stage);
+                committed(*id);
+            }
+            r
+        };
+        let (res, undo, tables_done) =
+            commit_with_tables(&self.shared, w, ops, bucketed, overlap, commit);
+        if let Ok(id) = &res
+            && let Some(t) = tables_done
+        {
+            stages::mark_at(*id, tables_stage, t);
+        }
+        (res, undo)
+    }
+
+    /// Reserves journal space for a block entry of `len` bytes. Running out
+    /// of space refuses the block only; any other failure fails the store.
+    fn reserve_space(&self, w: &Writer, len: usize) -> Result<u64> {
+        match w.journal.reserve(len as u64) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                let e = StoreError::from(e);
+                if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
+                    self.shared.fail(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes `block` the current one and keeps its undo in the rollback
+    /// window, whose lock `gate` this releases.
+    fn make_current(
+        &self,
+        w: &mut Writer,
+        mut gate: parking_lot::MutexGuard<'_, WindowState>,
+        block: u64,
+        parts: Vec<Vec<u8>>,
+    ) -> Arc<UndoBlock> {
+        self.shared.current.store(block, Ordering::Release);
+        let undo = Arc::new(UndoBlock { block, parts });
+        let limit = w.opts.rollback_window;
+        let keep = spare_limit(self.shared.shards.len());
+        push_window(&mut gate, limit, undo.clone(), &mut w.spare, keep);
+        drop(gate);
+        undo
     }
 
     /// Restores exactly the state after block `target` (which must be inside
@@ -1226,6 +1222,78 @@ fn index_entries(bytes: &[u8], kw: usize, offsets: &mut Vec<u32>) -> Result<()> 
 struct Given<'a> {
     encoded: Option<&'a [u8]>,
     bucketed: Option<(&'a [u64], &'a [Vec<u32>])>,
+}
+
+/// The stages a block marks (off unless a measurement turned them on), for
+/// its tables and its journal write: a prepared block is a follower's, an
+/// encoded one the server's.
+fn block_stages(prepared: bool) -> (stages::Stage, stages::Stage) {
+    if prepared {
+        (
+            stages::Stage::FollowerTables,
+            stages::Stage::FollowerJournal,
+        )
+    } else {
+        (stages::Stage::WriterTables, stages::Stage::WriterJournal)
+    }
+}
+
+/// Appends `ops` to `redo` in the journal's entry form, `[key][len u16][value]`.
+fn encode_entries<O: Ops>(redo: &mut Vec<u8>, ops: &O, kw: usize) {
+    redo.reserve(ops.len() * (kw + 2 + 8));
+    for i in 0..ops.len() {
+        let (k, v) = (ops.key(i), ops.value(i));
+        redo.extend_from_slice(k);
+        redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
+        redo.extend_from_slice(v);
+    }
+}
+
+/// Journals a block through `commit` and updates the tables, at once (the
+/// journal on a thread of its own) with `overlap`, else one after the other.
+/// Returns the journal's answer, the undo parts and, with stage marks on,
+/// when the tables were done.
+fn commit_with_tables<O: Ops>(
+    shared: &Shared,
+    w: &mut Writer,
+    ops: &O,
+    bucketed: Option<(&[u64], &[Vec<u32>])>,
+    overlap: bool,
+    commit: impl FnOnce() -> memfs_journal::Result<u64> + Send,
+) -> (memfs_journal::Result<u64>, Vec<Vec<u8>>, Option<Instant>) {
+    let mut tables_done = None;
+    let (res, undo) = if overlap {
+        std::thread::scope(|sc| {
+            let h = sc.spawn(commit);
+            let undo = match bucketed {
+                Some((h, b)) => apply_bucketed(shared, w, ops, h, b),
+                None => apply_ops(shared, w, ops),
+            };
+            if stages::enabled() {
+                tables_done = Some(Instant::now());
+            }
+            let res = h.join().unwrap_or_else(|_| {
+                Err(memfs_journal::Error::Failed(
+                    "journal thread panicked".into(),
+                ))
+            });
+            (res, undo)
+        })
+    } else {
+        let res = commit();
+        // Nothing to undo when the journal refused the block: the store
+        // fails below and the tables stay at the previous block.
+        let undo = match (&res, bucketed) {
+            (Err(_), _) => Vec::new(),
+            (Ok(_), Some((h, b))) => apply_bucketed(shared, w, ops, h, b),
+            (Ok(_), None) => apply_ops(shared, w, ops),
+        };
+        if stages::enabled() {
+            tables_done = Some(Instant::now());
+        }
+        (res, undo)
+    };
+    (res, undo, tables_done)
 }
 
 fn apply_ops<O: Ops>(shared: &Shared, w: &mut Writer, ops: &O) -> Vec<Vec<u8>> {
