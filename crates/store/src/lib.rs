@@ -385,16 +385,7 @@ impl Store {
             created,
             ..Default::default()
         };
-        // A crash during a snapshot leaves its temporary file behind.
-        // (Through the journal's storage layer, like every file access of the
-        // store, so a simulated disk registered for `dir` sees all of them.)
-        if let Ok(names) = memfs_journal::dir::list_names(&dir) {
-            for name in names {
-                if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
-                    let _ = memfs_journal::dir::remove_file(&dir, &name);
-                }
-            }
-        }
+        remove_snapshot_leftovers(&dir);
         let manifest = Manifest::load(&dir)?;
         let snap = manifest.as_ref().and_then(|m| m.checkpoint);
         let after = match snap {
@@ -433,6 +424,21 @@ impl Store {
             replayed = report.commits_replayed,
             "store opened"
         );
+        Ok(Store::assemble(dd, opts, tables, rec, journal, report))
+    }
+
+    /// The open store, from the tables and window recovered into `rec` and
+    /// the journal opened on `dd`.
+    fn assemble(
+        dd: DataDir,
+        opts: StoreOptions,
+        tables: Vec<Table>,
+        rec: Recovered,
+        journal: Journal,
+        report: OpenReport,
+    ) -> Store {
+        let kw = opts.key_width;
+        let dir = dd.path().to_path_buf();
         let window_bytes = rec.window.iter().map(|u| u.bytes()).sum();
         let shared = Arc::new(Shared {
             kw,
@@ -460,13 +466,13 @@ impl Store {
             offsets: Vec::new(),
             opts: opts.clone(),
         };
-        Ok(Store {
+        Store {
             shared,
             w: Mutex::new(w),
             report,
             options: opts,
             _dir: dd,
-        })
+        }
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -1039,6 +1045,19 @@ fn join_snapshot(h: JoinHandle<Result<u64>>, shared: &Shared) -> Result<u64> {
 /// block's table work: the allocator returns the freed pages to the kernel,
 /// which zeroes them again (2 MiB at a time with huge pages) when they come
 /// back (perf, docs/store.md).
+/// A crash during a snapshot leaves its temporary file behind: removes it.
+/// (Through the journal's storage layer, like every file access of the
+/// store, so a simulated disk registered for `dir` sees all of them.)
+fn remove_snapshot_leftovers(dir: &Path) {
+    if let Ok(names) = memfs_journal::dir::list_names(dir) {
+        for name in names {
+            if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
+                let _ = memfs_journal::dir::remove_file(dir, &name);
+            }
+        }
+    }
+}
+
 fn spare_limit(shards: usize) -> usize {
     64.max(2 * shards + 2)
 }
