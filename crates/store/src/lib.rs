@@ -1373,29 +1373,7 @@ fn apply_bucketed<O: Ops>(
             }
         }
     };
-    // The undo buffers are sized here, on the calling (long-lived) thread:
-    // allocated on a short-lived worker, they came from that thread's fresh
-    // allocator pages, and the page faults (2 MiB pages zeroed) cost as much
-    // as applying the block (measured with perf, docs/store.md).
-    let mut parts: Vec<Vec<u8>> = (0..n)
-        .map(|s| {
-            if by_shard[s].is_empty() {
-                Vec::new()
-            } else {
-                let need = by_shard[s].len() * (kw + 2 + 8);
-                let mut b = w.spare.pop().unwrap_or_default();
-                if b.capacity() < need {
-                    // Replaced, not grown: growing copies the old
-                    // allocation (realloc does not know it is empty). A
-                    // buffer recycled from another shard's share of an
-                    // older block is often a little short; the headroom
-                    // makes the next reuse fit.
-                    b = Vec::with_capacity(need + need / 4);
-                }
-                b
-            }
-        })
-        .collect();
+    let mut parts = undo_buffers(w, by_shard, n, kw);
     let threads = w.opts.threads.min(n);
     if threads <= 1 || ops.len() < PARALLEL_MIN_OPS {
         for (s, buf) in parts.iter_mut().enumerate() {
@@ -1428,6 +1406,34 @@ fn apply_bucketed<O: Ops>(
     }
     parts.retain(|p| !p.is_empty());
     parts
+}
+
+/// One undo buffer for each of the `n` shards, empty for a shard the block does not touch.
+///
+/// The undo buffers are sized here, on the calling (long-lived) thread:
+/// allocated on a short-lived worker, they came from that thread's fresh
+/// allocator pages, and the page faults (2 MiB pages zeroed) cost as much
+/// as applying the block (measured with perf, docs/store.md).
+fn undo_buffers(w: &mut Writer, by_shard: &[Vec<u32>], n: usize, kw: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|s| {
+            if by_shard[s].is_empty() {
+                Vec::new()
+            } else {
+                let need = by_shard[s].len() * (kw + 2 + 8);
+                let mut b = w.spare.pop().unwrap_or_default();
+                if b.capacity() < need {
+                    // Replaced, not grown: growing copies the old
+                    // allocation (realloc does not know it is empty). A
+                    // buffer recycled from another shard's share of an
+                    // older block is often a little short; the headroom
+                    // makes the next reuse fit.
+                    b = Vec::with_capacity(need + need / 4);
+                }
+                b
+            }
+        })
+        .collect()
 }
 
 /// Visits the entries of a buffer backwards as (key, old value): undoing them
@@ -1704,23 +1710,13 @@ fn load_snapshot(
 ) -> Result<u64> {
     let mut r = CheckpointReader::open(path)?;
     let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
-    fn u32_(r: &mut CheckpointReader) -> std::io::Result<u32> {
-        let mut b = [0u8; 4];
-        r.read_exact(&mut b)?;
-        Ok(u32::from_le_bytes(b))
-    }
-    fn u64_(r: &mut CheckpointReader) -> std::io::Result<u64> {
-        let mut b = [0u8; 8];
-        r.read_exact(&mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
     let bad = |what: String| StoreError::Corrupt(format!("snapshot {}: {what}", path.display()));
-    let version = u32_(&mut r).map_err(corrupt)?;
+    let version = read_u32(&mut r).map_err(corrupt)?;
     if version != SNAP_VERSION {
         return Err(bad(format!("unsupported store snapshot version {version}")));
     }
-    let kw = u32_(&mut r).map_err(corrupt)? as usize;
-    let shards = u32_(&mut r).map_err(corrupt)? as usize;
+    let kw = read_u32(&mut r).map_err(corrupt)? as usize;
+    let shards = read_u32(&mut r).map_err(corrupt)? as usize;
     if kw != opts.key_width || shards != opts.shards {
         return Err(bad(format!(
             "written for {kw}-byte keys and {shards} shards, the store has {} and {}",
@@ -1731,7 +1727,7 @@ fn load_snapshot(
     let mut key = vec![0u8; kw];
     let mut val = vec![0u8; MAX_VALUE_LEN];
     for t in tables.iter_mut() {
-        let count = u64_(&mut r).map_err(corrupt)?;
+        let count = read_u64(&mut r).map_err(corrupt)?;
         for _ in 0..count {
             r.read_exact(&mut key).map_err(corrupt)?;
             let mut lb = [0u8; 2];
@@ -1745,21 +1741,28 @@ fn load_snapshot(
         }
         total += count;
     }
-    rec.current = u64_(&mut r).map_err(corrupt)?;
-    rec.window_base = u64_(&mut r).map_err(corrupt)?;
-    rec.settled_upto = u64_(&mut r).map_err(corrupt)?;
-    let nwin = u32_(&mut r).map_err(corrupt)?;
+    load_window(&mut r, path, rec)?;
+    r.finish().map_err(corrupt)?;
+    Ok(total)
+}
+
+/// Reads the end of a snapshot: the current block and the rollback window,
+/// cut to the store's window limit.
+fn load_window(r: &mut CheckpointReader, path: &Path, rec: &mut Recovered) -> Result<()> {
+    let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
+    let bad = |what: String| StoreError::Corrupt(format!("snapshot {}: {what}", path.display()));
+    rec.current = read_u64(r).map_err(corrupt)?;
+    rec.window_base = read_u64(r).map_err(corrupt)?;
+    rec.settled_upto = read_u64(r).map_err(corrupt)?;
+    let nwin = read_u32(r).map_err(corrupt)?;
     for _ in 0..nwin {
-        let block = u64_(&mut r).map_err(corrupt)?;
-        let nparts = u32_(&mut r).map_err(corrupt)?;
+        let block = read_u64(r).map_err(corrupt)?;
+        let nparts = read_u32(r).map_err(corrupt)?;
         let mut parts = Vec::new();
         for _ in 0..nparts {
-            let len = u32_(&mut r).map_err(corrupt)? as usize;
+            let len = read_u32(r).map_err(corrupt)? as usize;
             let mut p = Vec::new();
-            (&mut r)
-                .take(len as u64)
-                .read_to_end(&mut p)
-                .map_err(corrupt)?;
+            r.take(len as u64).read_to_end(&mut p).map_err(corrupt)?;
             if p.len() != len {
                 return Err(bad("window entry truncated".into()));
             }
@@ -1770,8 +1773,19 @@ fn load_snapshot(
     while rec.window.len() as u64 > rec.window_limit {
         rec.window_base = rec.window.pop_front().expect("non-empty").block;
     }
-    r.finish().map_err(corrupt)?;
-    Ok(total)
+    Ok(())
+}
+
+fn read_u32(r: &mut CheckpointReader) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut CheckpointReader) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
 }
 
 /// What [`verify`] found.
