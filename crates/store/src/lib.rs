@@ -1839,6 +1839,18 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
             return Ok(r);
         }
     };
+    replay_snapshot_and_journal(dir, &opts, snap, &mut r);
+    Ok(r)
+}
+
+/// The part of [`verify`] that loads the snapshot `snap` (if any) and replays
+/// the journal after it, noting in `r` what it reaches and what is wrong.
+fn replay_snapshot_and_journal(
+    dir: &Path,
+    opts: &StoreOptions,
+    snap: Option<CheckpointRef>,
+    r: &mut VerifyReport,
+) {
     let mut tables: Vec<Table> = (0..opts.shards)
         .map(|_| Table::new(opts.key_width, 16))
         .collect();
@@ -1846,11 +1858,11 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     let after = match snap {
         Some(s) => {
             let path = dir.join(checkpoint_file_name(s.commit));
-            match load_snapshot(&path, &opts, &mut tables, &mut rec) {
+            match load_snapshot(&path, opts, &mut tables, &mut rec) {
                 Ok(n) => r.snapshot = Some((s.commit, n)),
                 Err(e) => {
                     r.problems.push(format!("snapshot {}: {e}", path.display()));
-                    return Ok(r);
+                    return;
                 }
             }
             s.commit
@@ -1881,7 +1893,6 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
             }
         }
     }
-    Ok(r)
 }
 
 /// Truncates a damaged journal to its last intact commit (see
