@@ -141,112 +141,18 @@ pub(crate) fn scan(
     let n = segments.len();
     for (i, (first, path)) in segments.iter().enumerate() {
         let is_last = i + 1 == n;
-        if let Some(e) = expected
-            && *first != e
-        {
-            return Err(corrupt(
-                path,
-                0,
-                format!(
-                    "segment starts at commit {first} but the previous segment ends at commit {} (a segment is missing or damaged)",
-                    e - 1
-                ),
-            ));
-        }
-        if i == 0 && *first > after + 1 {
-            return Err(corrupt(
-                path,
-                0,
-                format!(
-                    "the journal starts at commit {first} but replay must start at commit {} (earlier segments are missing)",
-                    after + 1
-                ),
-            ));
-        }
+        check_start(path, *first, expected, i == 0, after)?;
         if skip_covered && !is_last && segments[i + 1].0 <= after + 1 {
             expected = Some(segments[i + 1].0);
             continue;
         }
         let data = st.read(path).map_err(io_err(path))?;
-        let header = data.get(..SEGMENT_HEADER_LEN);
-        match header.map(format::decode_segment_header) {
-            Some(Ok(h)) if h == *first => {}
-            Some(Ok(h)) => {
-                return Err(corrupt(
-                    path,
-                    16,
-                    format!("segment header says first commit {h}, file name says {first}"),
-                ));
-            }
-            other => {
-                // A crash right after creating the next segment leaves a
-                // short or zero-filled header in the last file: nothing in it
-                // was ever acknowledged.
-                if is_last && data.iter().all(|&b| b == 0) {
-                    tail = Tail::Append {
-                        first: *first,
-                        path: path.clone(),
-                        len: 0,
-                        rewrite_header: true,
-                    };
-                    if !data.is_empty() {
-                        report.truncated_tail = Some((path.clone(), 0, data.len() as u64));
-                    }
-                    expected = Some(*first);
-                    break;
-                }
-                let reason = match other {
-                    Some(Err(r)) => r,
-                    _ => format!("segment header truncated ({} bytes)", data.len()),
-                };
-                return Err(corrupt(path, 0, reason));
-            }
+        if let Some(torn) = check_header(&data, path, *first, is_last, &mut report)? {
+            tail = torn;
+            expected = Some(*first);
+            break;
         }
-        let mut pos = SEGMENT_HEADER_LEN;
-        let mut next = *first;
-        while pos < data.len() {
-            match format::decode_frame(&data[pos..]) {
-                Frame::Ok { id, payload, len } => {
-                    if id != next {
-                        return Err(corrupt(
-                            path,
-                            pos as u64 + 8,
-                            format!("commit id {id} where {next} was expected"),
-                        ));
-                    }
-                    if id > after {
-                        cb(id, payload).map_err(|reason| Error::Apply { commit: id, reason })?;
-                        report.commits_replayed += 1;
-                        report.bytes_replayed += len as u64;
-                    }
-                    next += 1;
-                    pos += len;
-                }
-                bad => {
-                    let reason = match bad {
-                        Frame::Bad(r) => r,
-                        _ => "frame extends past the end of the file".into(),
-                    };
-                    // In the last segment, damage is a torn tail when nothing
-                    // valid follows, or when the frame is a write the crash
-                    // cut short (zero sectors) and what follows are later
-                    // unsynced writes that happened to land first.
-                    if is_last
-                        && (format::find_valid_frame_after(&data, pos + 1).is_none()
-                            || format::torn_by_crash(&data, pos))
-                    {
-                        report.truncated_tail =
-                            Some((path.clone(), pos as u64, (data.len() - pos) as u64));
-                        break;
-                    }
-                    return Err(corrupt(
-                        path,
-                        pos as u64,
-                        format!("{reason} (intact commits follow, so this is not a torn tail)"),
-                    ));
-                }
-            }
-        }
+        let (pos, next) = replay_segment(&data, path, *first, after, is_last, cb, &mut report)?;
         if is_last {
             tail = Tail::Append {
                 first: *first,
@@ -276,6 +182,141 @@ pub(crate) fn scan(
         tail,
         segments,
     })
+}
+
+/// A segment must start where the previous one ended (`expected`), and the
+/// first one no later than the first commit replay needs.
+fn check_start(
+    path: &Path,
+    first: u64,
+    expected: Option<u64>,
+    is_first: bool,
+    after: u64,
+) -> Result<()> {
+    if let Some(e) = expected
+        && first != e
+    {
+        return Err(corrupt(
+            path,
+            0,
+            format!(
+                "segment starts at commit {first} but the previous segment ends at commit {} (a segment is missing or damaged)",
+                e - 1
+            ),
+        ));
+    }
+    if is_first && first > after + 1 {
+        return Err(corrupt(
+            path,
+            0,
+            format!(
+                "the journal starts at commit {first} but replay must start at commit {} (earlier segments are missing)",
+                after + 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the header of the segment `data` read from `path`. `Ok(Some(tail))`
+/// when it is the last segment's torn header: the scan ends there.
+fn check_header(
+    data: &[u8],
+    path: &Path,
+    first: u64,
+    is_last: bool,
+    report: &mut RecoveryReport,
+) -> Result<Option<Tail>> {
+    let header = data.get(..SEGMENT_HEADER_LEN);
+    match header.map(format::decode_segment_header) {
+        Some(Ok(h)) if h == first => Ok(None),
+        Some(Ok(h)) => Err(corrupt(
+            path,
+            16,
+            format!("segment header says first commit {h}, file name says {first}"),
+        )),
+        other => {
+            // A crash right after creating the next segment leaves a
+            // short or zero-filled header in the last file: nothing in it
+            // was ever acknowledged.
+            if is_last && data.iter().all(|&b| b == 0) {
+                if !data.is_empty() {
+                    report.truncated_tail = Some((path.to_path_buf(), 0, data.len() as u64));
+                }
+                return Ok(Some(Tail::Append {
+                    first,
+                    path: path.to_path_buf(),
+                    len: 0,
+                    rewrite_header: true,
+                }));
+            }
+            let reason = match other {
+                Some(Err(r)) => r,
+                _ => format!("segment header truncated ({} bytes)", data.len()),
+            };
+            Err(corrupt(path, 0, reason))
+        }
+    }
+}
+
+/// Replays the commits of one segment past its header, those after `after`
+/// through `cb`. Returns where its valid frames end and the id the next
+/// commit must have.
+fn replay_segment(
+    data: &[u8],
+    path: &Path,
+    first: u64,
+    after: u64,
+    is_last: bool,
+    cb: &mut crate::ReplayFn<'_>,
+    report: &mut RecoveryReport,
+) -> Result<(usize, u64)> {
+    let mut pos = SEGMENT_HEADER_LEN;
+    let mut next = first;
+    while pos < data.len() {
+        match format::decode_frame(&data[pos..]) {
+            Frame::Ok { id, payload, len } => {
+                if id != next {
+                    return Err(corrupt(
+                        path,
+                        pos as u64 + 8,
+                        format!("commit id {id} where {next} was expected"),
+                    ));
+                }
+                if id > after {
+                    cb(id, payload).map_err(|reason| Error::Apply { commit: id, reason })?;
+                    report.commits_replayed += 1;
+                    report.bytes_replayed += len as u64;
+                }
+                next += 1;
+                pos += len;
+            }
+            bad => {
+                let reason = match bad {
+                    Frame::Bad(r) => r,
+                    _ => "frame extends past the end of the file".into(),
+                };
+                // In the last segment, damage is a torn tail when nothing
+                // valid follows, or when the frame is a write the crash
+                // cut short (zero sectors) and what follows are later
+                // unsynced writes that happened to land first.
+                if is_last
+                    && (format::find_valid_frame_after(data, pos + 1).is_none()
+                        || format::torn_by_crash(data, pos))
+                {
+                    report.truncated_tail =
+                        Some((path.to_path_buf(), pos as u64, (data.len() - pos) as u64));
+                    break;
+                }
+                return Err(corrupt(
+                    path,
+                    pos as u64,
+                    format!("{reason} (intact commits follow, so this is not a torn tail)"),
+                ));
+            }
+        }
+    }
+    Ok((pos, next))
 }
 
 /// Replays every commit after `after` without changing any file (a torn tail

@@ -302,32 +302,7 @@ impl Sim {
 
     fn recover(&self, mode: RecoverMode, seed: u64) -> Sim {
         let mut rng = SplitMix64(seed ^ 0x6D65_6D66_735F_7369);
-        // Directory entries after the crash.
-        let mut entries: BTreeMap<&Path, BTreeMap<OsString, Entry>> = BTreeMap::new();
-        for (path, d) in &self.dirs {
-            let keep = match mode {
-                RecoverMode::KeepAll => d.pending.len(),
-                RecoverMode::DropAll => 0,
-                RecoverMode::Random => rng.below(d.pending.len() as u64 + 1) as usize,
-            };
-            let mut m = d.durable.clone();
-            for op in &d.pending[..keep] {
-                match op {
-                    DirOp::Create(n, e) => {
-                        m.insert(n.clone(), *e);
-                    }
-                    DirOp::Remove(n) => {
-                        m.remove(n);
-                    }
-                    DirOp::Rename(from, to) => {
-                        if let Some(e) = m.remove(from) {
-                            m.insert(to.clone(), e);
-                        }
-                    }
-                }
-            }
-            entries.insert(path, m);
-        }
+        let mut entries = self.crashed_entries(mode, &mut rng);
         // Only what is reachable from the root survives.
         let mut out = Sim::new();
         out.next_ino = self.next_ino;
@@ -353,39 +328,7 @@ impl Sim {
             );
         }
         for ino in files {
-            let node = &self.inodes[&ino];
-            let mut c = node.durable.clone();
-            for op in &node.pending {
-                match (op, mode) {
-                    (_, RecoverMode::DropAll) => {}
-                    (FileOp::SetLen(n), RecoverMode::KeepAll) => c.resize(*n as usize, 0),
-                    (FileOp::SetLen(n), RecoverMode::Random) => {
-                        if rng.coin() {
-                            c.resize(*n as usize, 0)
-                        }
-                    }
-                    (FileOp::Write { off, data }, RecoverMode::KeepAll) => {
-                        write_at(&mut c, *off, data)
-                    }
-                    (FileOp::Write { off, data }, RecoverMode::Random) => match rng.below(3) {
-                        0 => write_at(&mut c, *off, data),
-                        1 => {}
-                        _ => {
-                            let end = off + data.len() as u64;
-                            let mut at = *off;
-                            while at < end {
-                                let sec_end = ((at / SECTOR + 1) * SECTOR).min(end);
-                                if rng.coin() {
-                                    let piece =
-                                        &data[(at - off) as usize..(sec_end - off) as usize];
-                                    write_at(&mut c, at, piece);
-                                }
-                                at = sec_end;
-                            }
-                        }
-                    },
-                }
-            }
+            let c = crashed_contents(&self.inodes[&ino], mode, &mut rng);
             out.inodes.insert(
                 ino,
                 Inode {
@@ -397,6 +340,77 @@ impl Sim {
         }
         out
     }
+
+    /// Directory entries after the crash: the durable ones, then as many of
+    /// each directory's pending operations as `mode` keeps.
+    fn crashed_entries(
+        &self,
+        mode: RecoverMode,
+        rng: &mut SplitMix64,
+    ) -> BTreeMap<&Path, BTreeMap<OsString, Entry>> {
+        let mut entries: BTreeMap<&Path, BTreeMap<OsString, Entry>> = BTreeMap::new();
+        for (path, d) in &self.dirs {
+            let keep = match mode {
+                RecoverMode::KeepAll => d.pending.len(),
+                RecoverMode::DropAll => 0,
+                RecoverMode::Random => rng.below(d.pending.len() as u64 + 1) as usize,
+            };
+            let mut m = d.durable.clone();
+            for op in &d.pending[..keep] {
+                match op {
+                    DirOp::Create(n, e) => {
+                        m.insert(n.clone(), *e);
+                    }
+                    DirOp::Remove(n) => {
+                        m.remove(n);
+                    }
+                    DirOp::Rename(from, to) => {
+                        if let Some(e) = m.remove(from) {
+                            m.insert(to.clone(), e);
+                        }
+                    }
+                }
+            }
+            entries.insert(path, m);
+        }
+        entries
+    }
+}
+
+/// A file's contents after the crash: its durable bytes, then its pending
+/// operations as `mode` keeps them (with `Random`, a write may land whole,
+/// not at all, or torn, sector by sector).
+fn crashed_contents(node: &Inode, mode: RecoverMode, rng: &mut SplitMix64) -> Vec<u8> {
+    let mut c = node.durable.clone();
+    for op in &node.pending {
+        match (op, mode) {
+            (_, RecoverMode::DropAll) => {}
+            (FileOp::SetLen(n), RecoverMode::KeepAll) => c.resize(*n as usize, 0),
+            (FileOp::SetLen(n), RecoverMode::Random) => {
+                if rng.coin() {
+                    c.resize(*n as usize, 0)
+                }
+            }
+            (FileOp::Write { off, data }, RecoverMode::KeepAll) => write_at(&mut c, *off, data),
+            (FileOp::Write { off, data }, RecoverMode::Random) => match rng.below(3) {
+                0 => write_at(&mut c, *off, data),
+                1 => {}
+                _ => {
+                    let end = off + data.len() as u64;
+                    let mut at = *off;
+                    while at < end {
+                        let sec_end = ((at / SECTOR + 1) * SECTOR).min(end);
+                        if rng.coin() {
+                            let piece = &data[(at - off) as usize..(sec_end - off) as usize];
+                            write_at(&mut c, at, piece);
+                        }
+                        at = sec_end;
+                    }
+                }
+            },
+        }
+    }
+    c
 }
 
 /// The simulated disk. Cloning gives another handle to the same disk.

@@ -21,8 +21,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, RwLock};
 
-pub use crate::sim::{RecoverMode, SimStorage};
-
 /// How to open a file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpenMode {
@@ -307,10 +305,12 @@ pub fn for_path(path: &Path) -> Arc<dyn Storage> {
 mod tests {
     use super::*;
 
+    // Routing compares storages by identity, so two distinct `RealStorage`
+    // allocations tell the registrations apart without the simulator.
     #[test]
     fn longest_prefix_wins_and_unregister_falls_back_to_real() {
-        let a: Arc<dyn Storage> = Arc::new(SimStorage::new());
-        let b: Arc<dyn Storage> = Arc::new(SimStorage::new());
+        let a: Arc<dyn Storage> = Arc::new(RealStorage);
+        let b: Arc<dyn Storage> = Arc::new(RealStorage);
         let pa = Path::new("/memfs-storage-unit/a");
         let pb = Path::new("/memfs-storage-unit/a/b");
         register(pa, a.clone());
@@ -331,8 +331,8 @@ mod tests {
     #[test]
     fn scoped_registration_can_be_replaced_and_ends_on_drop() {
         let pc = Path::new("/memfs-storage-unit/c");
-        let a: Arc<dyn Storage> = Arc::new(SimStorage::new());
-        let b: Arc<dyn Storage> = Arc::new(SimStorage::new());
+        let a: Arc<dyn Storage> = Arc::new(RealStorage);
+        let b: Arc<dyn Storage> = Arc::new(RealStorage);
         {
             let r = register_scoped(pc, a.clone());
             assert!(Arc::ptr_eq(&for_path(&pc.join("x")), &a));

@@ -219,72 +219,9 @@ impl Journal {
         let report = scan.report;
         let mut segments = scan.segments;
         let last = report.last_commit;
-        let (seg, len) = match scan.tail {
-            Tail::Empty => {
-                let first = last + 1;
-                let seg = create_segment(st, &path, first)?;
-                segments.push((first, seg.path.clone()));
-                (seg, SEGMENT_HEADER_LEN as u64)
-            }
-            Tail::Append {
-                first,
-                path: p,
-                len,
-                rewrite_header,
-            } => {
-                let mut file = st.open(&p, OpenMode::Write).map_err(io_err(&p))?;
-                let mut len = len;
-                if rewrite_header {
-                    file.set_len(0).map_err(io_err(&p))?;
-                    file.write_all(&format::encode_segment_header(first))
-                        .map_err(io_err(&p))?;
-                    len = SEGMENT_HEADER_LEN as u64;
-                    file.sync_all().map_err(io_err(&p))?;
-                } else if report.truncated_tail.is_some() {
-                    file.set_len(len).map_err(io_err(&p))?;
-                    file.sync_all().map_err(io_err(&p))?;
-                    tracing::warn!(
-                        file = %p.display(),
-                        offset = len,
-                        "truncated a torn journal tail"
-                    );
-                }
-                file.seek(std::io::SeekFrom::Start(len))
-                    .map_err(io_err(&p))?;
-                (Segment { file, path: p }, len)
-            }
-        };
+        let (seg, len) = open_tail(st, &path, scan.tail, &report, &mut segments)?;
         remove_stale_spares(st, &path);
-        let append_file = segments.last().map(|s| s.1.clone()).unwrap_or_default();
-        let state = State {
-            pending: VecDeque::new(),
-            spare: Vec::new(),
-            pending_bytes: 0,
-            last_appended: last,
-            written: last,
-            durable: last,
-            unsynced: 0,
-            last_sync: Instant::now(),
-            flushing: false,
-            gathering: false,
-            seg: Some(seg),
-            logical_seg_len: len,
-            segments,
-            append_file,
-            alloc_end: 0,
-            reserved: 0,
-            next_spare: None,
-            spare_seq: 0,
-            allocating: false,
-            flush_since: Instant::now(),
-            alloc_since: Instant::now(),
-            stall_limit: STALL_LIMIT,
-            error: None,
-            shutdown: false,
-            fsyncs: 0,
-            bytes_written: 0,
-            throttled: 0,
-        };
+        let state = State::recovered(seg, len, segments, last);
         let inner = Arc::new(Inner {
             id: JournalId::next(),
             state: Mutex::new(state),
@@ -392,22 +329,7 @@ impl Journal {
         let rotate = g.logical_seg_len > SEGMENT_HEADER_LEN as u64
             && g.logical_seg_len + frame_len > inner.opts.segment_size;
         if rotate || g.pending.is_empty() {
-            let buf = g.spare.pop().unwrap_or_default();
-            let mut new_segment = None;
-            if rotate {
-                // The new segment goes into the preallocated spare, whose
-                // space the reservations were counted against.
-                let spare = g.next_spare.take();
-                let (file, alloc) = match &spare {
-                    Some((p, n)) => (p.clone(), *n),
-                    None => (inner.dir.join(format::segment_file_name(id)), 0),
-                };
-                g.append_file = file;
-                g.alloc_end = alloc;
-                new_segment = Some((id, spare.map(|s| s.0)));
-                g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
-            }
-            g.pending.push_back(Chunk { new_segment, buf });
+            start_chunk(inner, &mut g, id, rotate);
         }
         let header = format::encode_frame_header(id, len, pcrc);
         let chunk = g.pending.back_mut().expect("pending chunk exists");
@@ -471,22 +393,7 @@ impl Journal {
             // operation's append or release; one still held after the stall
             // limit (leaked, or behind a hung disk) refuses this one.
             if hdr + want > seg_size && g.reserved > 0 {
-                let since = *queued.get_or_insert_with(Instant::now);
-                let waited = since.elapsed();
-                if waited >= g.stall_limit {
-                    tracing::error!(
-                        journal = %inner.dir.display(),
-                        reserved = g.reserved,
-                        wanted = need,
-                        "journal: a reservation waited {waited:?} for the {} bytes reserved ahead of it; refused",
-                        g.reserved
-                    );
-                    return Err(Error::Stalled {
-                        what: "the journal reservations ahead of this one",
-                        waited,
-                    });
-                }
-                wait_bounded(inner, &inner.space_cv, &mut g, Some(since));
+                wait_behind_reservations(inner, &mut g, &mut queued, need)?;
                 continue;
             }
             // Frames land in the current segment while they fit in
@@ -506,88 +413,7 @@ impl Journal {
                 wait_bounded(inner, &inner.space_cv, &mut g, None);
                 continue;
             }
-            g.allocating = true;
-            g.alloc_since = Instant::now();
-            let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
-            let (path, target, is_new) = if grow_cur {
-                let t = if in_cur {
-                    (g.logical_seg_len + want + ALLOC_STEP).min(seg_size)
-                } else {
-                    seg_size
-                };
-                (g.append_file.clone(), t, false)
-            } else {
-                let t = (hdr + want + ALLOC_STEP).min(seg_size).max(hdr + want);
-                match &g.next_spare {
-                    Some((p, _)) => (p.clone(), t, false),
-                    None => {
-                        g.spare_seq += 1;
-                        let name = format!("journal-spare-{}.tmp", g.spare_seq);
-                        (inner.dir.join(name), t, true)
-                    }
-                }
-            };
-            let r = MutexGuard::unlocked(&mut g, || -> std::io::Result<()> {
-                let mode = if is_new {
-                    OpenMode::CreateTruncate
-                } else {
-                    OpenMode::Write
-                };
-                let mut f = inner.storage.open(&path, mode)?;
-                f.allocate(target)
-            });
-            g.allocating = false;
-            inner.space_cv.notify_all();
-            match r {
-                Ok(()) => {
-                    if grow_cur {
-                        if g.append_file == path {
-                            g.alloc_end = g.alloc_end.max(target);
-                        }
-                    } else if is_new {
-                        g.next_spare = Some((path, target));
-                    } else if let Some(s) = g.next_spare.as_mut()
-                        && s.0 == path
-                    {
-                        s.1 = s.1.max(target);
-                    }
-                }
-                // The spare was renamed or the segment rotated meanwhile:
-                // look again (a file that vanished otherwise is an error).
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
-                        && !is_new
-                        && g.append_file != path
-                        && g.next_spare.as_ref().is_none_or(|s| s.0 != path) => {}
-                // The current segment is not created yet (an unreserved
-                // frame rotated without a spare): write it out, look again.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
-                        && !is_new
-                        && g.append_file == path
-                        && !g.segments.iter().any(|s| s.1 == path) =>
-                {
-                    if g.flushing {
-                        wait_bounded(inner, &inner.durable_cv, &mut g, None);
-                    } else {
-                        flush(inner, &mut g, false)?;
-                    }
-                }
-                Err(e) => {
-                    if is_new {
-                        let _ = inner.storage.remove_file(&path);
-                    }
-                    return Err(match e.raw_os_error() {
-                        Some(c)
-                            if c == nix::errno::Errno::ENOSPC as i32
-                                || c == nix::errno::Errno::EDQUOT as i32 =>
-                        {
-                            Error::NoSpace { path, source: e }
-                        }
-                        _ => Error::Io { path, source: e },
-                    });
-                }
-            }
+            preallocate(inner, &mut g, in_cur, want)?;
         }
     }
 
@@ -775,6 +601,265 @@ impl Drop for Journal {
             tracing::error!(error = %e, "journal: final flush failed");
         }
     }
+}
+
+/// Waits, in [`Journal::reserve`], for the reservations ahead to end; refuses
+/// once it has waited the stall limit since it was first `queued`.
+fn wait_behind_reservations(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    queued: &mut Option<Instant>,
+    need: u64,
+) -> Result<()> {
+    let since = *queued.get_or_insert_with(Instant::now);
+    let waited = since.elapsed();
+    if waited >= g.stall_limit {
+        tracing::error!(
+            journal = %inner.dir.display(),
+            reserved = g.reserved,
+            wanted = need,
+            "journal: a reservation waited {waited:?} for the {} bytes reserved ahead of it; refused",
+            g.reserved
+        );
+        return Err(Error::Stalled {
+            what: "the journal reservations ahead of this one",
+            waited,
+        });
+    }
+    wait_bounded(inner, &inner.space_cv, g, Some(since));
+    Ok(())
+}
+
+/// The space to allocate for reservations of `want` bytes in all: whether
+/// it grows the current segment (else the spare), which file, up to which
+/// length, and whether that file is a new spare to create.
+fn alloc_target(
+    inner: &Inner,
+    g: &mut State,
+    in_cur: bool,
+    want: u64,
+) -> (bool, PathBuf, u64, bool) {
+    let hdr = SEGMENT_HEADER_LEN as u64;
+    let seg_size = inner.opts.segment_size;
+    let grow_cur = if in_cur { true } else { g.alloc_end < seg_size };
+    let (path, target, is_new) = if grow_cur {
+        let t = if in_cur {
+            (g.logical_seg_len + want + ALLOC_STEP).min(seg_size)
+        } else {
+            seg_size
+        };
+        (g.append_file.clone(), t, false)
+    } else {
+        let t = (hdr + want + ALLOC_STEP).min(seg_size).max(hdr + want);
+        match &g.next_spare {
+            Some((p, _)) => (p.clone(), t, false),
+            None => {
+                g.spare_seq += 1;
+                let name = format!("journal-spare-{}.tmp", g.spare_seq);
+                (inner.dir.join(name), t, true)
+            }
+        }
+    };
+    (grow_cur, path, target, is_new)
+}
+
+/// Allocates, without the lock, the space [`alloc_target`] chose, and
+/// records it. `Ok` also when the file moved on meanwhile: the caller looks
+/// again.
+fn preallocate(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    in_cur: bool,
+    want: u64,
+) -> Result<()> {
+    g.allocating = true;
+    g.alloc_since = Instant::now();
+    let (grow_cur, path, target, is_new) = alloc_target(inner, g, in_cur, want);
+    let r = MutexGuard::unlocked(g, || -> std::io::Result<()> {
+        let mode = if is_new {
+            OpenMode::CreateTruncate
+        } else {
+            OpenMode::Write
+        };
+        let mut f = inner.storage.open(&path, mode)?;
+        f.allocate(target)
+    });
+    g.allocating = false;
+    inner.space_cv.notify_all();
+    match r {
+        Ok(()) => {
+            if grow_cur {
+                if g.append_file == path {
+                    g.alloc_end = g.alloc_end.max(target);
+                }
+            } else if is_new {
+                g.next_spare = Some((path, target));
+            } else if let Some(s) = g.next_spare.as_mut()
+                && s.0 == path
+            {
+                s.1 = s.1.max(target);
+            }
+            Ok(())
+        }
+        Err(e) => alloc_failed(inner, g, e, path, is_new),
+    }
+}
+
+/// What a failed preallocation of `path` means: the file moved on (look
+/// again), the current segment is not written yet (write it, look again),
+/// or a real failure.
+fn alloc_failed(
+    inner: &Inner,
+    g: &mut MutexGuard<'_, State>,
+    e: std::io::Error,
+    path: PathBuf,
+    is_new: bool,
+) -> Result<()> {
+    match e {
+        // The spare was renamed or the segment rotated meanwhile:
+        // look again (a file that vanished otherwise is an error).
+        e if e.kind() == std::io::ErrorKind::NotFound
+            && !is_new
+            && g.append_file != path
+            && g.next_spare.as_ref().is_none_or(|s| s.0 != path) =>
+        {
+            Ok(())
+        }
+        // The current segment is not created yet (an unreserved
+        // frame rotated without a spare): write it out, look again.
+        e if e.kind() == std::io::ErrorKind::NotFound
+            && !is_new
+            && g.append_file == path
+            && !g.segments.iter().any(|s| s.1 == path) =>
+        {
+            if g.flushing {
+                wait_bounded(inner, &inner.durable_cv, g, None);
+            } else {
+                flush(inner, g, false)?;
+            }
+            Ok(())
+        }
+        e => {
+            if is_new {
+                let _ = inner.storage.remove_file(&path);
+            }
+            Err(match e.raw_os_error() {
+                Some(c)
+                    if c == nix::errno::Errno::ENOSPC as i32
+                        || c == nix::errno::Errno::EDQUOT as i32 =>
+                {
+                    Error::NoSpace { path, source: e }
+                }
+                _ => Error::Io { path, source: e },
+            })
+        }
+    }
+}
+
+impl State {
+    /// The state of a journal just recovered up to commit `last`, appending
+    /// to `seg` (`len` bytes long), the last of `segments`.
+    fn recovered(seg: Segment, len: u64, segments: Vec<(u64, PathBuf)>, last: u64) -> State {
+        let append_file = segments.last().map(|s| s.1.clone()).unwrap_or_default();
+        State {
+            pending: VecDeque::new(),
+            spare: Vec::new(),
+            pending_bytes: 0,
+            last_appended: last,
+            written: last,
+            durable: last,
+            unsynced: 0,
+            last_sync: Instant::now(),
+            flushing: false,
+            gathering: false,
+            seg: Some(seg),
+            logical_seg_len: len,
+            segments,
+            append_file,
+            alloc_end: 0,
+            reserved: 0,
+            next_spare: None,
+            spare_seq: 0,
+            allocating: false,
+            flush_since: Instant::now(),
+            alloc_since: Instant::now(),
+            stall_limit: STALL_LIMIT,
+            error: None,
+            shutdown: false,
+            fsyncs: 0,
+            bytes_written: 0,
+            throttled: 0,
+        }
+    }
+}
+
+/// The segment to append to after recovery, and its length: a new one
+/// after an empty journal, else the last one, its torn header rewritten or
+/// its torn tail cut.
+fn open_tail(
+    st: &dyn Storage,
+    path: &Path,
+    tail: Tail,
+    report: &RecoveryReport,
+    segments: &mut Vec<(u64, PathBuf)>,
+) -> Result<(Segment, u64)> {
+    let last = report.last_commit;
+    Ok(match tail {
+        Tail::Empty => {
+            let first = last + 1;
+            let seg = create_segment(st, path, first)?;
+            segments.push((first, seg.path.clone()));
+            (seg, SEGMENT_HEADER_LEN as u64)
+        }
+        Tail::Append {
+            first,
+            path: p,
+            len,
+            rewrite_header,
+        } => {
+            let mut file = st.open(&p, OpenMode::Write).map_err(io_err(&p))?;
+            let mut len = len;
+            if rewrite_header {
+                file.set_len(0).map_err(io_err(&p))?;
+                file.write_all(&format::encode_segment_header(first))
+                    .map_err(io_err(&p))?;
+                len = SEGMENT_HEADER_LEN as u64;
+                file.sync_all().map_err(io_err(&p))?;
+            } else if report.truncated_tail.is_some() {
+                file.set_len(len).map_err(io_err(&p))?;
+                file.sync_all().map_err(io_err(&p))?;
+                tracing::warn!(
+                    file = %p.display(),
+                    offset = len,
+                    "truncated a torn journal tail"
+                );
+            }
+            file.seek(std::io::SeekFrom::Start(len))
+                .map_err(io_err(&p))?;
+            (Segment { file, path: p }, len)
+        }
+    })
+}
+
+/// Begins a new chunk of pending frames for commit `id`; with `rotate`, the
+/// chunk starts a new segment.
+fn start_chunk(inner: &Inner, g: &mut State, id: u64, rotate: bool) {
+    let buf = g.spare.pop().unwrap_or_default();
+    let mut new_segment = None;
+    if rotate {
+        // The new segment goes into the preallocated spare, whose
+        // space the reservations were counted against.
+        let spare = g.next_spare.take();
+        let (file, alloc) = match &spare {
+            Some((p, n)) => (p.clone(), *n),
+            None => (inner.dir.join(format::segment_file_name(id)), 0),
+        };
+        g.append_file = file;
+        g.alloc_end = alloc;
+        new_segment = Some((id, spare.map(|s| s.0)));
+        g.logical_seg_len = SEGMENT_HEADER_LEN as u64;
+    }
+    g.pending.push_back(Chunk { new_segment, buf });
 }
 
 fn create_segment(st: &dyn Storage, dir: &Path, first: u64) -> Result<Segment> {

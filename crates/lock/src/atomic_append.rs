@@ -362,72 +362,82 @@ impl AtomicAppend {
         spin: bool,
     ) -> Result<()> {
         let fd = rw.as_fd();
-        let e = |err| self.err(err);
         let mut nap = BACKOFF_MIN;
         loop {
-            let got = match wait {
-                Wait::Try => sys::ofd_setlk(fd, LockKind::Shared, at, RECORD).map_err(e)?,
-                _ if spin => loop {
-                    if sys::ofd_setlk(fd, LockKind::Shared, at, RECORD).map_err(e)? {
-                        break true;
-                    }
-                    if wait.expired() {
-                        break false;
-                    }
-                    std::thread::yield_now();
-                },
-                Wait::Forever => {
-                    sys::ofd_setlkw(fd, LockKind::Shared, at, RECORD).map_err(e)?;
-                    true
-                }
-                Wait::Until(d) => {
-                    sys::ofd_setlkw_until(fd, LockKind::Shared, at, RECORD, d).map_err(e)?
-                }
-            };
-            if !got {
+            if !self.lock_record(rw, at, wait, spin)? {
                 return Err(wait.expired_error());
             }
             // We hold a shared lock on the record: its owner has released it,
             // died, or has not locked it yet.
-            let mut r = [0u8; RECORD as usize];
-            let n = read_full(rw, &mut r, at).map_err(e)?;
-            let still =
-                n == RECORD as usize && Record::parse(&r).is_some_and(|x| x.owner() == owner);
-            let verdict = if !still {
-                None
-            } else {
-                match self.liveness(rw, owner).map_err(e)? {
-                    Liveness::Dead => {
-                        // Zero it so nobody else has to check again.
-                        let _ = rw.write_all_at(&[0u8; RECORD as usize], at);
-                        None
-                    }
-                    // Between its append and its lock: let it run.
-                    Liveness::Alive | Liveness::Unknown => Some(()),
-                }
-            };
+            let yet_to_lock = self.owner_yet_to_lock(rw, at, owner)?;
             let _ = sys::ofd_setlk(fd, LockKind::Unlock, at, RECORD);
-            match verdict {
-                None => return Ok(()),
-                Some(()) => {
-                    // Its writer is between append and lock (microseconds,
-                    // unless descheduled or stopped): sleep, never spin.
-                    let now = std::time::Instant::now();
-                    match wait {
-                        Wait::Try => return Err(Error::WouldBlock),
-                        Wait::Until(d) if now >= d => return Err(Error::TimedOut),
-                        Wait::Until(d) => nap = nap.min(d - now),
-                        Wait::Forever => {}
-                    }
-                    if spin {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(nap);
-                        nap = (nap * 2).min(BACKOFF_MAX);
-                    }
-                }
+            if !yet_to_lock {
+                return Ok(());
+            }
+            // Its writer is between append and lock (microseconds,
+            // unless descheduled or stopped): sleep, never spin.
+            let now = std::time::Instant::now();
+            match wait {
+                Wait::Try => return Err(Error::WouldBlock),
+                Wait::Until(d) if now >= d => return Err(Error::TimedOut),
+                Wait::Until(d) => nap = nap.min(d - now),
+                Wait::Forever => {}
+            }
+            if spin {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(BACKOFF_MAX);
             }
         }
+    }
+
+    /// Takes a shared lock on the record at `at`, waiting as `wait` allows;
+    /// `Ok(false)` when the wait ran out.
+    fn lock_record(&self, rw: &File, at: u64, wait: Wait, spin: bool) -> Result<bool> {
+        let fd = rw.as_fd();
+        let e = |err| self.err(err);
+        Ok(match wait {
+            Wait::Try => sys::ofd_setlk(fd, LockKind::Shared, at, RECORD).map_err(e)?,
+            _ if spin => loop {
+                if sys::ofd_setlk(fd, LockKind::Shared, at, RECORD).map_err(e)? {
+                    break true;
+                }
+                if wait.expired() {
+                    break false;
+                }
+                std::thread::yield_now();
+            },
+            Wait::Forever => {
+                sys::ofd_setlkw(fd, LockKind::Shared, at, RECORD).map_err(e)?;
+                true
+            }
+            Wait::Until(d) => {
+                sys::ofd_setlkw_until(fd, LockKind::Shared, at, RECORD, d).map_err(e)?
+            }
+        })
+    }
+
+    /// With the record at `at` locked shared: whether it is still `owner`'s
+    /// and the owner may be alive, so it is between its append and its lock.
+    /// A dead owner's record is zeroed.
+    fn owner_yet_to_lock(&self, rw: &File, at: u64, owner: ProcessId) -> Result<bool> {
+        let e = |err| self.err(err);
+        let mut r = [0u8; RECORD as usize];
+        let n = read_full(rw, &mut r, at).map_err(e)?;
+        let still = n == RECORD as usize && Record::parse(&r).is_some_and(|x| x.owner() == owner);
+        if !still {
+            return Ok(false);
+        }
+        Ok(match self.liveness(rw, owner).map_err(e)? {
+            Liveness::Dead => {
+                // Zero it so nobody else has to check again.
+                let _ = rw.write_all_at(&[0u8; RECORD as usize], at);
+                false
+            }
+            // Between its append and its lock: let it run.
+            Liveness::Alive | Liveness::Unknown => true,
+        })
     }
 
     /// Liveness of a record's owner.

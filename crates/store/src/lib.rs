@@ -385,16 +385,7 @@ impl Store {
             created,
             ..Default::default()
         };
-        // A crash during a snapshot leaves its temporary file behind.
-        // (Through the journal's storage layer, like every file access of the
-        // store, so a simulated disk registered for `dir` sees all of them.)
-        if let Ok(names) = memfs_journal::dir::list_names(&dir) {
-            for name in names {
-                if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
-                    let _ = memfs_journal::dir::remove_file(&dir, &name);
-                }
-            }
-        }
+        remove_snapshot_leftovers(&dir);
         let manifest = Manifest::load(&dir)?;
         let snap = manifest.as_ref().and_then(|m| m.checkpoint);
         let after = match snap {
@@ -433,6 +424,21 @@ impl Store {
             replayed = report.commits_replayed,
             "store opened"
         );
+        Ok(Store::assemble(dd, opts, tables, rec, journal, report))
+    }
+
+    /// The open store, from the tables and window recovered into `rec` and
+    /// the journal opened on `dd`.
+    fn assemble(
+        dd: DataDir,
+        opts: StoreOptions,
+        tables: Vec<Table>,
+        rec: Recovered,
+        journal: Journal,
+        report: OpenReport,
+    ) -> Store {
+        let kw = opts.key_width;
+        let dir = dd.path().to_path_buf();
         let window_bytes = rec.window.iter().map(|u| u.bytes()).sum();
         let shared = Arc::new(Shared {
             kw,
@@ -460,13 +466,13 @@ impl Store {
             offsets: Vec::new(),
             opts: opts.clone(),
         };
-        Ok(Store {
+        Store {
             shared,
             w: Mutex::new(w),
             report,
             options: opts,
             _dir: dd,
-        })
+        }
     }
 
     pub fn options(&self) -> &StoreOptions {
@@ -696,7 +702,7 @@ impl Store {
         if block <= current {
             return Err(StoreError::BlockNotIncreasing { block, current });
         }
-        let mut gate = self.shared.gate.lock();
+        let gate = self.shared.gate.lock();
         // The journal entry is the operations themselves (key := value), so it
         // does not depend on applying them: encode it first, then write it
         // while the tables are updated. In `sync` mode the fsync overlaps the
@@ -704,96 +710,21 @@ impl Store {
         let mut redo = std::mem::take(&mut w.redo);
         redo.clear();
         if encoded.is_none() {
-            redo.reserve(ops.len() * (self.shared.kw + 2 + 8));
-            for i in 0..ops.len() {
-                let (k, v) = (ops.key(i), ops.value(i));
-                redo.extend_from_slice(k);
-                redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
-                redo.extend_from_slice(v);
-            }
+            encode_entries(&mut redo, ops, self.shared.kw);
         }
         let entries = encoded.unwrap_or(&redo);
         let header = codec::block_header(block);
         // Space first: a block that cannot be journaled is refused before
         // anything changes, and the store stays at the previous block.
-        let reserved = match w.journal.reserve((header.len() + entries.len()) as u64) {
+        let reserved = match self.reserve_space(w, header.len() + entries.len()) {
             Ok(n) => n,
             Err(e) => {
                 w.redo = redo;
-                let e = StoreError::from(e);
-                if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
-                    self.shared.fail(&e);
-                }
                 return Err(e);
             }
         };
-        let overlap = ops.len() >= PARALLEL_MIN_OPS
-            && matches!(
-                w.opts.durability,
-                Durability::Sync | Durability::Relaxed { .. }
-            );
-        let journal = w.journal.clone();
-        // Stage marks (off unless a measurement turned them on): a prepared
-        // block is a follower's, an encoded one the server's.
-        let (tables_stage, journal_stage) = if bucketed.is_some() {
-            (
-                stages::Stage::FollowerTables,
-                stages::Stage::FollowerJournal,
-            )
-        } else {
-            (stages::Stage::WriterTables, stages::Stage::WriterJournal)
-        };
-        let mut tables_done = None;
-        // The journal entry does not depend on the tables, so the block is
-        // committed once the journal has it: `committed` runs right then,
-        // and the tables are updated after it (`async`, small blocks) or
-        // while the journal writes (`sync`/`relaxed`, large blocks: there it
-        // runs on the journal's thread). A journal failure fails the store
-        // either way.
-        let commit = || {
-            let r = journal.commit_reserved(&[&header, entries], reserved);
-            if let Ok(id) = &r {
-                stages::mark(*id, journal_stage);
-                committed(*id);
-            }
-            r
-        };
-        let (res, undo) = if overlap {
-            std::thread::scope(|sc| {
-                let h = sc.spawn(commit);
-                let undo = match bucketed {
-                    Some((h, b)) => apply_bucketed(&self.shared, w, ops, h, b),
-                    None => apply_ops(&self.shared, w, ops),
-                };
-                if stages::enabled() {
-                    tables_done = Some(Instant::now());
-                }
-                let res = h.join().unwrap_or_else(|_| {
-                    Err(memfs_journal::Error::Failed(
-                        "journal thread panicked".into(),
-                    ))
-                });
-                (res, undo)
-            })
-        } else {
-            let res = commit();
-            // Nothing to undo when the journal refused the block: the store
-            // fails below and the tables stay at the previous block.
-            let undo = match (&res, bucketed) {
-                (Err(_), _) => Vec::new(),
-                (Ok(_), Some((h, b))) => apply_bucketed(&self.shared, w, ops, h, b),
-                (Ok(_), None) => apply_ops(&self.shared, w, ops),
-            };
-            if stages::enabled() {
-                tables_done = Some(Instant::now());
-            }
-            (res, undo)
-        };
-        if let Ok(id) = &res
-            && let Some(t) = tables_done
-        {
-            stages::mark_at(*id, tables_stage, t);
-        }
+        let (res, undo) =
+            self.journal_and_apply(w, ops, bucketed, [&header, entries], reserved, committed);
         w.redo = redo;
         let id = match res {
             Ok(id) => id,
@@ -804,18 +735,89 @@ impl Store {
                 return Err(e);
             }
         };
-        self.shared.current.store(block, Ordering::Release);
-        let undo = Arc::new(UndoBlock { block, parts: undo });
-        let limit = w.opts.rollback_window;
-        let keep = spare_limit(self.shared.shards.len());
-        push_window(&mut gate, limit, undo.clone(), &mut w.spare, keep);
-        drop(gate);
+        let undo = self.make_current(w, gate, block, undo);
         self.shared.metrics.record_block(ops.len(), t0.elapsed());
         w.blocks_since_snapshot += 1;
         if w.opts.snapshot_interval > 0 && w.blocks_since_snapshot >= w.opts.snapshot_interval {
             self.maybe_start_snapshot(w);
         }
         Ok((id, undo))
+    }
+
+    /// Journals a block (`parts`, its header and entries, into `reserved`
+    /// space) and updates the tables; `committed` gets its journal id as soon
+    /// as the journal has it.
+    fn journal_and_apply<O: Ops>(
+        &self,
+        w: &mut Writer,
+        ops: &O,
+        bucketed: Option<(&[u64], &[Vec<u32>])>,
+        parts: [&[u8]; 2],
+        reserved: u64,
+        committed: &(dyn Fn(u64) + Sync),
+    ) -> (memfs_journal::Result<u64>, Vec<Vec<u8>>) {
+        let overlap = ops.len() >= PARALLEL_MIN_OPS
+            && matches!(
+                w.opts.durability,
+                Durability::Sync | Durability::Relaxed { .. }
+            );
+        let journal = w.journal.clone();
+        let (tables_stage, journal_stage) = block_stages(bucketed.is_some());
+        // The journal entry does not depend on the tables, so the block is
+        // committed once the journal has it: `committed` runs right then,
+        // and the tables are updated after it (`async`, small blocks) or
+        // while the journal writes (`sync`/`relaxed`, large blocks: there it
+        // runs on the journal's thread). A journal failure fails the store
+        // either way.
+        let commit = || {
+            let r = journal.commit_reserved(&parts, reserved);
+            if let Ok(id) = &r {
+                stages::mark(*id, journal_stage);
+                committed(*id);
+            }
+            r
+        };
+        let (res, undo, tables_done) =
+            commit_with_tables(&self.shared, w, ops, bucketed, overlap, commit);
+        if let Ok(id) = &res
+            && let Some(t) = tables_done
+        {
+            stages::mark_at(*id, tables_stage, t);
+        }
+        (res, undo)
+    }
+
+    /// Reserves journal space for a block entry of `len` bytes. Running out
+    /// of space refuses the block only; any other failure fails the store.
+    fn reserve_space(&self, w: &Writer, len: usize) -> Result<u64> {
+        match w.journal.reserve(len as u64) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                let e = StoreError::from(e);
+                if !matches!(e, StoreError::Journal(memfs_journal::Error::NoSpace { .. })) {
+                    self.shared.fail(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes `block` the current one and keeps its undo in the rollback
+    /// window, whose lock `gate` this releases.
+    fn make_current(
+        &self,
+        w: &mut Writer,
+        mut gate: parking_lot::MutexGuard<'_, WindowState>,
+        block: u64,
+        parts: Vec<Vec<u8>>,
+    ) -> Arc<UndoBlock> {
+        self.shared.current.store(block, Ordering::Release);
+        let undo = Arc::new(UndoBlock { block, parts });
+        let limit = w.opts.rollback_window;
+        let keep = spare_limit(self.shared.shards.len());
+        push_window(&mut gate, limit, undo.clone(), &mut w.spare, keep);
+        drop(gate);
+        undo
     }
 
     /// Restores exactly the state after block `target` (which must be inside
@@ -1043,6 +1045,19 @@ fn join_snapshot(h: JoinHandle<Result<u64>>, shared: &Shared) -> Result<u64> {
 /// block's table work: the allocator returns the freed pages to the kernel,
 /// which zeroes them again (2 MiB at a time with huge pages) when they come
 /// back (perf, docs/store.md).
+/// A crash during a snapshot leaves its temporary file behind: removes it.
+/// (Through the journal's storage layer, like every file access of the
+/// store, so a simulated disk registered for `dir` sees all of them.)
+fn remove_snapshot_leftovers(dir: &Path) {
+    if let Ok(names) = memfs_journal::dir::list_names(dir) {
+        for name in names {
+            if name.starts_with("snapshot-") && name.ends_with(".snap.tmp") {
+                let _ = memfs_journal::dir::remove_file(dir, &name);
+            }
+        }
+    }
+}
+
 fn spare_limit(shards: usize) -> usize {
     64.max(2 * shards + 2)
 }
@@ -1228,6 +1243,78 @@ struct Given<'a> {
     bucketed: Option<(&'a [u64], &'a [Vec<u32>])>,
 }
 
+/// The stages a block marks (off unless a measurement turned them on), for
+/// its tables and its journal write: a prepared block is a follower's, an
+/// encoded one the server's.
+fn block_stages(prepared: bool) -> (stages::Stage, stages::Stage) {
+    if prepared {
+        (
+            stages::Stage::FollowerTables,
+            stages::Stage::FollowerJournal,
+        )
+    } else {
+        (stages::Stage::WriterTables, stages::Stage::WriterJournal)
+    }
+}
+
+/// Appends `ops` to `redo` in the journal's entry form, `[key][len u16][value]`.
+fn encode_entries<O: Ops>(redo: &mut Vec<u8>, ops: &O, kw: usize) {
+    redo.reserve(ops.len() * (kw + 2 + 8));
+    for i in 0..ops.len() {
+        let (k, v) = (ops.key(i), ops.value(i));
+        redo.extend_from_slice(k);
+        redo.extend_from_slice(&(v.len() as u16).to_le_bytes());
+        redo.extend_from_slice(v);
+    }
+}
+
+/// Journals a block through `commit` and updates the tables, at once (the
+/// journal on a thread of its own) with `overlap`, else one after the other.
+/// Returns the journal's answer, the undo parts and, with stage marks on,
+/// when the tables were done.
+fn commit_with_tables<O: Ops>(
+    shared: &Shared,
+    w: &mut Writer,
+    ops: &O,
+    bucketed: Option<(&[u64], &[Vec<u32>])>,
+    overlap: bool,
+    commit: impl FnOnce() -> memfs_journal::Result<u64> + Send,
+) -> (memfs_journal::Result<u64>, Vec<Vec<u8>>, Option<Instant>) {
+    let mut tables_done = None;
+    let (res, undo) = if overlap {
+        std::thread::scope(|sc| {
+            let h = sc.spawn(commit);
+            let undo = match bucketed {
+                Some((h, b)) => apply_bucketed(shared, w, ops, h, b),
+                None => apply_ops(shared, w, ops),
+            };
+            if stages::enabled() {
+                tables_done = Some(Instant::now());
+            }
+            let res = h.join().unwrap_or_else(|_| {
+                Err(memfs_journal::Error::Failed(
+                    "journal thread panicked".into(),
+                ))
+            });
+            (res, undo)
+        })
+    } else {
+        let res = commit();
+        // Nothing to undo when the journal refused the block: the store
+        // fails below and the tables stay at the previous block.
+        let undo = match (&res, bucketed) {
+            (Err(_), _) => Vec::new(),
+            (Ok(_), Some((h, b))) => apply_bucketed(shared, w, ops, h, b),
+            (Ok(_), None) => apply_ops(shared, w, ops),
+        };
+        if stages::enabled() {
+            tables_done = Some(Instant::now());
+        }
+        (res, undo)
+    };
+    (res, undo, tables_done)
+}
+
 fn apply_ops<O: Ops>(shared: &Shared, w: &mut Writer, ops: &O) -> Vec<Vec<u8>> {
     let mut hashes = std::mem::take(&mut w.hashes);
     let mut by_shard = std::mem::take(&mut w.by_shard);
@@ -1286,29 +1373,7 @@ fn apply_bucketed<O: Ops>(
             }
         }
     };
-    // The undo buffers are sized here, on the calling (long-lived) thread:
-    // allocated on a short-lived worker, they came from that thread's fresh
-    // allocator pages, and the page faults (2 MiB pages zeroed) cost as much
-    // as applying the block (measured with perf, docs/store.md).
-    let mut parts: Vec<Vec<u8>> = (0..n)
-        .map(|s| {
-            if by_shard[s].is_empty() {
-                Vec::new()
-            } else {
-                let need = by_shard[s].len() * (kw + 2 + 8);
-                let mut b = w.spare.pop().unwrap_or_default();
-                if b.capacity() < need {
-                    // Replaced, not grown: growing copies the old
-                    // allocation (realloc does not know it is empty). A
-                    // buffer recycled from another shard's share of an
-                    // older block is often a little short; the headroom
-                    // makes the next reuse fit.
-                    b = Vec::with_capacity(need + need / 4);
-                }
-                b
-            }
-        })
-        .collect();
+    let mut parts = undo_buffers(w, by_shard, n, kw);
     let threads = w.opts.threads.min(n);
     if threads <= 1 || ops.len() < PARALLEL_MIN_OPS {
         for (s, buf) in parts.iter_mut().enumerate() {
@@ -1341,6 +1406,34 @@ fn apply_bucketed<O: Ops>(
     }
     parts.retain(|p| !p.is_empty());
     parts
+}
+
+/// One undo buffer for each of the `n` shards, empty for a shard the block does not touch.
+///
+/// The undo buffers are sized here, on the calling (long-lived) thread:
+/// allocated on a short-lived worker, they came from that thread's fresh
+/// allocator pages, and the page faults (2 MiB pages zeroed) cost as much
+/// as applying the block (measured with perf, docs/store.md).
+fn undo_buffers(w: &mut Writer, by_shard: &[Vec<u32>], n: usize, kw: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|s| {
+            if by_shard[s].is_empty() {
+                Vec::new()
+            } else {
+                let need = by_shard[s].len() * (kw + 2 + 8);
+                let mut b = w.spare.pop().unwrap_or_default();
+                if b.capacity() < need {
+                    // Replaced, not grown: growing copies the old
+                    // allocation (realloc does not know it is empty). A
+                    // buffer recycled from another shard's share of an
+                    // older block is often a little short; the headroom
+                    // makes the next reuse fit.
+                    b = Vec::with_capacity(need + need / 4);
+                }
+                b
+            }
+        })
+        .collect()
 }
 
 /// Visits the entries of a buffer backwards as (key, old value): undoing them
@@ -1617,23 +1710,13 @@ fn load_snapshot(
 ) -> Result<u64> {
     let mut r = CheckpointReader::open(path)?;
     let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
-    fn u32_(r: &mut CheckpointReader) -> std::io::Result<u32> {
-        let mut b = [0u8; 4];
-        r.read_exact(&mut b)?;
-        Ok(u32::from_le_bytes(b))
-    }
-    fn u64_(r: &mut CheckpointReader) -> std::io::Result<u64> {
-        let mut b = [0u8; 8];
-        r.read_exact(&mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
     let bad = |what: String| StoreError::Corrupt(format!("snapshot {}: {what}", path.display()));
-    let version = u32_(&mut r).map_err(corrupt)?;
+    let version = read_u32(&mut r).map_err(corrupt)?;
     if version != SNAP_VERSION {
         return Err(bad(format!("unsupported store snapshot version {version}")));
     }
-    let kw = u32_(&mut r).map_err(corrupt)? as usize;
-    let shards = u32_(&mut r).map_err(corrupt)? as usize;
+    let kw = read_u32(&mut r).map_err(corrupt)? as usize;
+    let shards = read_u32(&mut r).map_err(corrupt)? as usize;
     if kw != opts.key_width || shards != opts.shards {
         return Err(bad(format!(
             "written for {kw}-byte keys and {shards} shards, the store has {} and {}",
@@ -1644,7 +1727,7 @@ fn load_snapshot(
     let mut key = vec![0u8; kw];
     let mut val = vec![0u8; MAX_VALUE_LEN];
     for t in tables.iter_mut() {
-        let count = u64_(&mut r).map_err(corrupt)?;
+        let count = read_u64(&mut r).map_err(corrupt)?;
         for _ in 0..count {
             r.read_exact(&mut key).map_err(corrupt)?;
             let mut lb = [0u8; 2];
@@ -1658,21 +1741,28 @@ fn load_snapshot(
         }
         total += count;
     }
-    rec.current = u64_(&mut r).map_err(corrupt)?;
-    rec.window_base = u64_(&mut r).map_err(corrupt)?;
-    rec.settled_upto = u64_(&mut r).map_err(corrupt)?;
-    let nwin = u32_(&mut r).map_err(corrupt)?;
+    load_window(&mut r, path, rec)?;
+    r.finish().map_err(corrupt)?;
+    Ok(total)
+}
+
+/// Reads the end of a snapshot: the current block and the rollback window,
+/// cut to the store's window limit.
+fn load_window(r: &mut CheckpointReader, path: &Path, rec: &mut Recovered) -> Result<()> {
+    let corrupt = |e: std::io::Error| StoreError::Corrupt(e.to_string());
+    let bad = |what: String| StoreError::Corrupt(format!("snapshot {}: {what}", path.display()));
+    rec.current = read_u64(r).map_err(corrupt)?;
+    rec.window_base = read_u64(r).map_err(corrupt)?;
+    rec.settled_upto = read_u64(r).map_err(corrupt)?;
+    let nwin = read_u32(r).map_err(corrupt)?;
     for _ in 0..nwin {
-        let block = u64_(&mut r).map_err(corrupt)?;
-        let nparts = u32_(&mut r).map_err(corrupt)?;
+        let block = read_u64(r).map_err(corrupt)?;
+        let nparts = read_u32(r).map_err(corrupt)?;
         let mut parts = Vec::new();
         for _ in 0..nparts {
-            let len = u32_(&mut r).map_err(corrupt)? as usize;
+            let len = read_u32(r).map_err(corrupt)? as usize;
             let mut p = Vec::new();
-            (&mut r)
-                .take(len as u64)
-                .read_to_end(&mut p)
-                .map_err(corrupt)?;
+            r.take(len as u64).read_to_end(&mut p).map_err(corrupt)?;
             if p.len() != len {
                 return Err(bad("window entry truncated".into()));
             }
@@ -1683,8 +1773,19 @@ fn load_snapshot(
     while rec.window.len() as u64 > rec.window_limit {
         rec.window_base = rec.window.pop_front().expect("non-empty").block;
     }
-    r.finish().map_err(corrupt)?;
-    Ok(total)
+    Ok(())
+}
+
+fn read_u32(r: &mut CheckpointReader) -> std::io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+
+fn read_u64(r: &mut CheckpointReader) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
 }
 
 /// What [`verify`] found.
@@ -1738,6 +1839,18 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
             return Ok(r);
         }
     };
+    replay_snapshot_and_journal(dir, &opts, snap, &mut r);
+    Ok(r)
+}
+
+/// The part of [`verify`] that loads the snapshot `snap` (if any) and replays
+/// the journal after it, noting in `r` what it reaches and what is wrong.
+fn replay_snapshot_and_journal(
+    dir: &Path,
+    opts: &StoreOptions,
+    snap: Option<CheckpointRef>,
+    r: &mut VerifyReport,
+) {
     let mut tables: Vec<Table> = (0..opts.shards)
         .map(|_| Table::new(opts.key_width, 16))
         .collect();
@@ -1745,11 +1858,11 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
     let after = match snap {
         Some(s) => {
             let path = dir.join(checkpoint_file_name(s.commit));
-            match load_snapshot(&path, &opts, &mut tables, &mut rec) {
+            match load_snapshot(&path, opts, &mut tables, &mut rec) {
                 Ok(n) => r.snapshot = Some((s.commit, n)),
                 Err(e) => {
                     r.problems.push(format!("snapshot {}: {e}", path.display()));
-                    return Ok(r);
+                    return;
                 }
             }
             s.commit
@@ -1780,7 +1893,6 @@ pub fn verify(dir: impl AsRef<Path>) -> Result<VerifyReport> {
             }
         }
     }
-    Ok(r)
 }
 
 /// Truncates a damaged journal to its last intact commit (see

@@ -7,6 +7,8 @@
 //! for production.
 
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Instant;
 
@@ -140,17 +142,32 @@ fn summary(mut v: Vec<f64>) -> String {
 /// lag sample (taken at `ClientDone`, as the benchmark does) how far the
 /// previous event had got when the lag was 2 or more.
 pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
-    use std::collections::BTreeMap;
-    use std::fmt::Write;
-    let mut by: BTreeMap<u64, [Option<Instant>; PATH.len()]> = BTreeMap::new();
-    let pos = |s: Stage| PATH.iter().position(|&p| p == s).expect("in PATH");
+    let mut by: ByEvent = BTreeMap::new();
     for &(seq, st, at) in marks {
         let e = by.entry(seq).or_default();
         // The first mark of a stage wins (a resent event marks it again).
-        e[pos(st)].get_or_insert(at);
+        e[path_index(st)].get_or_insert(at);
     }
-    let ms = |a: Instant, b: Instant| b.saturating_duration_since(a).as_secs_f64() * 1e3;
     let mut out = String::new();
+    stage_timings(&mut out, &by);
+    path_timings(&mut out, &by);
+    lags(&mut out, &by);
+    out
+}
+
+/// Each event's marks, by its position in [`PATH`].
+type ByEvent = BTreeMap<u64, [Option<Instant>; PATH.len()]>;
+
+fn path_index(s: Stage) -> usize {
+    PATH.iter().position(|&p| p == s).expect("in PATH")
+}
+
+fn millis(a: Instant, b: Instant) -> f64 {
+    b.saturating_duration_since(a).as_secs_f64() * 1e3
+}
+
+/// The time from each stage of [`PATH`] to the next one an event reached.
+fn stage_timings(out: &mut String, by: &ByEvent) {
     let _ = writeln!(out, "stage timings per event (from the previous stage):");
     for w in 1..PATH.len() {
         let v: Vec<f64> = by
@@ -158,23 +175,27 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
             .filter_map(|e| {
                 let b = e[w]?;
                 let a = e[..w].iter().rev().flatten().next()?;
-                Some(ms(*a, b))
+                Some(millis(*a, b))
             })
             .collect();
         if !v.is_empty() {
             let _ = writeln!(out, "  {:>18?}: {}", PATH[w], summary(v));
         }
     }
-    let get = |seq: u64, s: Stage| by.get(&seq).and_then(|e| e[pos(s)]);
+}
+
+/// The writer's period and path, the follower's latency and busy time.
+fn path_timings(out: &mut String, by: &ByEvent) {
+    let get = |seq: u64, s: Stage| by.get(&seq).and_then(|e| e[path_index(s)]);
     let pairs = |a: Stage, b: Stage| -> Vec<f64> {
         by.keys()
-            .filter_map(|&q| Some(ms(get(q, a)?, get(q, b)?)))
+            .filter_map(|&q| Some(millis(get(q, a)?, get(q, b)?)))
             .collect()
     };
     let period: Vec<f64> = by
         .keys()
         .filter_map(|&q| {
-            Some(ms(
+            Some(millis(
                 get(q.checked_sub(1)?, Stage::ClientDone)?,
                 get(q, Stage::ClientDone)?,
             ))
@@ -200,12 +221,15 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
         "follower busy (FollowerDequeued to FollowerApplied): {}",
         summary(pairs(Stage::FollowerDequeued, Stage::FollowerApplied))
     );
-    // Lag at each ClientDone from the marks themselves, and where the
-    // previous event was when the lag was 2 or more.
+}
+
+/// Lag at each ClientDone from the marks themselves, and where the
+/// previous event was when the lag was 2 or more; lag at each Published.
+fn lags(out: &mut String, by: &ByEvent) {
     let applied: Vec<(Instant, u64)> = {
         let mut v: Vec<_> = by
             .iter()
-            .filter_map(|(&q, e)| Some((e[pos(Stage::FollowerApplied)]?, q)))
+            .filter_map(|(&q, e)| Some((e[path_index(Stage::FollowerApplied)]?, q)))
             .collect();
         v.sort();
         v
@@ -217,8 +241,8 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
     };
     let mut hist: BTreeMap<u64, usize> = BTreeMap::new();
     let mut behind: BTreeMap<String, usize> = BTreeMap::new();
-    for (&q, e) in &by {
-        let Some(t) = e[pos(Stage::ClientDone)] else {
+    for (&q, e) in by {
+        let Some(t) = e[path_index(Stage::ClientDone)] else {
             continue;
         };
         let lag = lag_at(q, t);
@@ -240,8 +264,8 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
     // the reply: the lag just after `Published` is the sawtooth's true peak
     // (the sample at `ClientDone` gives the follower that gap more).
     let mut at_pub: BTreeMap<u64, usize> = BTreeMap::new();
-    for (&q, e) in &by {
-        let Some(t) = e[pos(Stage::Published)] else {
+    for (&q, e) in by {
+        let Some(t) = e[path_index(Stage::Published)] else {
             continue;
         };
         *at_pub.entry(lag_at(q, t)).or_default() += 1;
@@ -251,5 +275,4 @@ pub fn report(marks: &[(u64, Stage, Instant)]) -> String {
         out,
         "when lag >= 2, the last stage the previous event had reached: {behind:?}"
     );
-    out
 }

@@ -171,40 +171,7 @@ impl Client {
         self.start = 0;
         self.end = 0;
         let cfg = self.cfg.clone();
-        let cerr = |source: io::Error| ClientError::Connect {
-            addr: cfg.addr.clone(),
-            source,
-        };
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
-        let mut sock = None;
-        for a in cfg.addr.to_socket_addrs().map_err(cerr)? {
-            match TcpStream::connect_timeout(&a, cfg.connect_timeout) {
-                Ok(s) => {
-                    sock = Some(s);
-                    break;
-                }
-                Err(e) => last = e,
-            }
-        }
-        let sock = sock.ok_or_else(|| cerr(last))?;
-        sock.set_nodelay(true).map_err(cerr)?;
-        sock.set_read_timeout(Some(cfg.io_timeout)).map_err(cerr)?;
-        sock.set_write_timeout(Some(cfg.io_timeout)).map_err(cerr)?;
-        let s = match &cfg.tls {
-            None => Stream::Plain(sock),
-            Some(t) => {
-                let host = match &cfg.server_name {
-                    Some(h) => h.clone(),
-                    None => cfg
-                        .addr
-                        .rsplit_once(':')
-                        .map_or(cfg.addr.clone(), |(h, _)| h.to_string()),
-                };
-                let conn = rustls::ClientConnection::new(t.clone(), server_name(&host)?)
-                    .map_err(TlsError::Config)?;
-                Stream::TlsClient(Box::new(rustls::StreamOwned::new(conn, sock)))
-            }
-        };
+        let s = dial(&cfg)?;
         self.s = Some(s);
         self.out.clear();
         p::put_hello(
@@ -274,31 +241,7 @@ impl Client {
                     let body = self.start + p::LEN_BYTES + 1..self.start + n;
                     self.start += n;
                     if ty == op::ERROR {
-                        let lim = Limits::default();
-                        return Err(match p::parse(ty, &self.inbuf[body], 0, &lim) {
-                            Ok(Frame::Error { code, message }) => {
-                                let code = ErrorCode::from_u16(code);
-                                // Errors after which the server closes the connection.
-                                let closes = self.welcome.version == 0
-                                    || matches!(
-                                        code,
-                                        ErrorCode::Timeout
-                                            | ErrorCode::FrameTooLarge
-                                            | ErrorCode::HistoryDiverged
-                                            | ErrorCode::HistoryUnavailable
-                                            | ErrorCode::TooManyConnections
-                                            | ErrorCode::HandshakeRequired
-                                    );
-                                if closes {
-                                    self.s = None;
-                                }
-                                ClientError::Server {
-                                    code,
-                                    message: String::from_utf8_lossy(message).into_owned(),
-                                }
-                            }
-                            _ => ClientError::Protocol("malformed ERROR frame".into()),
-                        });
+                        return Err(self.server_error(body));
                     }
                     return Ok((ty, body));
                 }
@@ -340,6 +283,36 @@ impl Client {
                     return Err(self.io(e));
                 }
             }
+        }
+    }
+
+    /// The error an ERROR frame (its body at `body` in `inbuf`) reports;
+    /// forgets the connection when the server closes it after this error.
+    fn server_error(&mut self, body: Range<usize>) -> ClientError {
+        let lim = Limits::default();
+        match p::parse(op::ERROR, &self.inbuf[body], 0, &lim) {
+            Ok(Frame::Error { code, message }) => {
+                let code = ErrorCode::from_u16(code);
+                // Errors after which the server closes the connection.
+                let closes = self.welcome.version == 0
+                    || matches!(
+                        code,
+                        ErrorCode::Timeout
+                            | ErrorCode::FrameTooLarge
+                            | ErrorCode::HistoryDiverged
+                            | ErrorCode::HistoryUnavailable
+                            | ErrorCode::TooManyConnections
+                            | ErrorCode::HandshakeRequired
+                    );
+                if closes {
+                    self.s = None;
+                }
+                ClientError::Server {
+                    code,
+                    message: String::from_utf8_lossy(message).into_owned(),
+                }
+            }
+            _ => ClientError::Protocol("malformed ERROR frame".into()),
         }
     }
 
@@ -618,22 +591,6 @@ impl Client {
     /// of files and bytes. The server closes the connection afterwards.
     pub fn fetch_snapshot(mut self, into: &std::path::Path) -> Result<(u32, u64)> {
         use std::fs::{File, OpenOptions};
-        let ferr = |path: &std::path::Path, source: io::Error| ClientError::File {
-            path: path.display().to_string(),
-            source,
-        };
-        let finish = |cur: Option<(std::path::PathBuf, File, u64)>| -> Result<()> {
-            if let Some((path, f, left)) = cur {
-                if left != 0 {
-                    return Err(ClientError::Protocol(format!(
-                        "snapshot file {} ended {left} bytes short",
-                        path.display()
-                    )));
-                }
-                f.sync_all().map_err(|e| ferr(&path, e))?;
-            }
-            Ok(())
-        };
         self.ensure_fresh()?;
         p::put_empty(&mut self.out, op::SNAPSHOT);
         self.send()?;
@@ -647,13 +604,13 @@ impl Client {
             let (ty, body) = self.recv()?;
             match p::parse(ty, &self.inbuf[body], 0, &lim) {
                 Ok(Frame::SnapFile { size, name }) => {
-                    finish(cur.take())?;
+                    finish_file(cur.take())?;
                     let path = into.join(name);
                     let f = OpenOptions::new()
                         .write(true)
                         .create_new(true)
                         .open(&path)
-                        .map_err(|e| ferr(&path, e))?;
+                        .map_err(|e| file_error(&path, e))?;
                     cur = Some((path, f, size));
                     files += 1;
                 }
@@ -667,7 +624,7 @@ impl Client {
                             path.display()
                         )));
                     }
-                    f.write_all(data).map_err(|e| ferr(path, e))?;
+                    f.write_all(data).map_err(|e| file_error(path, e))?;
                     *left -= data.len() as u64;
                     bytes += data.len() as u64;
                 }
@@ -675,7 +632,7 @@ impl Client {
                     files: nf,
                     bytes: nb,
                 }) => {
-                    finish(cur.take())?;
+                    finish_file(cur.take())?;
                     if (nf, nb) != (files, bytes) {
                         return Err(ClientError::Protocol(format!(
                             "snapshot ended after {files} files and {bytes} bytes, the server sent {nf} and {nb}"
@@ -865,4 +822,64 @@ impl Drop for Pooled<'_> {
             }
         }
     }
+}
+fn file_error(path: &std::path::Path, source: io::Error) -> ClientError {
+    ClientError::File {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Ends the snapshot file being received, if any: it must have had all its
+/// announced bytes, and is synced.
+fn finish_file(cur: Option<(std::path::PathBuf, std::fs::File, u64)>) -> Result<()> {
+    if let Some((path, f, left)) = cur {
+        if left != 0 {
+            return Err(ClientError::Protocol(format!(
+                "snapshot file {} ended {left} bytes short",
+                path.display()
+            )));
+        }
+        f.sync_all().map_err(|e| file_error(&path, e))?;
+    }
+    Ok(())
+}
+
+/// Connects to `cfg.addr` (the first of its addresses that answers), over
+/// TLS when configured.
+fn dial(cfg: &ClientConfig) -> Result<Stream> {
+    let cerr = |source: io::Error| ClientError::Connect {
+        addr: cfg.addr.clone(),
+        source,
+    };
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the address resolves to nothing");
+    let mut sock = None;
+    for a in cfg.addr.to_socket_addrs().map_err(cerr)? {
+        match TcpStream::connect_timeout(&a, cfg.connect_timeout) {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => last = e,
+        }
+    }
+    let sock = sock.ok_or_else(|| cerr(last))?;
+    sock.set_nodelay(true).map_err(cerr)?;
+    sock.set_read_timeout(Some(cfg.io_timeout)).map_err(cerr)?;
+    sock.set_write_timeout(Some(cfg.io_timeout)).map_err(cerr)?;
+    Ok(match &cfg.tls {
+        None => Stream::Plain(sock),
+        Some(t) => {
+            let host = match &cfg.server_name {
+                Some(h) => h.clone(),
+                None => cfg
+                    .addr
+                    .rsplit_once(':')
+                    .map_or(cfg.addr.clone(), |(h, _)| h.to_string()),
+            };
+            let conn = rustls::ClientConnection::new(t.clone(), server_name(&host)?)
+                .map_err(TlsError::Config)?;
+            Stream::TlsClient(Box::new(rustls::StreamOwned::new(conn, sock)))
+        }
+    })
 }

@@ -9,7 +9,7 @@
 //! continue from its own block.
 
 use super::client::{Client, ClientConfig, ClientError, Event, Subscription, decode_event};
-use super::protocol::{ErrorCode, Role};
+use super::protocol::{ErrorCode, Role, Welcome};
 use crate::stages::{self, Stage};
 use crate::{Durability, PreparedBlock, Store, StoreError, StoreOptions};
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
@@ -312,46 +312,11 @@ fn follow_loop(
             }
             Err(e) => break Err(e.into()),
         };
-        let w = *client.welcome();
-        let opts = StoreOptions {
-            key_width: w.key_width as usize,
-            shards: w.shards as usize,
-            rollback_window: w.rollback_window,
-            durability: cfg.durability,
-            threads: cfg.threads,
-            ..Default::default()
-        };
-        if replica.store.read().is_none() {
-            if let Err(e) = recover_swap(&cfg.dir) {
-                break Err(e);
-            }
-            match Store::open_or_create(&cfg.dir, opts.clone()) {
-                Ok(s) => *replica.store.write() = Some(s),
-                Err(e) => break Err(serr(e)),
-            }
+        let opts = replica_options(cfg, client.welcome());
+        if let Err(e) = open_replica(cfg, replica, &opts) {
+            break Err(e);
         }
-        let (seq, block) = {
-            let st = replica.read().expect("opened");
-            (st.last_commit(), st.current_block())
-        };
-        progress.set_applied(seq);
-        progress.block.store(block, Relaxed);
-        tracing::info!(seq, block, writer_seq = w.last_seq, "follower: subscribing");
-        let sub = client.subscribe(seq, block);
-        let r = sub.map_err(FollowError::from).and_then(|sub| {
-            progress.connected.store(true, Relaxed);
-            progress.wake_reporter();
-            let r = apply_stream(
-                replica,
-                sub,
-                stop,
-                progress,
-                &mut backoff,
-                &cfg.on_caught_up,
-            );
-            progress.connected.store(false, Relaxed);
-            r
-        });
+        let (seq, r) = follow_stream(cfg, replica, client, stop, progress, &mut backoff);
         if progress.seq.load(Relaxed) > seq {
             snapshots = 0;
         }
@@ -391,6 +356,69 @@ fn follow_loop(
     result
 }
 
+/// The replica's options: the layout the writer announced, the durability
+/// and threads configured here.
+fn replica_options(cfg: &FollowerConfig, w: &Welcome) -> StoreOptions {
+    StoreOptions {
+        key_width: w.key_width as usize,
+        shards: w.shards as usize,
+        rollback_window: w.rollback_window,
+        durability: cfg.durability,
+        threads: cfg.threads,
+        ..Default::default()
+    }
+}
+
+/// Opens the replica's store, unless it is open already.
+fn open_replica(
+    cfg: &FollowerConfig,
+    replica: &Replica,
+    opts: &StoreOptions,
+) -> Result<(), FollowError> {
+    if replica.store.read().is_none() {
+        recover_swap(&cfg.dir)?;
+        match Store::open_or_create(&cfg.dir, opts.clone()) {
+            Ok(s) => *replica.store.write() = Some(s),
+            Err(source) => {
+                return Err(FollowError::Store {
+                    dir: cfg.dir.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Subscribes from the replica's position and applies the stream until it
+/// ends. Returns the position it started from, and how the stream ended.
+fn follow_stream(
+    cfg: &FollowerConfig,
+    replica: &Replica,
+    client: Client,
+    stop: &AtomicBool,
+    progress: &Progress,
+    backoff: &mut Duration,
+) -> (u64, Result<(), FollowError>) {
+    let (seq, block) = {
+        let st = replica.read().expect("opened");
+        (st.last_commit(), st.current_block())
+    };
+    progress.set_applied(seq);
+    progress.block.store(block, Relaxed);
+    let writer_seq = client.welcome().last_seq;
+    tracing::info!(seq, block, writer_seq, "follower: subscribing");
+    let sub = client.subscribe(seq, block);
+    let r = sub.map_err(FollowError::from).and_then(|sub| {
+        progress.connected.store(true, Relaxed);
+        progress.wake_reporter();
+        let r = apply_stream(replica, sub, stop, progress, backoff, &cfg.on_caught_up);
+        progress.connected.store(false, Relaxed);
+        r
+    });
+    (seq, r)
+}
+
 /// Tells the writer, on a connection of its own, each time the replica has
 /// applied more events (the latest position only: a report that finds
 /// several new events sends one ACK), until `stop` or until `reporting`
@@ -418,22 +446,8 @@ fn report_position(
     let mut acked: Option<u64> = None;
     let mut backoff = Duration::from_millis(50);
     loop {
-        let seq = {
-            let mut g = progress.applied.lock();
-            loop {
-                if ended() {
-                    return;
-                }
-                // Only while subscribed: a writer that does not stream to
-                // this follower has no use for its position.
-                let s = progress.seq.load(Relaxed);
-                if progress.connected.load(Relaxed) && acked.is_none_or(|a| s > a) {
-                    break s;
-                }
-                progress
-                    .applied_cv
-                    .wait_for(&mut g, Duration::from_millis(100));
-            }
+        let Some(seq) = next_position(progress, acked, &ended) else {
+            return;
         };
         let c = match &mut client {
             Some(c) => c,
@@ -476,6 +490,26 @@ fn report_position(
                 pause(&ended, &mut backoff, max_backoff);
             }
         }
+    }
+}
+
+/// Waits for a position to report: one past `acked` (any, with none yet).
+/// `None` once `ended`.
+fn next_position(progress: &Progress, acked: Option<u64>, ended: &dyn Fn() -> bool) -> Option<u64> {
+    let mut g = progress.applied.lock();
+    loop {
+        if ended() {
+            return None;
+        }
+        // Only while subscribed: a writer that does not stream to
+        // this follower has no use for its position.
+        let s = progress.seq.load(Relaxed);
+        if progress.connected.load(Relaxed) && acked.is_none_or(|a| s > a) {
+            return Some(s);
+        }
+        progress
+            .applied_cv
+            .wait_for(&mut g, Duration::from_millis(100));
     }
 }
 
@@ -626,7 +660,6 @@ fn apply_frames(
     on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
 ) -> Result<(), FollowError> {
     let mut reported = None;
-    let diverged = |e: StoreError| FollowError::Diverged(e.to_string());
     loop {
         if stop.load(Relaxed) {
             return Ok(());
@@ -648,17 +681,7 @@ fn apply_frames(
         *backoff = Duration::from_millis(50);
         let (seq, prev) = match ev {
             Ev::Heartbeat { last_seq } => {
-                progress.writer_seq.store(last_seq, Relaxed);
-                let here = {
-                    let st = replica.read().expect("opened");
-                    (st.last_commit(), st.current_block())
-                };
-                if last_seq == here.0 && reported != Some(here) {
-                    reported = Some(here);
-                    if let Some(f) = on_caught_up {
-                        f(here.0, here.1);
-                    }
-                }
+                heartbeat(replica, progress, last_seq, &mut reported, on_caught_up);
                 let _ = free.send(pb);
                 continue;
             }
@@ -670,40 +693,7 @@ fn apply_frames(
         let guard = replica.store.write();
         stages::mark(seq, Stage::FollowerLocked);
         let st = guard.as_ref().expect("opened");
-        let last = st.last_commit();
-        if seq != last + 1 {
-            return Err(FollowError::Skipped {
-                expected: last + 1,
-                got: seq,
-            });
-        }
-        let current = st.current_block();
-        if prev != current {
-            return Err(FollowError::Diverged(format!(
-                "event {seq} follows block {prev}, the replica is at block {current}"
-            )));
-        }
-        match ev {
-            Ev::Block { block, .. } => {
-                st.set_prepared(block, &pb).map_err(diverged)?;
-            }
-            Ev::Rollback { target, result, .. } => {
-                st.rollback(target).map_err(diverged)?;
-                if st.current_block() != result {
-                    return Err(FollowError::Diverged(format!(
-                        "rollback to {target} reached block {} here, {result} on the writer",
-                        st.current_block()
-                    )));
-                }
-            }
-            Ev::Heartbeat { .. } => unreachable!("handled above"),
-        }
-        if st.last_commit() != seq {
-            return Err(FollowError::Diverged(format!(
-                "the replica's journal numbers event {seq} as commit {}: was this directory written by something other than this follower?",
-                st.last_commit()
-            )));
-        }
+        apply_event(st, ev, &pb, seq, prev)?;
         progress.block.store(st.current_block(), Relaxed);
         progress.writer_seq.fetch_max(seq, Relaxed);
         stages::mark(seq, Stage::FollowerApplied);
@@ -714,4 +704,74 @@ fn apply_frames(
             .fetch_add(t_apply.elapsed().as_nanos() as u64, Relaxed);
         let _ = free.send(pb);
     }
+}
+
+/// A heartbeat: notes the writer's position, and tells `on_caught_up` once
+/// per position when the replica has reached it.
+fn heartbeat(
+    replica: &Replica,
+    progress: &Progress,
+    last_seq: u64,
+    reported: &mut Option<(u64, u64)>,
+    on_caught_up: &Option<Box<dyn Fn(u64, u64) + Send>>,
+) {
+    progress.writer_seq.store(last_seq, Relaxed);
+    let here = {
+        let st = replica.read().expect("opened");
+        (st.last_commit(), st.current_block())
+    };
+    if last_seq == here.0 && *reported != Some(here) {
+        *reported = Some(here);
+        if let Some(f) = on_caught_up {
+            f(here.0, here.1);
+        }
+    }
+}
+
+/// Applies event `seq` (a block or a rollback, which followed block `prev`)
+/// to the replica's store, checking that it is the next one and leaves the
+/// replica where it left the writer.
+fn apply_event(
+    st: &Store,
+    ev: Ev,
+    pb: &PreparedBlock,
+    seq: u64,
+    prev: u64,
+) -> Result<(), FollowError> {
+    let diverged = |e: StoreError| FollowError::Diverged(e.to_string());
+    let last = st.last_commit();
+    if seq != last + 1 {
+        return Err(FollowError::Skipped {
+            expected: last + 1,
+            got: seq,
+        });
+    }
+    let current = st.current_block();
+    if prev != current {
+        return Err(FollowError::Diverged(format!(
+            "event {seq} follows block {prev}, the replica is at block {current}"
+        )));
+    }
+    match ev {
+        Ev::Block { block, .. } => {
+            st.set_prepared(block, pb).map_err(diverged)?;
+        }
+        Ev::Rollback { target, result, .. } => {
+            st.rollback(target).map_err(diverged)?;
+            if st.current_block() != result {
+                return Err(FollowError::Diverged(format!(
+                    "rollback to {target} reached block {} here, {result} on the writer",
+                    st.current_block()
+                )));
+            }
+        }
+        Ev::Heartbeat { .. } => unreachable!("handled above"),
+    }
+    if st.last_commit() != seq {
+        return Err(FollowError::Diverged(format!(
+            "the replica's journal numbers event {seq} as commit {}: was this directory written by something other than this follower?",
+            st.last_commit()
+        )));
+    }
+    Ok(())
 }

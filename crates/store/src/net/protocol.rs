@@ -476,78 +476,29 @@ fn check_entries(what: &'static str, body: &[u8], count: u32, kw: usize) -> Resu
 
 /// Parses one frame body. `kw` is the store's key width (0 before the
 /// handshake told it: then key-carrying frames are refused).
+///
+/// The frames a client sends are parsed here, first, as they are a server's
+/// whole traffic; a server's frames are left to `parse_reply`.
 pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Frame<'a>, ProtoError> {
     let what = name_of(ty);
     let mut r = Rd { b: body, what };
     let f = match ty {
-        op::HELLO => {
-            if r.take(4).map_err(|_| ProtoError::BadMagic)? != MAGIC {
-                return Err(ProtoError::BadMagic);
-            }
-            let version = r.u16()?;
-            if version != VERSION {
-                return Err(ProtoError::BadVersion { got: version });
-            }
-            let key_width = r.u16()?;
-            let role = r.u8()?;
-            let role = Role::from_u8(role).ok_or_else(|| r.bad(format!("unknown role {role}")))?;
-            let ulen = r.u8()? as usize;
-            let user = r.take(ulen)?;
-            let tlen = r.u8()? as usize;
-            let token = r.take(tlen)?;
-            r.end()?;
-            Frame::Hello {
-                key_width,
-                role,
-                user,
-                token,
-            }
-        }
+        op::HELLO => parse_hello(&mut r)?,
         op::PING => {
             r.end()?;
             Frame::Ping
         }
-        op::GET => {
-            if body.len() != kw {
-                return Err(ProtoError::KeyWidth {
-                    expected: kw,
-                    got: body.len(),
-                });
-            }
-            Frame::Get { key: body }
-        }
-        op::MULTI_GET => {
-            let count = r.u32()?;
-            check_batch(count, lim)?;
-            let keys = r.rest();
-            if kw == 0 || keys.len() as u64 != count as u64 * kw as u64 {
-                return Err(ProtoError::KeyWidth {
-                    expected: kw,
-                    got: if count == 0 {
-                        keys.len()
-                    } else {
-                        keys.len() / count as usize
-                    },
-                });
-            }
-            Frame::MultiGet { count, keys }
-        }
+        op::GET => Frame::Get {
+            key: of_width(body, kw)?,
+        },
+        op::MULTI_GET => parse_multi_get(&mut r, kw, lim)?,
         op::STATUS => {
             r.end()?;
             Frame::Status
         }
         op::SET => {
             let block = r.u64()?;
-            let count = r.u32()?;
-            check_batch(count, lim)?;
-            let entries = r.rest();
-            if kw == 0 {
-                return Err(ProtoError::KeyWidth {
-                    expected: kw,
-                    got: 0,
-                });
-            }
-            check_entries(what, entries, count, kw)?;
+            let (count, entries) = block_entries(&mut r, kw, lim)?;
             Frame::Set {
                 block,
                 count,
@@ -556,14 +507,8 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
         }
         op::POP => {
             let block = r.u64()?;
-            let k = r.rest();
-            if k.len() != kw {
-                return Err(ProtoError::KeyWidth {
-                    expected: kw,
-                    got: k.len(),
-                });
-            }
-            Frame::Pop { block, key: k }
+            let key = of_width(r.rest(), kw)?;
+            Frame::Pop { block, key }
         }
         op::ROLLBACK => {
             let target = r.u64()?;
@@ -573,31 +518,6 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
         op::SNAPSHOT => {
             r.end()?;
             Frame::Snapshot
-        }
-        op::SNAP_FILE => {
-            let size = r.u64()?;
-            let len = r.u16()? as usize;
-            let name = r.take(len)?;
-            r.end()?;
-            let name = std::str::from_utf8(name)
-                .ok()
-                .filter(|n| is_plain_file_name(n))
-                .ok_or_else(|| {
-                    r.bad(format!(
-                        "{:?} is not a plain file name",
-                        String::from_utf8_lossy(name)
-                    ))
-                })?;
-            Frame::SnapFile { size, name }
-        }
-        op::SNAP_DATA => Frame::SnapData { data: r.rest() },
-        op::SNAP_END => {
-            let f = Frame::SnapEnd {
-                files: r.u32()?,
-                bytes: r.u64()?,
-            };
-            r.end()?;
-            f
         }
         op::SUBSCRIBE => {
             let from_seq = r.u64()?;
@@ -613,23 +533,94 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
             r.end()?;
             Frame::Ack { seq }
         }
-        op::WELCOME => {
-            if body.len() != WELCOME_LEN {
-                return Err(r.bad(format!("{} bytes, expected {WELCOME_LEN}", body.len())));
-            }
-            let w = Welcome {
-                version: r.u16()?,
-                key_width: r.u16()?,
-                shards: r.u32()?,
-                rollback_window: r.u64()?,
-                current: r.u64()?,
-                oldest: r.u64()?,
-                last_seq: r.u64()?,
-                max_frame: r.u32()?,
-                max_batch: r.u32()?,
-            };
-            Frame::Welcome(w)
-        }
+        _ => return parse_reply(ty, r, kw, lim),
+    };
+    Ok(f)
+}
+
+fn parse_hello<'a>(r: &mut Rd<'a>) -> Result<Frame<'a>, ProtoError> {
+    if r.take(4).map_err(|_| ProtoError::BadMagic)? != MAGIC {
+        return Err(ProtoError::BadMagic);
+    }
+    let version = r.u16()?;
+    if version != VERSION {
+        return Err(ProtoError::BadVersion { got: version });
+    }
+    let key_width = r.u16()?;
+    let role = r.u8()?;
+    let role = Role::from_u8(role).ok_or_else(|| r.bad(format!("unknown role {role}")))?;
+    let ulen = r.u8()? as usize;
+    let user = r.take(ulen)?;
+    let tlen = r.u8()? as usize;
+    let token = r.take(tlen)?;
+    r.end()?;
+    Ok(Frame::Hello {
+        key_width,
+        role,
+        user,
+        token,
+    })
+}
+
+/// `key`, if it is one key of the store's width.
+fn of_width(key: &[u8], kw: usize) -> Result<&[u8], ProtoError> {
+    if key.len() != kw {
+        return Err(ProtoError::KeyWidth {
+            expected: kw,
+            got: key.len(),
+        });
+    }
+    Ok(key)
+}
+
+fn parse_multi_get<'a>(r: &mut Rd<'a>, kw: usize, lim: &Limits) -> Result<Frame<'a>, ProtoError> {
+    let count = r.u32()?;
+    check_batch(count, lim)?;
+    let keys = r.rest();
+    if kw == 0 || keys.len() as u64 != count as u64 * kw as u64 {
+        return Err(ProtoError::KeyWidth {
+            expected: kw,
+            got: if count == 0 {
+                keys.len()
+            } else {
+                keys.len() / count as usize
+            },
+        });
+    }
+    Ok(Frame::MultiGet { count, keys })
+}
+
+/// The `count` and entries that end a SET or a block event, checked against
+/// the batch limit and the key width.
+fn block_entries<'a>(
+    r: &mut Rd<'a>,
+    kw: usize,
+    lim: &Limits,
+) -> Result<(u32, &'a [u8]), ProtoError> {
+    let count = r.u32()?;
+    check_batch(count, lim)?;
+    let entries = r.rest();
+    if kw == 0 {
+        return Err(ProtoError::KeyWidth {
+            expected: kw,
+            got: 0,
+        });
+    }
+    check_entries(r.what, entries, count, kw)?;
+    Ok((count, entries))
+}
+
+/// A server's replies to requests; its streams (events, snapshot files) are
+/// left to `parse_stream`.
+fn parse_reply<'a>(
+    ty: u8,
+    mut r: Rd<'a>,
+    kw: usize,
+    lim: &Limits,
+) -> Result<Frame<'a>, ProtoError> {
+    let body = r.b;
+    let f = match ty {
+        op::WELCOME => parse_welcome(&mut r)?,
         op::PONG => {
             r.end()?;
             Frame::Pong
@@ -639,7 +630,10 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
             let count = r.u32()?;
             check_batch(count, lim)?;
             let rest = r.rest();
-            let mut c = Rd { b: rest, what };
+            let mut c = Rd {
+                b: rest,
+                what: r.what,
+            };
             for _ in 0..count {
                 let len = c.u16()? as usize;
                 c.take(len)?;
@@ -669,20 +663,48 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
             seq: r.u64()?,
             value: r.rest(),
         },
+        op::ERROR => {
+            let code = r.u16()?;
+            let len = r.u16()? as usize;
+            let message = r.take(len)?;
+            r.end()?;
+            Frame::Error { code, message }
+        }
+        _ => return parse_stream(ty, r, kw, lim),
+    };
+    Ok(f)
+}
+
+fn parse_welcome<'a>(r: &mut Rd<'a>) -> Result<Frame<'a>, ProtoError> {
+    if r.b.len() != WELCOME_LEN {
+        return Err(r.bad(format!("{} bytes, expected {WELCOME_LEN}", r.b.len())));
+    }
+    Ok(Frame::Welcome(Welcome {
+        version: r.u16()?,
+        key_width: r.u16()?,
+        shards: r.u32()?,
+        rollback_window: r.u64()?,
+        current: r.u64()?,
+        oldest: r.u64()?,
+        last_seq: r.u64()?,
+        max_frame: r.u32()?,
+        max_batch: r.u32()?,
+    }))
+}
+
+/// What a server streams: events to a subscriber, a snapshot's files.
+fn parse_stream<'a>(
+    ty: u8,
+    mut r: Rd<'a>,
+    kw: usize,
+    lim: &Limits,
+) -> Result<Frame<'a>, ProtoError> {
+    let f = match ty {
         op::EV_BLOCK => {
             let seq = r.u64()?;
             let prev = r.u64()?;
             let block = r.u64()?;
-            let count = r.u32()?;
-            check_batch(count, lim)?;
-            let entries = r.rest();
-            if kw == 0 {
-                return Err(ProtoError::KeyWidth {
-                    expected: kw,
-                    got: 0,
-                });
-            }
-            check_entries(what, entries, count, kw)?;
+            let (count, entries) = block_entries(&mut r, kw, lim)?;
             Frame::EvBlock {
                 seq,
                 prev,
@@ -709,12 +731,30 @@ pub fn parse<'a>(ty: u8, body: &'a [u8], kw: usize, lim: &Limits) -> Result<Fram
             r.end()?;
             f
         }
-        op::ERROR => {
-            let code = r.u16()?;
+        op::SNAP_FILE => {
+            let size = r.u64()?;
             let len = r.u16()? as usize;
-            let message = r.take(len)?;
+            let name = r.take(len)?;
             r.end()?;
-            Frame::Error { code, message }
+            let name = std::str::from_utf8(name)
+                .ok()
+                .filter(|n| is_plain_file_name(n))
+                .ok_or_else(|| {
+                    r.bad(format!(
+                        "{:?} is not a plain file name",
+                        String::from_utf8_lossy(name)
+                    ))
+                })?;
+            Frame::SnapFile { size, name }
+        }
+        op::SNAP_DATA => Frame::SnapData { data: r.rest() },
+        op::SNAP_END => {
+            let f = Frame::SnapEnd {
+                files: r.u32()?,
+                bytes: r.u64()?,
+            };
+            r.end()?;
+            f
         }
         other => return Err(ProtoError::UnknownType(other)),
     };

@@ -14,7 +14,7 @@ use super::follower::Replica;
 use super::protocol::{self as p, ErrorCode, Frame, Limits, ProtoError, Role, Welcome, op};
 use super::{Stream, is_timeout};
 use crate::stages::{self, Stage};
-use crate::{Store, StoreError};
+use crate::{MetricsSnapshot, Store, StoreError};
 use parking_lot::{Condvar, MappedRwLockReadGuard, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
@@ -381,82 +381,12 @@ impl Server {
             let sh = self.shared.clone();
             sh.counters.connections_total.fetch_add(1, Relaxed);
             if sh.counters.connections_active.load(Relaxed) >= sh.cfg.max_connections {
-                sh.counters.connections_rejected.fetch_add(1, Relaxed);
-                sh.counters.error(ErrorCode::TooManyConnections);
-                tracing::warn!(peer = ?sock.peer_addr().ok(), limit = sh.cfg.max_connections, "connection refused: too many connections");
-                // Tell the client why, off the accept thread (a TLS handshake
-                // may be needed), but never with more than a few threads.
-                if rejecting.fetch_add(1, Relaxed) < 16 {
-                    let r = rejecting.clone();
-                    let _ = std::thread::Builder::new()
-                        .stack_size(256 << 10)
-                        .spawn(move || {
-                            reject(&sh, sock);
-                            r.fetch_sub(1, Relaxed);
-                        });
-                } else {
-                    rejecting.fetch_sub(1, Relaxed);
-                }
+                turn_away(sh, sock, &rejecting);
                 continue;
             }
-            sh.counters.connections_active.fetch_add(1, Relaxed);
-            let id = sh.next_id.fetch_add(1, Relaxed);
-            if let Ok(c) = sock.try_clone() {
-                sh.conns.lock().insert(id, c);
-            }
-            let spawned = std::thread::Builder::new()
-                .name(format!("store-conn-{id}"))
-                .stack_size(256 << 10)
-                .spawn({
-                    let sh = sh.clone();
-                    move || {
-                        let peer = sock.peer_addr().ok();
-                        if let Err(e) = serve(&sh, sock, id)
-                            && !matches!(
-                                e.kind(),
-                                io::ErrorKind::UnexpectedEof
-                                    | io::ErrorKind::BrokenPipe
-                                    | io::ErrorKind::ConnectionReset
-                            )
-                        {
-                            tracing::info!(?peer, error = %e, "connection closed");
-                        }
-                        sh.conns.lock().remove(&id);
-                        if sh.acks.lock().remove(&id).is_some() {
-                            // A write waiting for this follower stops waiting.
-                            sh.acks_cv.notify_all();
-                            tracing::info!(connection = id, "a follower's position reports ended");
-                        }
-                        sh.counters.connections_active.fetch_sub(1, Relaxed);
-                    }
-                });
-            match spawned {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot start a connection thread");
-                    sh.conns.lock().remove(&id);
-                    sh.counters.connections_active.fetch_sub(1, Relaxed);
-                }
-            }
+            threads.extend(start_connection(sh, sock));
         }
-        // Stop reading on every connection: a thread blocked in read sees EOF,
-        // one serving a request finishes it and answers first.
-        for c in self.shared.conns.lock().values() {
-            let _ = c.shutdown(std::net::Shutdown::Read);
-        }
-        self.shared.log_cv.notify_all();
-        let deadline = Instant::now() + self.shared.cfg.write_timeout + Duration::from_secs(1);
-        let mut stuck = 0usize;
-        for t in threads {
-            while !t.is_finished() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            if t.is_finished() {
-                let _ = t.join();
-            } else {
-                stuck += 1;
-            }
-        }
+        let stuck = finish_connections(&self.shared, threads);
         let Backing::Owned(store) = &self.shared.store else {
             // The follower owns the replica and closes it.
             tracing::info!("replica server stopped");
@@ -487,6 +417,97 @@ impl Server {
     }
 }
 
+/// Refuses a connection over `max_connections`, telling the client why.
+fn turn_away(sh: Arc<Shared>, sock: TcpStream, rejecting: &Arc<AtomicUsize>) {
+    sh.counters.connections_rejected.fetch_add(1, Relaxed);
+    sh.counters.error(ErrorCode::TooManyConnections);
+    tracing::warn!(peer = ?sock.peer_addr().ok(), limit = sh.cfg.max_connections, "connection refused: too many connections");
+    // Tell the client why, off the accept thread (a TLS handshake
+    // may be needed), but never with more than a few threads.
+    if rejecting.fetch_add(1, Relaxed) < 16 {
+        let r = rejecting.clone();
+        let _ = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(move || {
+                reject(&sh, sock);
+                r.fetch_sub(1, Relaxed);
+            });
+    } else {
+        rejecting.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Serves an accepted connection on a thread of its own.
+fn start_connection(sh: Arc<Shared>, sock: TcpStream) -> Option<JoinHandle<()>> {
+    sh.counters.connections_active.fetch_add(1, Relaxed);
+    let id = sh.next_id.fetch_add(1, Relaxed);
+    if let Ok(c) = sock.try_clone() {
+        sh.conns.lock().insert(id, c);
+    }
+    let spawned = std::thread::Builder::new()
+        .name(format!("store-conn-{id}"))
+        .stack_size(256 << 10)
+        .spawn({
+            let sh = sh.clone();
+            move || connection(&sh, sock, id)
+        });
+    match spawned {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start a connection thread");
+            sh.conns.lock().remove(&id);
+            sh.counters.connections_active.fetch_sub(1, Relaxed);
+            None
+        }
+    }
+}
+
+/// A connection's thread: serves it, then forgets it.
+fn connection(sh: &Arc<Shared>, sock: TcpStream, id: u64) {
+    let peer = sock.peer_addr().ok();
+    if let Err(e) = serve(sh, sock, id)
+        && !matches!(
+            e.kind(),
+            io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::ConnectionReset
+        )
+    {
+        tracing::info!(?peer, error = %e, "connection closed");
+    }
+    sh.conns.lock().remove(&id);
+    if sh.acks.lock().remove(&id).is_some() {
+        // A write waiting for this follower stops waiting.
+        sh.acks_cv.notify_all();
+        tracing::info!(connection = id, "a follower's position reports ended");
+    }
+    sh.counters.connections_active.fetch_sub(1, Relaxed);
+}
+
+/// Ends every connection and waits for their threads until the write
+/// timeout; returns how many did not finish.
+fn finish_connections(shared: &Shared, threads: Vec<JoinHandle<()>>) -> usize {
+    // Stop reading on every connection: a thread blocked in read sees EOF,
+    // one serving a request finishes it and answers first.
+    for c in shared.conns.lock().values() {
+        let _ = c.shutdown(std::net::Shutdown::Read);
+    }
+    shared.log_cv.notify_all();
+    let deadline = Instant::now() + shared.cfg.write_timeout + Duration::from_secs(1);
+    let mut stuck = 0usize;
+    for t in threads {
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if t.is_finished() {
+            let _ = t.join();
+        } else {
+            stuck += 1;
+        }
+    }
+    stuck
+}
+
 /// Fills the log from the journal since the last snapshot, so that a
 /// follower that was behind when the writer restarted can catch up.
 fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
@@ -504,24 +525,8 @@ fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
         }
         let (after_block, frame) = match crate::codec::decode(payload)? {
             crate::codec::Decoded::Block { block, body } => {
-                let mut f = Vec::with_capacity(body.len() + 40);
-                let at = p::begin(&mut f, op::EV_BLOCK);
-                f.extend_from_slice(&id.to_le_bytes());
-                f.extend_from_slice(&prev_after.unwrap_or(0).to_le_bytes());
-                f.extend_from_slice(&block.to_le_bytes());
-                let count_at = f.len();
-                f.extend_from_slice(&0u32.to_le_bytes());
-                let mut n = 0u32;
-                for e in crate::codec::entries(body, kw) {
-                    let e = e?;
-                    f.extend_from_slice(e.key);
-                    f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
-                    f.extend_from_slice(e.value);
-                    n += 1;
-                }
-                f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
-                p::end(&mut f, at);
-                (block, f)
+                let prev = prev_after.unwrap_or(0);
+                (block, block_event(id, prev, block, body, kw)?)
             }
             crate::codec::Decoded::Rollback {
                 target, current, ..
@@ -559,6 +564,29 @@ fn seed_log(store: &Store, log: &mut Log, cfg: &ServerConfig) {
         log.events.clear();
         log.bytes = 0;
     }
+}
+
+/// The EV_BLOCK frame of journal commit `id`, a block of the store's
+/// encoded `body`, that followed block `prev`.
+fn block_event(id: u64, prev: u64, block: u64, body: &[u8], kw: usize) -> Result<Vec<u8>, String> {
+    let mut f = Vec::with_capacity(body.len() + 40);
+    let at = p::begin(&mut f, op::EV_BLOCK);
+    f.extend_from_slice(&id.to_le_bytes());
+    f.extend_from_slice(&prev.to_le_bytes());
+    f.extend_from_slice(&block.to_le_bytes());
+    let count_at = f.len();
+    f.extend_from_slice(&0u32.to_le_bytes());
+    let mut n = 0u32;
+    for e in crate::codec::entries(body, kw) {
+        let e = e?;
+        f.extend_from_slice(e.key);
+        f.extend_from_slice(&(e.value.len() as u16).to_le_bytes());
+        f.extend_from_slice(e.value);
+        n += 1;
+    }
+    f[count_at..count_at + 4].copy_from_slice(&n.to_le_bytes());
+    p::end(&mut f, at);
+    Ok(f)
 }
 
 fn push_event(log: &mut Log, cfg: &ServerConfig, ev: Event) {
@@ -682,83 +710,18 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream, id: u64) -> io::Result<()> {
                     let next = handle(sh, &mut ss, ty, body);
                     start += n;
                     frame_started = None;
-                    match next {
-                        Next::Continue => {}
-                        Next::Close => {
-                            let _ = s.write_all(&ss.out).and_then(|_| s.flush());
-                            close_gracefully(&mut s);
-                            return Ok(());
-                        }
-                        Next::Subscribe {
-                            from_seq,
-                            from_block,
-                        } => {
-                            s.write_all(&ss.out)?;
-                            s.flush()?;
-                            ss.out.clear();
-                            return subscribe(sh, &mut s, &mut ss.out, from_seq, from_block);
-                        }
-                        Next::Snapshot => {
-                            s.write_all(&ss.out)?;
-                            ss.out.clear();
-                            send_snapshot(sh, &mut s, &mut ss.out)?;
-                            close_gracefully(&mut s);
-                            return Ok(());
-                        }
+                    if !go_on(sh, &mut s, &mut ss, next)? {
+                        return Ok(());
                     }
                 }
             }
         }
-        if !ss.out.is_empty() {
-            sh.counters
-                .bytes_out
-                .fetch_add(ss.out.len() as u64, Relaxed);
-            s.write_all(&ss.out)?;
-            s.flush()?;
-            ss.out.clear();
-            if ss.out.capacity() > 4 << 20 {
-                ss.out.shrink_to(64 << 10);
-            }
-        }
+        flush_replies(sh, &mut s, &mut ss)?;
         if sh.stopping.load(Relaxed) {
             return Ok(());
         }
-        // Make room: move a partial frame to the front, grow for a big one.
-        if start == end {
-            start = 0;
-            end = 0;
-            if inbuf.len() > 1 << 20 {
-                // A big SET came and went: do not keep its buffer per connection.
-                inbuf.truncate(64 << 10);
-                inbuf.shrink_to_fit();
-            }
-        } else if start > 0 {
-            inbuf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
-        }
-        if let Ok(Some(total)) = p::frame_len(&inbuf[..end], lim.max_frame)
-            && total > inbuf.len()
-        {
-            inbuf.resize(total, 0);
-        }
-        if end == inbuf.len() {
-            let n = inbuf.len() * 2;
-            inbuf.resize(n, 0);
-        }
-        // Idle between frames; a frame (or the handshake) once begun must
-        // arrive within the frame timeout.
-        let timeout = if ss.role.is_none() {
-            sh.cfg.frame_timeout
-        } else if end == 0 {
-            sh.cfg.idle_timeout
-        } else {
-            let t0 = *frame_started.get_or_insert_with(Instant::now);
-            sh.cfg
-                .frame_timeout
-                .saturating_sub(t0.elapsed())
-                .max(Duration::from_millis(1))
-        };
+        make_room(&mut inbuf, &mut start, &mut end, lim.max_frame);
+        let timeout = read_timeout(sh, &ss, end, &mut frame_started);
         s.tcp().set_read_timeout(Some(timeout))?;
         match s.read(&mut inbuf[end..]) {
             Ok(0) => return Ok(()),
@@ -770,22 +733,119 @@ fn serve(sh: &Arc<Shared>, sock: TcpStream, id: u64) -> io::Result<()> {
                 end += n;
             }
             Err(e) if is_timeout(&e) => {
-                let what = if ss.role.is_none() {
-                    "no complete handshake"
-                } else if end == 0 {
-                    "idle"
-                } else {
-                    "half-sent frame"
-                };
-                let msg = format!("timeout: {what} after {:?}", timeout);
-                send_error(sh, &mut ss.out, ErrorCode::Timeout, &msg);
-                let _ = s.write_all(&ss.out).and_then(|_| s.flush());
-                close_gracefully(&mut s);
+                time_out(sh, &mut s, &mut ss, end, timeout);
                 return Ok(());
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Tells the client which wait ran out, then closes.
+fn time_out(sh: &Shared, s: &mut Stream, ss: &mut Session, end: usize, timeout: Duration) {
+    let what = if ss.role.is_none() {
+        "no complete handshake"
+    } else if end == 0 {
+        "idle"
+    } else {
+        "half-sent frame"
+    };
+    let msg = format!("timeout: {what} after {:?}", timeout);
+    send_error(sh, &mut ss.out, ErrorCode::Timeout, &msg);
+    let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+    close_gracefully(s);
+}
+
+/// Acts on what `handle` said after a frame. `Ok(false)`: the session is
+/// over, closed or handed on to a subscription or a snapshot (both end it).
+fn go_on(sh: &Shared, s: &mut Stream, ss: &mut Session, next: Next) -> io::Result<bool> {
+    match next {
+        Next::Continue => return Ok(true),
+        Next::Close => {
+            let _ = s.write_all(&ss.out).and_then(|_| s.flush());
+            close_gracefully(s);
+        }
+        Next::Subscribe {
+            from_seq,
+            from_block,
+        } => {
+            s.write_all(&ss.out)?;
+            s.flush()?;
+            ss.out.clear();
+            subscribe(sh, s, &mut ss.out, from_seq, from_block)?;
+        }
+        Next::Snapshot => {
+            s.write_all(&ss.out)?;
+            ss.out.clear();
+            send_snapshot(sh, s, &mut ss.out)?;
+            close_gracefully(s);
+        }
+    }
+    Ok(false)
+}
+
+/// Sends the replies to the frames just answered, in one write.
+fn flush_replies(sh: &Shared, s: &mut Stream, ss: &mut Session) -> io::Result<()> {
+    if !ss.out.is_empty() {
+        sh.counters
+            .bytes_out
+            .fetch_add(ss.out.len() as u64, Relaxed);
+        s.write_all(&ss.out)?;
+        s.flush()?;
+        ss.out.clear();
+        if ss.out.capacity() > 4 << 20 {
+            ss.out.shrink_to(64 << 10);
+        }
+    }
+    Ok(())
+}
+
+/// Makes room to read into: moves a partial frame to the front, grows for a
+/// big one.
+fn make_room(inbuf: &mut Vec<u8>, start: &mut usize, end: &mut usize, max_frame: u32) {
+    if *start == *end {
+        *start = 0;
+        *end = 0;
+        if inbuf.len() > 1 << 20 {
+            // A big SET came and went: do not keep its buffer per connection.
+            inbuf.truncate(64 << 10);
+            inbuf.shrink_to_fit();
+        }
+    } else if *start > 0 {
+        inbuf.copy_within(*start..*end, 0);
+        *end -= *start;
+        *start = 0;
+    }
+    if let Ok(Some(total)) = p::frame_len(&inbuf[..*end], max_frame)
+        && total > inbuf.len()
+    {
+        inbuf.resize(total, 0);
+    }
+    if *end == inbuf.len() {
+        let n = inbuf.len() * 2;
+        inbuf.resize(n, 0);
+    }
+}
+
+/// Idle between frames; a frame (or the handshake) once begun must arrive
+/// within the frame timeout.
+fn read_timeout(
+    sh: &Shared,
+    ss: &Session,
+    end: usize,
+    frame_started: &mut Option<Instant>,
+) -> Duration {
+    if ss.role.is_none() {
+        sh.cfg.frame_timeout
+    } else if end == 0 {
+        sh.cfg.idle_timeout
+    } else {
+        let t0 = *frame_started.get_or_insert_with(Instant::now);
+        sh.cfg
+            .frame_timeout
+            .saturating_sub(t0.elapsed())
+            .max(Duration::from_millis(1))
     }
 }
 
@@ -823,56 +883,21 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     };
     let store = &*store;
     let Some(role) = ss.role else {
-        let Frame::Hello {
-            key_width,
-            role,
-            user,
-            token,
-        } = frame
-        else {
-            send_error(
-                sh,
-                &mut ss.out,
-                ErrorCode::HandshakeRequired,
-                "the first frame must be HELLO",
-            );
-            return Next::Close;
-        };
-        let kw = store.key_width();
-        if key_width != 0 && key_width as usize != kw {
-            let e = ProtoError::KeyWidth {
-                expected: kw,
-                got: key_width as usize,
-            };
-            send_error(sh, &mut ss.out, ErrorCode::KeyWidth, &e.to_string());
-            return Next::Close;
-        }
-        if let Some(auth) = &sh.cfg.auth
-            && let Err((code, msg)) = auth.check(user, token, role)
-        {
-            tracing::warn!(user = %String::from_utf8_lossy(user), %role, "handshake refused: {msg}");
-            send_error(sh, &mut ss.out, code, &msg);
-            return Next::Close;
-        }
-        ss.role = Some(role);
-        ss.kw = kw;
-        let (last_seq, current) = sh.position(store);
-        p::put_welcome(
-            &mut ss.out,
-            &Welcome {
-                version: p::VERSION,
-                key_width: kw as u16,
-                shards: store.options().shards as u32,
-                rollback_window: store.options().rollback_window,
-                current,
-                oldest: store.oldest_rollback_block(),
-                last_seq,
-                max_frame: lim.max_frame,
-                max_batch: lim.max_batch,
-            },
-        );
-        return Next::Continue;
+        return hello(sh, ss, store, frame);
     };
+    request(sh, ss, store, role, ty, body, frame)
+}
+
+/// One request of a session past its handshake, by command.
+fn request(
+    sh: &Shared,
+    ss: &mut Session,
+    store: &Store,
+    role: Role,
+    ty: u8,
+    body: &[u8],
+    frame: Frame,
+) -> Next {
     let replica = sh.is_replica();
     let need = |r: Role| -> bool { role == r && !replica };
     match frame {
@@ -880,33 +905,8 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             send_error(sh, &mut ss.out, ErrorCode::Malformed, "HELLO sent twice");
         }
         Frame::Ping => p::put_empty(&mut ss.out, op::PONG),
-        Frame::Get { key } => {
-            sh.counters.gets.fetch_add(1, Relaxed);
-            let out = &mut ss.out;
-            if let Err(e) = store.get_with(key, |v| p::put_value(out, v)) {
-                send_error(sh, &mut ss.out, store_code(&e), &e.to_string());
-            }
-        }
-        Frame::MultiGet { count, keys } => {
-            sh.counters.gets.fetch_add(count as u64, Relaxed);
-            let out = &mut ss.out;
-            let at = p::begin(out, op::VALUES);
-            out.extend_from_slice(&count.to_le_bytes());
-            for k in keys.chunks_exact(ss.kw) {
-                let r = store.get_with(k, |v| {
-                    let v = v.unwrap_or(&[]);
-                    out.extend_from_slice(&(v.len() as u16).to_le_bytes());
-                    out.extend_from_slice(v);
-                });
-                if r.is_err() {
-                    // Unreachable: the parser checked every key's width.
-                    out.truncate(at);
-                    send_error(sh, out, ErrorCode::Internal, "multi_get failed");
-                    return Next::Continue;
-                }
-            }
-            p::end(out, at);
-        }
+        Frame::Get { key } => get(sh, ss, store, key),
+        Frame::MultiGet { count, keys } => multi_get(sh, ss, store, count, keys),
         Frame::Status => {
             let (last_seq, current) = sh.position(store);
             p::put_u64s(
@@ -916,79 +916,10 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             );
         }
         Frame::Set { block, entries, .. } if need(Role::Write) => {
-            // The SET body (block, count, entries) is the event's body as is,
-            // and its entries are the journal's form: applied in place.
-            let set_body = body;
-            let received = stages::enabled().then(Instant::now);
-            let _w = sh.write.lock();
-            let locked = stages::enabled().then(Instant::now);
-            let prev = store.current_block();
-            // Published the moment the journal has the block, before the
-            // writer's tables are updated: a follower then applies it while
-            // the writer does, not after (a follower's work per block equals
-            // the writer's, so in series it could not keep within one block).
-            // This server's own readers see the block (and STATUS its
-            // position) only once `set_encoded_with` returns.
-            let publish_block = |seq: u64| {
-                if let (Some(r), Some(l)) = (received, locked) {
-                    stages::mark_at(seq, Stage::SetReceived, r);
-                    stages::mark_at(seq, Stage::WriterLocked, l);
-                }
-                let mut f = Vec::with_capacity(set_body.len() + 21);
-                p::put_ev_block(&mut f, seq, prev, set_body);
-                publish(sh, seq, block, f, false);
-                stages::mark(seq, Stage::Published);
-            };
-            match store.set_encoded_with(block, entries, &publish_block) {
-                Ok(seq) => {
-                    sh.log.lock().visible = (seq, block);
-                    sh.counters.blocks.fetch_add(1, Relaxed);
-                    wait_for_followers(sh, seq);
-                    p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
+            set(sh, ss, store, body, block, entries);
         }
-        Frame::Pop { block, key } if need(Role::Write) => {
-            let _w = sh.write.lock();
-            let prev = store.current_block();
-            match store.pop(block, key) {
-                Ok(old) => {
-                    let seq = store.last_commit();
-                    let mut b = Vec::new();
-                    b.extend_from_slice(&block.to_le_bytes());
-                    b.extend_from_slice(&1u32.to_le_bytes());
-                    b.extend_from_slice(key);
-                    b.extend_from_slice(&0u16.to_le_bytes());
-                    let mut f = Vec::new();
-                    p::put_ev_block(&mut f, seq, prev, &b);
-                    publish(sh, seq, block, f, true);
-                    sh.counters.blocks.fetch_add(1, Relaxed);
-                    wait_for_followers(sh, seq);
-                    p::put_popped(&mut ss.out, block, seq, old.as_deref());
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
-        }
-        Frame::Rollback { target } if need(Role::Write) => {
-            let _w = sh.write.lock();
-            let prev = store.current_block();
-            let seq_before = store.last_commit();
-            match store.rollback(target) {
-                Ok(()) => {
-                    let now = store.current_block();
-                    let seq = store.last_commit();
-                    if seq != seq_before {
-                        let mut f = Vec::new();
-                        p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
-                        publish(sh, seq, now, f, true);
-                        wait_for_followers(sh, seq);
-                    }
-                    p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
-                }
-                Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
-            }
-        }
+        Frame::Pop { block, key } if need(Role::Write) => pop(sh, ss, store, block, key),
+        Frame::Rollback { target } if need(Role::Write) => rollback(sh, ss, store, target),
         Frame::Subscribe {
             from_seq,
             from_block,
@@ -999,62 +930,232 @@ fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
             };
         }
         Frame::Snapshot if need(Role::Follow) => return Next::Snapshot,
-        Frame::Ack { seq } if need(Role::Follow) => {
-            let (last, visible) = {
-                let l = sh.log.lock();
-                (l.last_seq, l.visible)
-            };
-            if seq > last {
-                let msg = format!(
-                    "ACK of event {seq}, but the writer's last event is {last}: this follower does not follow this writer's history"
-                );
-                send_error(sh, &mut ss.out, ErrorCode::HistoryDiverged, &msg);
-                return Next::Continue;
-            }
-            let bound = sh.cfg.max_follower_lag.unwrap_or(0);
-            let mut acks = sh.acks.lock();
-            let f = acks.entry(ss.id).or_insert(Acker {
-                seq: 0,
-                in_sync: false,
-            });
-            f.seq = f.seq.max(seq);
-            if !f.in_sync && last - f.seq <= bound {
-                f.in_sync = true;
-                if sh.cfg.max_follower_lag.is_some() {
-                    tracing::info!(
-                        connection = ss.id,
-                        seq = f.seq,
-                        "a follower is in sync: writes wait for it"
-                    );
-                }
-            }
-            drop(acks);
-            sh.acks_cv.notify_all();
-            p::put_u64s(&mut ss.out, op::DONE, &[visible.1, visible.0]);
-        }
+        Frame::Ack { seq } if need(Role::Follow) => ack(sh, ss, seq),
         Frame::Set { .. }
         | Frame::Pop { .. }
         | Frame::Rollback { .. }
         | Frame::Subscribe { .. }
         | Frame::Ack { .. }
-        | Frame::Snapshot => {
-            if replica {
-                let msg = format!(
-                    "this server is a follower's read-only replica: {} goes to the writer",
-                    p::name_of(ty)
-                );
-                send_error(sh, &mut ss.out, ErrorCode::ReadOnlyReplica, &msg);
-            } else {
-                let msg = format!("a {role} session may not send {}", p::name_of(ty));
-                send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
-            }
-        }
+        | Frame::Snapshot => refuse(sh, ss, role, replica, ty),
         _ => {
             let msg = format!("{} is not a request", p::name_of(ty));
             send_error(sh, &mut ss.out, ErrorCode::UnknownType, &msg);
         }
     }
     Next::Continue
+}
+
+/// A request this session's role (or a replica) may not make.
+fn refuse(sh: &Shared, ss: &mut Session, role: Role, replica: bool, ty: u8) {
+    if replica {
+        let msg = format!(
+            "this server is a follower's read-only replica: {} goes to the writer",
+            p::name_of(ty)
+        );
+        send_error(sh, &mut ss.out, ErrorCode::ReadOnlyReplica, &msg);
+    } else {
+        let msg = format!("a {role} session may not send {}", p::name_of(ty));
+        send_error(sh, &mut ss.out, ErrorCode::Forbidden, &msg);
+    }
+}
+
+/// The handshake: the session's first frame, which must be HELLO, fixes its
+/// key width and role once the key width and credentials check out.
+fn hello(sh: &Shared, ss: &mut Session, store: &Store, frame: Frame) -> Next {
+    let lim = sh.cfg.limits;
+    let Frame::Hello {
+        key_width,
+        role,
+        user,
+        token,
+    } = frame
+    else {
+        send_error(
+            sh,
+            &mut ss.out,
+            ErrorCode::HandshakeRequired,
+            "the first frame must be HELLO",
+        );
+        return Next::Close;
+    };
+    let kw = store.key_width();
+    if key_width != 0 && key_width as usize != kw {
+        let e = ProtoError::KeyWidth {
+            expected: kw,
+            got: key_width as usize,
+        };
+        send_error(sh, &mut ss.out, ErrorCode::KeyWidth, &e.to_string());
+        return Next::Close;
+    }
+    if let Some(auth) = &sh.cfg.auth
+        && let Err((code, msg)) = auth.check(user, token, role)
+    {
+        tracing::warn!(user = %String::from_utf8_lossy(user), %role, "handshake refused: {msg}");
+        send_error(sh, &mut ss.out, code, &msg);
+        return Next::Close;
+    }
+    ss.role = Some(role);
+    ss.kw = kw;
+    let (last_seq, current) = sh.position(store);
+    p::put_welcome(
+        &mut ss.out,
+        &Welcome {
+            version: p::VERSION,
+            key_width: kw as u16,
+            shards: store.options().shards as u32,
+            rollback_window: store.options().rollback_window,
+            current,
+            oldest: store.oldest_rollback_block(),
+            last_seq,
+            max_frame: lim.max_frame,
+            max_batch: lim.max_batch,
+        },
+    );
+    Next::Continue
+}
+
+fn get(sh: &Shared, ss: &mut Session, store: &Store, key: &[u8]) {
+    sh.counters.gets.fetch_add(1, Relaxed);
+    let out = &mut ss.out;
+    if let Err(e) = store.get_with(key, |v| p::put_value(out, v)) {
+        send_error(sh, &mut ss.out, store_code(&e), &e.to_string());
+    }
+}
+
+fn multi_get(sh: &Shared, ss: &mut Session, store: &Store, count: u32, keys: &[u8]) {
+    sh.counters.gets.fetch_add(count as u64, Relaxed);
+    let out = &mut ss.out;
+    let at = p::begin(out, op::VALUES);
+    out.extend_from_slice(&count.to_le_bytes());
+    for k in keys.chunks_exact(ss.kw) {
+        let r = store.get_with(k, |v| {
+            let v = v.unwrap_or(&[]);
+            out.extend_from_slice(&(v.len() as u16).to_le_bytes());
+            out.extend_from_slice(v);
+        });
+        if r.is_err() {
+            // Unreachable: the parser checked every key's width.
+            out.truncate(at);
+            send_error(sh, out, ErrorCode::Internal, "multi_get failed");
+            return;
+        }
+    }
+    p::end(out, at);
+}
+
+/// A SET: journals and applies the block, publishing it to the followers as
+/// soon as the journal has it.
+fn set(sh: &Shared, ss: &mut Session, store: &Store, body: &[u8], block: u64, entries: &[u8]) {
+    // The SET body (block, count, entries) is the event's body as is,
+    // and its entries are the journal's form: applied in place.
+    let set_body = body;
+    let received = stages::enabled().then(Instant::now);
+    let _w = sh.write.lock();
+    let locked = stages::enabled().then(Instant::now);
+    let prev = store.current_block();
+    // Published the moment the journal has the block, before the
+    // writer's tables are updated: a follower then applies it while
+    // the writer does, not after (a follower's work per block equals
+    // the writer's, so in series it could not keep within one block).
+    // This server's own readers see the block (and STATUS its
+    // position) only once `set_encoded_with` returns.
+    let publish_block = |seq: u64| {
+        if let (Some(r), Some(l)) = (received, locked) {
+            stages::mark_at(seq, Stage::SetReceived, r);
+            stages::mark_at(seq, Stage::WriterLocked, l);
+        }
+        let mut f = Vec::with_capacity(set_body.len() + 21);
+        p::put_ev_block(&mut f, seq, prev, set_body);
+        publish(sh, seq, block, f, false);
+        stages::mark(seq, Stage::Published);
+    };
+    match store.set_encoded_with(block, entries, &publish_block) {
+        Ok(seq) => {
+            sh.log.lock().visible = (seq, block);
+            sh.counters.blocks.fetch_add(1, Relaxed);
+            wait_for_followers(sh, seq);
+            p::put_u64s(&mut ss.out, op::DONE, &[block, seq]);
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+fn pop(sh: &Shared, ss: &mut Session, store: &Store, block: u64, key: &[u8]) {
+    let _w = sh.write.lock();
+    let prev = store.current_block();
+    match store.pop(block, key) {
+        Ok(old) => {
+            let seq = store.last_commit();
+            let mut b = Vec::new();
+            b.extend_from_slice(&block.to_le_bytes());
+            b.extend_from_slice(&1u32.to_le_bytes());
+            b.extend_from_slice(key);
+            b.extend_from_slice(&0u16.to_le_bytes());
+            let mut f = Vec::new();
+            p::put_ev_block(&mut f, seq, prev, &b);
+            publish(sh, seq, block, f, true);
+            sh.counters.blocks.fetch_add(1, Relaxed);
+            wait_for_followers(sh, seq);
+            p::put_popped(&mut ss.out, block, seq, old.as_deref());
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+fn rollback(sh: &Shared, ss: &mut Session, store: &Store, target: u64) {
+    let _w = sh.write.lock();
+    let prev = store.current_block();
+    let seq_before = store.last_commit();
+    match store.rollback(target) {
+        Ok(()) => {
+            let now = store.current_block();
+            let seq = store.last_commit();
+            if seq != seq_before {
+                let mut f = Vec::new();
+                p::put_u64s(&mut f, op::EV_ROLLBACK, &[seq, prev, target, now]);
+                publish(sh, seq, now, f, true);
+                wait_for_followers(sh, seq);
+            }
+            p::put_u64s(&mut ss.out, op::DONE, &[now, seq]);
+        }
+        Err(e) => send_error(sh, &mut ss.out, store_code(&e), &e.to_string()),
+    }
+}
+
+/// A follower's ACK: records how far it has applied, and marks it in sync
+/// (so that writes wait for it) once it is within `max_follower_lag`.
+fn ack(sh: &Shared, ss: &mut Session, seq: u64) {
+    let (last, visible) = {
+        let l = sh.log.lock();
+        (l.last_seq, l.visible)
+    };
+    if seq > last {
+        let msg = format!(
+            "ACK of event {seq}, but the writer's last event is {last}: this follower does not follow this writer's history"
+        );
+        send_error(sh, &mut ss.out, ErrorCode::HistoryDiverged, &msg);
+        return;
+    }
+    let bound = sh.cfg.max_follower_lag.unwrap_or(0);
+    let mut acks = sh.acks.lock();
+    let f = acks.entry(ss.id).or_insert(Acker {
+        seq: 0,
+        in_sync: false,
+    });
+    f.seq = f.seq.max(seq);
+    if !f.in_sync && last - f.seq <= bound {
+        f.in_sync = true;
+        if sh.cfg.max_follower_lag.is_some() {
+            tracing::info!(
+                connection = ss.id,
+                seq = f.seq,
+                "a follower is in sync: writes wait for it"
+            );
+        }
+    }
+    drop(acks);
+    sh.acks_cv.notify_all();
+    p::put_u64s(&mut ss.out, op::DONE, &[visible.1, visible.0]);
 }
 
 /// With `max_follower_lag` K, holds the reply to the write that made event
@@ -1129,59 +1230,7 @@ fn subscribe(
     from_seq: u64,
     from_block: u64,
 ) -> io::Result<()> {
-    let check = {
-        let l = sh.log.lock();
-        if from_seq > l.last_seq {
-            Err((
-                ErrorCode::HistoryDiverged,
-                format!(
-                    "the follower is at event {from_seq} (block {from_block}) but the writer's history ends at event {} (block {}): the follower does not follow this writer's history (a writer that lost blocks in a crash?)",
-                    l.last_seq, l.current
-                ),
-            ))
-        } else if from_seq == l.last_seq {
-            if from_block == l.current {
-                Ok(())
-            } else {
-                Err((
-                    ErrorCode::HistoryDiverged,
-                    format!(
-                        "the follower is at event {from_seq} with block {from_block}, the writer at the same event has block {}",
-                        l.current
-                    ),
-                ))
-            }
-        } else if from_seq + 1 < l.first_seq() {
-            Err((
-                ErrorCode::HistoryUnavailable,
-                format!(
-                    "the follower needs events from {} on, but the writer keeps events {}..={} only; it must fetch a snapshot (SNAPSHOT)",
-                    from_seq + 1,
-                    l.first_seq(),
-                    l.last_seq
-                ),
-            ))
-        } else {
-            let next = &l.events[(from_seq + 1 - l.first_seq()) as usize];
-            let prev = p::split_frame(&next.frame, u32::MAX)
-                .ok()
-                .flatten()
-                .and_then(|(_, b, _)| b.get(8..16))
-                .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
-            if prev == Some(from_block) {
-                Ok(())
-            } else {
-                Err((
-                    ErrorCode::HistoryDiverged,
-                    format!(
-                        "the follower is at event {from_seq} with block {from_block}, the writer's event {} follows block {}",
-                        from_seq + 1,
-                        prev.unwrap_or(0)
-                    ),
-                ))
-            }
-        }
-    };
+    let check = check_position(&sh.log.lock(), from_seq, from_block);
     if let Err((code, msg)) = check {
         send_error(sh, out, code, &msg);
         s.write_all(out)?;
@@ -1196,7 +1245,68 @@ fn subscribe(
     }
     let _dec = Dec(&sh.counters.subscribers_active);
     tracing::info!(from_seq, from_block, "subscription started");
-    let mut sent = from_seq;
+    stream_events(sh, s, out, from_seq)
+}
+
+/// Whether a follower at event `from_seq` with block `from_block` can be
+/// sent the events after it: it must be on this writer's history, and the
+/// history must still hold the next event.
+fn check_position(l: &Log, from_seq: u64, from_block: u64) -> Result<(), (ErrorCode, String)> {
+    if from_seq > l.last_seq {
+        Err((
+            ErrorCode::HistoryDiverged,
+            format!(
+                "the follower is at event {from_seq} (block {from_block}) but the writer's history ends at event {} (block {}): the follower does not follow this writer's history (a writer that lost blocks in a crash?)",
+                l.last_seq, l.current
+            ),
+        ))
+    } else if from_seq == l.last_seq {
+        if from_block == l.current {
+            Ok(())
+        } else {
+            Err((
+                ErrorCode::HistoryDiverged,
+                format!(
+                    "the follower is at event {from_seq} with block {from_block}, the writer at the same event has block {}",
+                    l.current
+                ),
+            ))
+        }
+    } else if from_seq + 1 < l.first_seq() {
+        Err((
+            ErrorCode::HistoryUnavailable,
+            format!(
+                "the follower needs events from {} on, but the writer keeps events {}..={} only; it must fetch a snapshot (SNAPSHOT)",
+                from_seq + 1,
+                l.first_seq(),
+                l.last_seq
+            ),
+        ))
+    } else {
+        let next = &l.events[(from_seq + 1 - l.first_seq()) as usize];
+        let prev = p::split_frame(&next.frame, u32::MAX)
+            .ok()
+            .flatten()
+            .and_then(|(_, b, _)| b.get(8..16))
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+        if prev == Some(from_block) {
+            Ok(())
+        } else {
+            Err((
+                ErrorCode::HistoryDiverged,
+                format!(
+                    "the follower is at event {from_seq} with block {from_block}, the writer's event {} follows block {}",
+                    from_seq + 1,
+                    prev.unwrap_or(0)
+                ),
+            ))
+        }
+    }
+}
+
+/// Sends the events after `sent`, in batches, and a heartbeat when there are
+/// none for a while, until the client goes away or the server stops.
+fn stream_events(sh: &Shared, s: &mut Stream, out: &mut Vec<u8>, mut sent: u64) -> io::Result<()> {
     let mut batch: Vec<(u64, Arc<Vec<u8>>)> = Vec::new();
     loop {
         {
@@ -1382,7 +1492,6 @@ fn send_snapshot(sh: &Shared, s: &mut Stream, out: &mut Vec<u8>) -> io::Result<(
 }
 
 fn metrics_text(sh: &Shared) -> String {
-    use std::fmt::Write as _;
     let Some(store) = sh.store() else {
         return "# HELP memfs_store_healthy 1 when the store accepts writes.\n# TYPE memfs_store_healthy gauge\nmemfs_store_healthy 0\n".into();
     };
@@ -1392,201 +1501,275 @@ fn metrics_text(sh: &Shared) -> String {
     drop(store);
     let c = &sh.counters;
     let mut t = String::new();
-    let mut g = |name: &str, kind: &str, help: &str, v: f64| {
-        let _ = writeln!(
-            t,
-            "# HELP memfs_store_{name} {help}\n# TYPE memfs_store_{name} {kind}\nmemfs_store_{name} {v}"
-        );
-    };
-    g("block", "gauge", "Current block.", m.block as f64);
-    g(
+    store_activity(&mut t, &m, oldest);
+    store_durability(&mut t, &m);
+    store_contents(&mut t, &m);
+    connection_metrics(&mut t, c);
+    follower_metrics(&mut t, sh);
+    traffic_metrics(&mut t, c);
+    event_metrics(&mut t, sh, last_seq);
+    error_metrics(&mut t, c);
+    t
+}
+
+/// One metric in Prometheus text: its HELP and TYPE lines, then its value.
+fn metric(t: &mut String, name: &str, kind: &str, help: &str, v: f64) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        t,
+        "# HELP memfs_store_{name} {help}\n# TYPE memfs_store_{name} {kind}\nmemfs_store_{name} {v}"
+    );
+}
+
+fn store_activity(t: &mut String, m: &MetricsSnapshot, oldest: u64) {
+    metric(t, "block", "gauge", "Current block.", m.block as f64);
+    metric(
+        t,
         "oldest_rollback_block",
         "gauge",
         "Oldest block a rollback can reach.",
         oldest as f64,
     );
-    g(
+    metric(
+        t,
         "blocks_total",
         "counter",
         "Blocks applied since start.",
         m.blocks as f64,
     );
-    g(
+    metric(
+        t,
         "ops_total",
         "counter",
         "Operations applied since start.",
         m.ops as f64,
     );
-    g(
+    metric(
+        t,
         "rollbacks_total",
         "counter",
         "Rollbacks since start.",
         m.rollbacks as f64,
     );
-    g(
+    metric(
+        t,
         "block_latency_p50_seconds",
         "gauge",
         "Block latency, median.",
         m.latency_p50_us as f64 / 1e6,
     );
-    g(
+    metric(
+        t,
         "block_latency_p99_seconds",
         "gauge",
         "Block latency, 99th percentile.",
         m.latency_p99_us as f64 / 1e6,
     );
-    g(
+}
+
+fn store_durability(t: &mut String, m: &MetricsSnapshot) {
+    metric(
+        t,
         "pending_blocks",
         "gauge",
         "Blocks committed but not yet durable.",
         m.pending_blocks as f64,
     );
-    g(
+    metric(
+        t,
         "durable_commit",
         "gauge",
         "Last durable journal commit.",
         m.durable_commit as f64,
     );
-    g("fsyncs_total", "counter", "fsync calls.", m.fsyncs as f64);
-    g(
+    metric(
+        t,
+        "fsyncs_total",
+        "counter",
+        "fsync calls.",
+        m.fsyncs as f64,
+    );
+    metric(
+        t,
         "journal_bytes",
         "gauge",
         "Journal bytes on disk.",
         m.journal_bytes as f64,
     );
-    g(
+    metric(
+        t,
         "snapshots_total",
         "counter",
         "Snapshots written.",
         m.snapshots_written as f64,
     );
-    g("entries", "gauge", "Live keys.", m.entries as f64);
-    g(
+}
+
+fn store_contents(t: &mut String, m: &MetricsSnapshot) {
+    metric(t, "entries", "gauge", "Live keys.", m.entries as f64);
+    metric(
+        t,
         "table_bytes",
         "gauge",
         "Memory of the tables.",
         m.table_bytes as f64,
     );
-    g(
+    metric(
+        t,
         "window_blocks",
         "gauge",
         "Blocks in the rollback window.",
         m.window_blocks as f64,
     );
-    g(
+    metric(
+        t,
         "healthy",
         "gauge",
         "1 when the store accepts writes.",
         if m.health == "ok" { 1.0 } else { 0.0 },
     );
-    g(
+}
+
+fn connection_metrics(t: &mut String, c: &Counters) {
+    metric(
+        t,
         "connections_active",
         "gauge",
         "Open connections.",
         c.connections_active.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "connections_total",
         "counter",
         "Connections accepted.",
         c.connections_total.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "connections_rejected_total",
         "counter",
         "Connections refused at the limit.",
         c.connections_rejected.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "subscribers_active",
         "gauge",
         "Open subscriptions.",
         c.subscribers_active.load(Relaxed) as f64,
     );
+}
+
+fn follower_metrics(t: &mut String, sh: &Shared) {
+    let c = &sh.counters;
     {
         let a = sh.acks.lock();
-        g(
+        metric(
+            t,
             "followers_reporting",
             "gauge",
             "Followers that report their position (ACK).",
             a.len() as f64,
         );
-        g(
+        metric(
+            t,
             "followers_in_sync",
             "gauge",
             "Followers within --max-follower-lag, whom writes wait for.",
             a.values().filter(|f| f.in_sync).count() as f64,
         );
-        g(
+        metric(
+            t,
             "follower_applied_seq_min",
             "gauge",
             "Lowest event a reporting follower has applied (0 with none).",
             a.values().map(|f| f.seq).min().unwrap_or(0) as f64,
         );
     }
-    g(
+    metric(
+        t,
         "follower_waits_total",
         "counter",
         "Writes whose reply waited for a follower.",
         c.follower_waits.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "follower_wait_seconds_total",
         "counter",
         "Time writes waited for followers.",
         c.follower_wait_nanos.load(Relaxed) as f64 / 1e9,
     );
-    g(
+    metric(
+        t,
         "follower_timeouts_total",
         "counter",
         "Followers writes stopped waiting for (--follower-wait ran out).",
         c.follower_timeouts.load(Relaxed) as f64,
     );
-    g(
+}
+
+fn traffic_metrics(t: &mut String, c: &Counters) {
+    metric(
+        t,
         "requests_total",
         "counter",
         "Frames received.",
         c.requests.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "gets_total",
         "counter",
         "Keys read.",
         c.gets.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "events_sent_total",
         "counter",
         "Events sent to subscribers.",
         c.events_sent.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "bytes_in_total",
         "counter",
         "Bytes received.",
         c.bytes_in.load(Relaxed) as f64,
     );
-    g(
+    metric(
+        t,
         "bytes_out_total",
         "counter",
         "Bytes sent.",
         c.bytes_out.load(Relaxed) as f64,
     );
+}
+
+fn event_metrics(t: &mut String, sh: &Shared, last_seq: u64) {
     {
         let l = sh.log.lock();
-        g(
+        metric(
+            t,
             "event_seq",
             "gauge",
             "Sequence number of the last event.",
             last_seq as f64,
         );
-        g(
+        metric(
+            t,
             "event_history_first",
             "gauge",
             "First event kept for subscribers.",
             l.first_seq() as f64,
         );
     }
+}
+
+fn error_metrics(t: &mut String, c: &Counters) {
+    use std::fmt::Write as _;
     let _ = writeln!(
         t,
         "# HELP memfs_store_errors_total Error frames sent, by code.\n# TYPE memfs_store_errors_total counter"
@@ -1599,7 +1782,6 @@ fn metrics_text(sh: &Shared) -> String {
             c.errors(code)
         );
     }
-    t
 }
 
 /// Serves `GET /metrics` (Prometheus text) and `GET /health` on `addr`
