@@ -30,6 +30,7 @@ mod own_mount;
 mod remount_options;
 mod shell;
 mod store_cmd;
+mod volume_cmd;
 
 #[derive(Parser)]
 #[command(
@@ -83,6 +84,8 @@ enum Command {
     Fsck(durable_cmd::FsckArgs),
     /// State of a durable mount: mode, commits, read-only (and why), data directory.
     Status(durable_cmd::StatusArgs),
+    /// Volumes on a Redis Cluster: one tree for many mounts (create, list, status, delete).
+    Volume(volume_cmd::Args),
     /// Run a benchmark against its baseline.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -136,7 +139,7 @@ fn init_tracing() {
 /// Only that shape is taken for it: SOURCE no command, MOUNTPOINT an existing
 /// directory (mount(8) checks that before it runs a helper), and nothing after
 /// but `-o` options. Anything else is left to clap, so that a mistyped command
-/// (`memfs snapshots list`, `memfs volume --help`) gets its error and its
+/// (`memfs snapshots list`, `memfs volumes --help`) gets its error and its
 /// suggestion rather than being mounted.
 fn mount_helper_args(mut args: Vec<OsString>) -> Vec<OsString> {
     let is_option = |a: &OsStr| a.as_bytes().starts_with(b"-");
@@ -194,6 +197,7 @@ fn main() -> std::process::ExitCode {
         Command::Receive(args) => durable_cmd::run_receive(args),
         Command::Fsck(args) => durable_cmd::run_fsck(args),
         Command::Status(args) => durable_cmd::run_status(args),
+        Command::Volume(args) => volume_cmd::run(args),
         Command::Bench(BenchCommand::Block(args)) => bench_block::run(args),
         Command::Bench(BenchCommand::StoreServer(args)) => bench_store_server::run(args),
         Command::Bench(BenchCommand::Lock(args)) => bench_lock::run(args),

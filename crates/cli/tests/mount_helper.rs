@@ -210,10 +210,14 @@ fn typos_get_a_suggestion_not_a_mount() {
     );
     assert!(!err.contains("mount point"), "taken for a mount: {err}");
 
-    let out = common::memfs(["volume", "--help"]);
+    let out = common::memfs(["volumes", "--help"]);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = common::failed(out);
-    assert!(err.contains("volume"), "{err}");
+    assert!(
+        err.contains("unrecognized subcommand 'volumes'")
+            && err.contains("similar subcommand exists: 'volume'"),
+        "no suggestion: {err}"
+    );
     let mount_help = String::from_utf8(common::memfs(["mount", "--help"]).stdout).unwrap();
     assert!(
         !stdout.contains(&mount_help) && !err.contains(&mount_help),

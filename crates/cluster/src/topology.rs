@@ -89,6 +89,31 @@ pub fn connect(node: &str, timeout: Duration) -> Result<redis::Connection> {
     Ok(c)
 }
 
+/// The seed URLs of a `--cluster` argument: `redis://H:P[,H:P...]`, each
+/// element with or without its `redis://`, as `redis://host:port`. Any seed
+/// will do (the client learns the rest of the cluster from it); more than
+/// one lets a mount start while one node is down.
+pub fn seeds(spec: &str) -> Result<Vec<String>> {
+    let bad = |why: String| Error::BadOption(format!("--cluster {spec:?}: {why}"));
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim) {
+        let addr = match part.split_once("://") {
+            Some(("redis", rest)) => rest,
+            Some((scheme, _)) => return Err(bad(format!("{scheme}:// is not redis://"))),
+            None => part,
+        };
+        let Some((host, port)) = addr.rsplit_once(':') else {
+            return Err(bad(format!("{part:?} has no :port")));
+        };
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(bad(format!("{part:?} is not host:port")));
+        }
+        out.push(format!("redis://{host}:{port}"));
+    }
+    debug_assert!(!out.is_empty(), "split yields at least one part");
+    Ok(out)
+}
+
 /// `host:port` of a `redis://host:port[/db]` URL (or of `host:port`).
 pub fn addr_of(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -163,6 +188,22 @@ mod tests {
     #[test]
     fn addresses() {
         assert_eq!(addr_of("redis://127.0.0.1:7000"), "127.0.0.1:7000");
+        assert_eq!(
+            seeds("redis://127.0.0.1:7000, 127.0.0.1:7001").unwrap(),
+            ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]
+        );
+        for bad in [
+            "",
+            "redis://",
+            "127.0.0.1",
+            "h:0",
+            "h:x",
+            ":7000",
+            "http://h:1",
+            "a:1,",
+        ] {
+            assert!(seeds(bad).is_err(), "{bad:?} accepted");
+        }
         assert_eq!(addr_of("redis://127.0.0.1:7000/0"), "127.0.0.1:7000");
         assert_eq!(addr_of("127.0.0.1:7000"), "127.0.0.1:7000");
     }

@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use anyhow::Context as _;
 use memfs_fs::{Config, Ctx, Errno, Fs, ROOT_INO};
 
+/// The shell's UTC times, for other commands' output too.
+pub(crate) use format::format_time;
 pub use parse::{ParseError, parse, quote};
 
 #[derive(clap::Args, Debug)]
@@ -50,10 +52,7 @@ pub struct Args {
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
-        .map_err(|e| format!("invalid size {s:?}: {e}"))
+    memfs_durable::parse_bytes(s).map_err(|e| format!("invalid size {s:?}: {e}"))
 }
 
 /// What a durable memfs offers the shell (`log`, `snapshot`, `rollback`).

@@ -1,0 +1,60 @@
+//! `memfs volume create|list|status|delete` against a real local Redis
+//! Cluster (3 masters, no replicas: administration needs no failover, and
+//! the cluster then starts in a few seconds). The cluster is stopped when
+//! the test ends, passes or panics (`LocalCluster`'s Drop).
+
+mod common;
+
+use memfs_cluster::local::{LocalCluster, Options};
+
+#[test]
+fn volume_commands_create_list_status_and_delete() {
+    let cluster = LocalCluster::start(Options {
+        replicas: 0,
+        ..Options::default()
+    })
+    .unwrap_or_else(|e| panic!("a local Redis Cluster (run scripts/setup): {e}"));
+    let seeds = cluster.urls();
+    // The first seed with its scheme, the others bare, as the issue writes it.
+    let spec = format!("{},{}", seeds[0], seeds[1].trim_start_matches("redis://"));
+    let volume = |args: &[&str]| {
+        let mut all = vec!["volume"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--cluster", &spec]);
+        common::memfs(all)
+    };
+
+    let out = common::ok(volume(&["create", "ci.fixtures", "--block-size", "128K"]));
+    assert!(
+        out.contains("created volume ci.fixtures (128K blocks)"),
+        "{out}"
+    );
+    common::ok(volume(&["create", "scratch"]));
+
+    let err = common::failed(volume(&["create", "scratch"]));
+    assert!(err.contains("volume \"scratch\" exists"), "{err}");
+    let err = common::failed(volume(&["create", "no/slash"]));
+    assert!(err.contains("bad volume name"), "{err}");
+    let err = common::failed(volume(&["create", "odd", "--block-size", "3000"]));
+    assert!(err.contains("block size 3000"), "{err}");
+
+    assert_eq!(common::ok(volume(&["list"])), "ci.fixtures\nscratch\n");
+
+    let status = common::ok(volume(&["status", "ci.fixtures"]));
+    assert!(status.contains("volume:          ci.fixtures"), "{status}");
+    assert!(status.contains("block size:      128K"), "{status}");
+    assert!(status.contains("live sessions:   0"), "{status}");
+    assert!(status.contains("metadata:        slot "), "{status}");
+    let err = common::failed(volume(&["status", "missing"]));
+    assert!(err.contains("no volume \"missing\""), "{err}");
+
+    let out = common::ok(volume(&["delete", "scratch"]));
+    assert!(out.starts_with("deleted volume scratch: "), "{out}");
+    assert_eq!(common::ok(volume(&["list"])), "ci.fixtures\n");
+
+    // A bad --cluster is a clear error, not a panic or a hang.
+    let err = common::failed(common::memfs(["volume", "list", "--cluster", "http://x:1"]));
+    assert!(err.contains("is not redis://"), "{err}");
+    let err = common::failed(common::memfs(["volume", "list", "--cluster", "127.0.0.1"]));
+    assert!(err.contains("has no :port"), "{err}");
+}
