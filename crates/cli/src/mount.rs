@@ -149,9 +149,7 @@ fn parse_size(s: &str) -> anyhow::Result<u64> {
             .with_context(|| format!("invalid size {s:?}: a percentage must be in (0, 100]"))?;
         return Ok((memfs_fs::physical_memory() as f64 * pct / 100.0) as u64);
     }
-    let v = parse_size::Config::new()
-        .with_binary()
-        .parse_size(s)
+    let v = memfs_durable::parse_bytes(s)
         .map_err(|e| anyhow::anyhow!("invalid size {s:?}: {e} (use e.g. 512M, 4G, 50%)"))?;
     if v < memfs_fs::PAGE_SIZE as u64 {
         bail!("invalid size {s:?}: must be at least one page (4K)");

@@ -257,7 +257,7 @@ fn parse_bytes(s: &str, text: bool) -> Result<Vec<u8>> {
         return Ok(s.as_bytes().to_vec());
     }
     let h = s.strip_prefix("0x").unwrap_or(s);
-    if h.len() % 2 != 0 {
+    if !h.len().is_multiple_of(2) {
         bail!("{s:?} is not hex (odd length); use --text for text keys");
     }
     (0..h.len())

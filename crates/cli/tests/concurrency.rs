@@ -31,7 +31,7 @@ fn listing_while_others_create_rename_and_unlink() {
                 let b = dir.join(format!("r{t}-{}", i % 50));
                 let _ = fs::write(&a, b"x");
                 let _ = fs::rename(&a, &b);
-                if i % 3 == 0 {
+                if i.is_multiple_of(3) {
                     let _ = fs::remove_file(&b);
                 }
                 i += 1;

@@ -44,7 +44,9 @@ pub use image::ImageInfo;
 pub use log::{LogEntry, log};
 pub use marker::{READ_ONLY_FILE, ReadOnlyMarker, read_only_marker};
 pub use named::{snapshot_create_offline, snapshot_delete_offline};
-pub use options::{Durability, Options, Retention, parse_durability, parse_duration_arg};
+pub use options::{
+    Durability, Options, Retention, parse_bytes, parse_durability, parse_duration_arg,
+};
 pub use reach::{Reach, reach};
 pub use rebuild::rebuild;
 pub use rollback::{RollbackPlan, plan_rollback, resolve_target, rollback};

@@ -49,13 +49,20 @@ pub fn parse_duration_arg(s: &str) -> std::result::Result<Duration, String> {
     parse_duration(s)
 }
 
-/// Sizes read as everywhere else in memfs (`parse-size`, binary units):
-/// `512M`, `4G`, `1GiB`, `4gb`, `100`.
-fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
+/// The one size grammar of memfs, for every command line and option that
+/// takes a size (mount `--size`, retention, the shell, the benchmarks):
+/// `parse-size` with binary units, so `512M`, `4G`, `1GiB`, `4gb` and `100`
+/// all read as a user of coreutils expects. Returns the grammar's own
+/// message on bad input; callers say which argument it was.
+pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     parse_size::Config::new()
         .with_binary()
         .parse_size(s.trim())
-        .map_err(|e| format!("bad size {s:?}: {e} (expected e.g. 512M, 4G)"))
+        .map_err(|e| e.to_string())
+}
+
+fn parse_retention_bytes(s: &str) -> std::result::Result<u64, String> {
+    parse_bytes(s).map_err(|e| format!("bad size {s:?}: {e} (expected e.g. 512M, 4G)"))
 }
 
 impl std::str::FromStr for Retention {
@@ -85,7 +92,7 @@ impl std::str::FromStr for Retention {
                     )
                 }
                 "age" => r.age = Some(parse_duration(v)?),
-                "bytes" => r.bytes = Some(parse_bytes(v)?),
+                "bytes" => r.bytes = Some(parse_retention_bytes(v)?),
                 _ => {
                     return Err(format!(
                         "unknown retention limit {k:?}: use commits, age or bytes"

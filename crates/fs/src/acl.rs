@@ -83,7 +83,7 @@ impl Acl {
             return Err(Errno::EOPNOTSUPP);
         }
         let body = &value[HEADER..];
-        if body.len() % ENTRY != 0 {
+        if !body.len().is_multiple_of(ENTRY) {
             return Err(Errno::EINVAL);
         }
         if body.is_empty() {

@@ -919,7 +919,7 @@ impl FileData {
     pub fn write_pages(&mut self, off: u64, len: usize, pages: &mut [Option<Box<Page>>]) -> u64 {
         let whole = len / PAGE_SIZE;
         let small = !matches!(self, FileData::Pages(_)) && off + len as u64 <= PAGE;
-        if off % PAGE != 0 || whole == 0 || small {
+        if !off.is_multiple_of(PAGE) || whole == 0 || small {
             // Unaligned (or kept inline): copied page by page.
             let mut allocated = 0;
             let mut pos = off;
@@ -1006,11 +1006,11 @@ impl FileData {
         }
         // Partial pages at either edge.
         let head_page = off / PAGE;
-        if off % PAGE != 0 || end < (head_page + 1) * PAGE {
+        if !off.is_multiple_of(PAGE) || end < (head_page + 1) * PAGE {
             freed -= self.zero_in_page(head_page, off, end) as i64;
         }
         let tail_page = end / PAGE;
-        if end % PAGE != 0 && tail_page != head_page {
+        if !end.is_multiple_of(PAGE) && tail_page != head_page {
             freed -= self.zero_in_page(tail_page, end - end % PAGE, end) as i64;
         }
         freed
@@ -1118,7 +1118,7 @@ impl FileData {
                 if ks != 0 {
                     freed += t.drop_range(keep, first_whole << CHUNK_SHIFT) as i64;
                 }
-                if size % PAGE != 0 {
+                if !size.is_multiple_of(PAGE) {
                     let idx = size / PAGE;
                     freed -= self.zero_in_page(idx, size, (idx + 1) * PAGE) as i64;
                 }

@@ -336,7 +336,11 @@ fn crossing_renames_do_not_deadlock() {
                     } else {
                         (dirs[((x >> 8) % 4) as usize], dirs[(x % 4) as usize])
                     };
-                    let kind = if (x >> 16) % 2 == 0 { 'f' } else { 'd' };
+                    let kind = if (x >> 16).is_multiple_of(2) {
+                        'f'
+                    } else {
+                        'd'
+                    };
                     let name = format!("{kind}{}-{}", (x >> 20) % 4, (x >> 24) % 4);
                     let other = format!("{kind}{}-{}", (x >> 32) % 4, (x >> 36) % 4);
                     // Names stay unique across the tree: a plain or no-replace

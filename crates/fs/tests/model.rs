@@ -757,7 +757,7 @@ impl Pattern {
     fn bytes(self) -> Vec<u8> {
         (0..self.len)
             .map(|i| {
-                if (i + self.seed as u32) % 5 == 0 {
+                if (i + self.seed as u32).is_multiple_of(5) {
                     0
                 } else {
                     self.seed.wrapping_add(i as u8).wrapping_mul(31) | 1

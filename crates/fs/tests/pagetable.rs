@@ -476,10 +476,10 @@ fn read_with_sees_whole_writes_only() {
                 g = g.wrapping_add(1);
                 fs.write(C, ino, 0, &vec![g; len as usize], false).unwrap();
                 // A snapshot now and then: later writes unshare chunks.
-                if g % 16 == 0 {
+                if g.is_multiple_of(16) {
                     let name = format!("s{g}");
                     fs.snapshot_create(name.as_bytes()).unwrap();
-                    if g % 64 == 0 {
+                    if g.is_multiple_of(64) {
                         for s in fs.snapshot_list() {
                             fs.snapshot_delete(&s.name).unwrap();
                         }

@@ -273,7 +273,7 @@ impl AtomicAppend {
         // The description is ours alone, so its position is the end of our write.
         let end = append.stream_position().map_err(|e| self.err(e))?;
         let me = end - RECORD;
-        if me % RECORD != 0 {
+        if !me.is_multiple_of(RECORD) {
             // Someone wrote a partial record: the file is not ours to use.
             let _ = rw.write_all_at(&[0u8; RECORD as usize], me);
             return Err(Error::Unsupported {

@@ -429,7 +429,7 @@ impl PerEntity for LockFiles {
         let mut sleep = Duration::from_micros(20);
         let mut polls: u32 = 0;
         loop {
-            if polls % 32 == 0 && self.break_if_stale(e)? {
+            if polls.is_multiple_of(32) && self.break_if_stale(e)? {
                 return Ok(Waited::Retry);
             }
             if self.try_one(&(), e)? {

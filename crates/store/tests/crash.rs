@@ -41,7 +41,7 @@ fn block_ops(b: u64) -> Vec<([u8; 8], Vec<u8>)> {
             ops.push(((first + i).to_be_bytes(), Vec::new()));
         }
     }
-    if b % 5 == 0 {
+    if b.is_multiple_of(5) {
         for i in 0..10u64 {
             ops.push(((b * 300 + i).to_be_bytes(), vec![b as u8; 20 + i as usize]));
         }

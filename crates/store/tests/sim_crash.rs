@@ -36,7 +36,7 @@ fn block_ops(b: u64) -> Vec<([u8; 8], Vec<u8>)> {
             ops.push((((b - 2) * 30 + 5 + i).to_be_bytes(), Vec::new()));
         }
     }
-    if b % 3 == 0 {
+    if b.is_multiple_of(3) {
         for i in 0..4u64 {
             ops.push(((b * 30 + i).to_be_bytes(), vec![b as u8; 40 + i as usize]));
         }

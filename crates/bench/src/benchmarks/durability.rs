@@ -116,9 +116,7 @@ struct Settings {
 }
 
 fn parse_bytes(name: &str, s: &str) -> anyhow::Result<u64> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s.trim())
+    memfs_durable::parse_bytes(s)
         .map_err(|e| anyhow::anyhow!("invalid {name} {s:?}: {e} (use e.g. 16M, 1G)"))
 }
 

@@ -172,10 +172,7 @@ impl FioJob {
 }
 
 pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
-    parse_size::Config::new()
-        .with_binary()
-        .parse_size(s.trim())
-        .map_err(|e| anyhow::anyhow!("{e} (use e.g. 4k, 1m, 1G)"))
+    memfs_durable::parse_bytes(s).map_err(|e| anyhow::anyhow!("{e} (use e.g. 4k, 1m, 1G)"))
 }
 
 /// Bandwidth and IOPS of one run (bytes per second).

@@ -225,9 +225,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// printed but progress, nothing written): `memfs bench all` calls this.
 pub fn report(args: &Args) -> anyhow::Result<Report> {
     install_interrupt_handler();
-    let data = parse_size::Config::new()
-        .with_binary()
-        .parse_size(args.data.trim())
+    let data = memfs_durable::parse_bytes(&args.data)
         .map_err(|e| anyhow::anyhow!("invalid --data {:?}: {e} (use e.g. 1G)", args.data))?;
     let memfs_args = split_args(&args.memfs_args);
     let started = Instant::now();

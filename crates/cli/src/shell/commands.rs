@@ -971,10 +971,10 @@ fn stat(sh: &mut Shell, args: &[String]) -> CmdResult {
             }
         };
         let mut shown = path.clone();
-        if a.kind == FileType::Symlink {
-            if let Ok(t) = sh.fs.readlink(a.ino) {
-                shown = format!("{path} -> {}", name_str(&t));
-            }
+        if a.kind == FileType::Symlink
+            && let Ok(t) = sh.fs.readlink(a.ino)
+        {
+            shown = format!("{path} -> {}", name_str(&t));
         }
         writeln!(sh.out, "  File: {shown}")?;
         writeln!(
@@ -1011,9 +1011,7 @@ fn truncate(sh: &mut Shell, args: &[String]) -> CmdResult {
         return usage("truncate");
     }
     // K, M, G are powers of 1024 here, as in coreutils.
-    let size = parse_size::Config::new()
-        .with_binary()
-        .parse_size(size)
+    let size = memfs_durable::parse_bytes(size)
         .map_err(|_| super::CmdError(format!("invalid size: {size}")))?;
     let (fs, ctx, cwd) = (&sh.fs, sh.ctx, sh.cwd());
     for_each(&o.operands, None, |p| {
@@ -1132,10 +1130,10 @@ fn tree(sh: &mut Shell, args: &[String]) -> CmdResult {
                 if last { "└── " } else { "├── " },
                 name_str(&name)
             );
-            if a.kind == FileType::Symlink {
-                if let Ok(t) = fs.readlink(a.ino) {
-                    line.push_str(&format!(" -> {}", name_str(&t)));
-                }
+            if a.kind == FileType::Symlink
+                && let Ok(t) = fs.readlink(a.ino)
+            {
+                line.push_str(&format!(" -> {}", name_str(&t)));
             }
             writeln!(out, "{line}")?;
             if a.kind == FileType::Directory {
@@ -1183,10 +1181,10 @@ fn du(sh: &mut Shell, args: &[String]) -> CmdResult {
             }
             alloc += a.blocks * 512;
             apparent += a.size;
-            if a.kind == FileType::Directory {
-                if let Ok(c) = children(&sh.fs, a.ino) {
-                    stack.extend(c.into_iter().map(|(_, a)| a));
-                }
+            if a.kind == FileType::Directory
+                && let Ok(c) = children(&sh.fs, a.ino)
+            {
+                stack.extend(c.into_iter().map(|(_, a)| a));
             }
         }
         writeln!(

@@ -104,11 +104,11 @@ pub fn ls_line_with(
         format_time(a.mtime, false),
         shown
     );
-    if a.kind == FileType::Symlink {
-        if let Some(t) = target(a.ino) {
-            line.push_str(" -> ");
-            line.push_str(&name_str(&t));
-        }
+    if a.kind == FileType::Symlink
+        && let Some(t) = target(a.ino)
+    {
+        line.push_str(" -> ");
+        line.push_str(&name_str(&t));
     }
     line
 }

@@ -240,9 +240,9 @@ pub fn run(shell: &mut Shell) -> anyhow::Result<()> {
 }
 
 fn save(rl: &mut Editor<ShellHelper, DefaultHistory>, path: Option<&std::path::Path>) {
-    if let Some(p) = path {
-        if let Err(e) = rl.save_history(p) {
-            tracing::warn!("cannot save history to {}: {e}", p.display());
-        }
+    if let Some(p) = path
+        && let Err(e) = rl.save_history(p)
+    {
+        tracing::warn!("cannot save history to {}: {e}", p.display());
     }
 }
