@@ -189,7 +189,12 @@ mod tests {
             assert_eq!(parse_bytes(s), Ok(want), "{s}");
         }
         for s in ["", "G", "1X", "-1M", "99999999999T"] {
-            assert!(parse_bytes(s).unwrap_err().contains("bad size"), "{s}");
+            assert!(parse_bytes(s).is_err(), "{s}");
+            // Retention says which size it refused.
+            assert!(
+                parse_retention_bytes(s).unwrap_err().contains("bad size"),
+                "{s}"
+            );
         }
     }
 }
