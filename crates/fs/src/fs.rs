@@ -137,20 +137,6 @@ pub(crate) fn list_dir(ino: u64, d: &Dir, offset: u64, f: &mut impl FnMut(DirEnt
 /// The file capability xattr, dropped with setuid when an unprivileged caller writes.
 const SECURITY_CAPABILITY: &[u8] = b"security.capability";
 
-/// A write by a caller without CAP_FSETID drops setuid/setgid and the file
-/// capability; returns whether the capability went.
-fn drop_privs_on_write(meta: &mut Meta, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> bool {
-    let mut dropped_caps = false;
-    meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
-    if let Some(xs) = meta.xattrs.as_mut() {
-        dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
-        if xs.is_empty() {
-            meta.xattrs = None;
-        }
-    }
-    dropped_caps
-}
-
 /// [`drop_privs`] for a caller taken to hold CAP_FSETID if it is root: for
 /// the changes whose request does not say (a FUSE SETATTR's size or owner).
 fn kill_priv_of(perm: u16, gid: u32, ctx: Ctx, in_group: &dyn Fn(u32) -> bool) -> u16 {
@@ -1877,42 +1863,10 @@ impl Fs {
             }
             break (meta, file, off, end, reserved);
         };
-        let data = self.write_reserved(file, off, src, reserved, &mut spare)?;
-        meta.size = meta.size.max(end);
-        #[cfg(debug_assertions)]
-        file.check(meta.size, false);
-        let now = Timespec::now();
-        meta.mtime = now;
-        meta.ctime = now;
-        // The FUSE adapter negotiates HANDLE_KILLPRIV_V2, so the kernel leaves
-        // to us what it would otherwise do with a GETXATTR round trip before
-        // every write: drop setuid/setgid and the file capability.
-        let dropped_caps = kill_suidgid && drop_privs_on_write(meta, ctx, in_group);
-        self.log_write(&st, ino, inode.kind, off, len, data)?;
-        if dropped_caps {
-            self.log(|| Mutation::RemoveXattr {
-                attr: st.attr(ino, inode.kind),
-                name: SECURITY_CAPABILITY,
-            })?;
-        }
-        Ok(len)
-    }
-
-    /// A write's bytes into `file` at `off`, with the `reserved` pages
-    /// counted in the usage first and what it did not use given back.
-    /// Returns the bytes to record, `None` for pages the file took.
-    fn write_reserved<'d>(
-        &self,
-        file: &mut FileData,
-        off: u64,
-        src: WriteSrc<'d>,
-        reserved: u64,
-        spare: &mut Spare,
-    ) -> Result<Option<&'d [u8]>> {
         self.reserve_pages(reserved)?;
         let (allocated, data) = match src {
-            WriteSrc::Bytes(data) => (file.write_spare(off, data, spare), Some(data)),
-            // The bytes are the file's now: recorded from its pages ([`Fs::log_write`]).
+            WriteSrc::Bytes(data) => (file.write_spare(off, data, &mut spare), Some(data)),
+            // The bytes are the file's now: recorded from its pages below.
             WriteSrc::Pages { len, pages } => (file.write_pages(off, len, pages), None),
         };
         // Cheap, and past it the subtraction below would wrap in release
@@ -1923,24 +1877,28 @@ impl Fs {
             "a write allocated {allocated} pages with {reserved} reserved"
         );
         self.release_pages(reserved - allocated);
-        Ok(data)
-    }
-
-    /// Records a write of `len` bytes at `off` to node `ino`, whose state
-    /// `st` is still locked: `data`, or the bytes the file's pages now
-    /// hold where it took the caller's pages.
-    fn log_write(
-        &self,
-        st: &State,
-        ino: u64,
-        kind: FileType,
-        off: u64,
-        len: usize,
-        data: Option<&[u8]>,
-    ) -> Result<()> {
+        meta.size = meta.size.max(end);
+        #[cfg(debug_assertions)]
+        file.check(meta.size, false);
+        let now = Timespec::now();
+        meta.mtime = now;
+        meta.ctime = now;
+        // The FUSE adapter negotiates HANDLE_KILLPRIV_V2, so the kernel leaves
+        // to us what it would otherwise do with a GETXATTR round trip before
+        // every write: drop setuid/setgid and the file capability.
+        let mut dropped_caps = false;
+        if kill_suidgid {
+            meta.perm = drop_privs(meta.perm, meta.gid, ctx, in_group);
+            if let Some(xs) = meta.xattrs.as_mut() {
+                dropped_caps = xs.remove(SECURITY_CAPABILITY).is_ok();
+                if xs.is_empty() {
+                    meta.xattrs = None;
+                }
+            }
+        }
         match data {
             Some(data) => self.log(|| Mutation::Write {
-                attr: st.attr(ino, kind),
+                attr: st.attr(ino, inode.kind),
                 offset: off,
                 data,
             })?,
@@ -1949,7 +1907,7 @@ impl Fs {
                     self.commit.fetch_add(1, Ordering::AcqRel);
                 }
                 Some(r) => {
-                    let attr = st.attr(ino, kind);
+                    let attr = st.attr(ino, inode.kind);
                     let Body::File(file) = &st.body else {
                         unreachable!("written as a file above")
                     };
@@ -1961,7 +1919,13 @@ impl Fs {
                 }
             },
         }
-        Ok(())
+        if dropped_caps {
+            self.log(|| Mutation::RemoveXattr {
+                attr: st.attr(ino, inode.kind),
+                name: SECURITY_CAPABILITY,
+            })?;
+        }
+        Ok(len)
     }
 
     /// `fsync`: every change is already in memory; with a recorder, waits
