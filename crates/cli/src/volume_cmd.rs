@@ -4,7 +4,7 @@
 //! prints what it did.
 
 use anyhow::Context;
-use memfs_cluster::volume::{Admin, CreateOptions};
+use memfs_cluster::admin::{Admin, CreateOptions};
 
 /// Volumes: one memfs tree kept in a Redis Cluster (create, list, status, delete).
 #[derive(clap::Args)]

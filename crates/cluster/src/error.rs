@@ -46,6 +46,9 @@ pub enum Error {
     /// The cluster answered something this crate cannot read.
     #[error("unexpected reply: {0}")]
     Protocol(String),
+    /// A POSIX error decided on this side (a name too long, a bad offset).
+    #[error("{0}")]
+    Errno(memfs_fs::Errno),
     /// A node record that does not decode.
     #[error("bad node record: {0}")]
     BadRecord(String),

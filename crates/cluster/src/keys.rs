@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 
 /// The set of every volume's name. It has no hash tag of a volume, so it
 /// lives in a slot of its own: registering a volume is a step after the
-/// volume's own keys are written (see `volume::Admin::create`).
+/// volume's own keys are written (see `admin::Admin::create`).
 pub const REGISTRY: &str = "memfs:volumes";
 
 /// The longest volume name.

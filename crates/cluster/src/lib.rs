@@ -10,7 +10,7 @@
 //!   cluster`; it stops every process it started, in every path;
 //! - [`record`]: the node record codec (64 bytes, little-endian, then a
 //!   symlink's target);
-//! - [`volume`]: [`Admin`], volume administration (`create`, `list`,
+//! - [`admin`]: [`Admin`], volume administration (`create`, `list`,
 //!   `status`, `delete`) against a cluster's URLs;
 //! - [`keys`], [`slot`], [`topology`]: key names, hash slots, and which
 //!   master serves what.
@@ -29,14 +29,18 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod errno;
 pub mod error;
+pub mod handle;
 pub mod keys;
 pub mod local;
+pub mod lua;
+pub mod pool;
 pub mod record;
 pub mod slot;
 pub mod topology;
-pub mod volume;
 
+pub use admin::{Admin, CreateOptions};
 pub use error::{Error, Result};
 pub use local::LocalCluster;
-pub use volume::{Admin, CreateOptions};
