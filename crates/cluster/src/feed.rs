@@ -175,20 +175,28 @@ impl Reader {
         let mut last = start;
         let mut con: Option<redis::Connection> = None;
         let mut backoff = BACKOFF_MIN;
+        // The first connection starts where the session was registered:
+        // nothing was missed. Any later one follows a failure.
+        let mut lost = false;
         while !stop.is_stopped() {
             let c = match con.as_mut() {
                 Some(c) => c,
                 None => match self.connect() {
                     Ok(mut c) => {
-                        // Whatever happened while away is unknown.
-                        sink.lost();
-                        if let Ok(id) = self.end_id(&mut c) {
-                            last = id;
+                        if lost {
+                            // Whatever happened while away is unknown:
+                            // drop it all and go on from the end.
+                            sink.lost();
+                            if let Ok(id) = self.end_id(&mut c) {
+                                last = id;
+                            }
                         }
+                        lost = true;
                         backoff = BACKOFF_MIN;
                         con.insert(c)
                     }
                     Err(e) => {
+                        lost = true;
                         tracing::warn!(error = %e, "feed: cannot reach the metadata master");
                         if stop.wait(backoff) {
                             break;
