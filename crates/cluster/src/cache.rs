@@ -186,6 +186,15 @@ impl Cache {
         s.lists.remove(&parent);
     }
 
+    /// Drops one entry without bumping the epoch: for this mount's own
+    /// change, when every fill that could have read the old value began
+    /// before an earlier bump.
+    pub fn drop_ent(&self, parent: u64, name: &[u8]) {
+        if let Some(m) = self.shard(parent).ents.get_mut(&parent) {
+            m.remove(name);
+        }
+    }
+
     /// Directory `ino`'s entries, all of them (it was removed or moved).
     pub fn forget_dir(&self, ino: u64) {
         self.bump();

@@ -514,6 +514,9 @@ impl Default for Scripts {
     }
 }
 
+/// A directory entry as stored: name, ino, type code.
+pub type RawEntry = (Vec<u8>, u64, u8);
+
 /// What a MAKE script made or found.
 pub struct Made {
     pub created: bool,
@@ -760,7 +763,7 @@ impl Scripts {
 
     /// Directory `ino`'s record and entries `(name, ino, type code)`, `..`
     /// included.
-    pub fn list(&self, h: &Handle, ino: u64) -> Result<(Record, Vec<(Vec<u8>, u64, u8)>)> {
+    pub fn list(&self, h: &Handle, ino: u64) -> Result<(Record, Vec<RawEntry>)> {
         let v: Value = run(h, &self.list, |i| {
             i.arg(ino);
         })?;

@@ -499,11 +499,20 @@ impl Inner {
         }
     }
 
+    /// The metadata cache gets what the block cache leaves of the mount's
+    /// cache size.
+    fn fit_cache(&self) {
+        let blocks = self.data.cached_bytes();
+        self.cache
+            .set_limit(self.opts.cache_size.saturating_sub(blocks));
+    }
+
     /// `ino`'s record, from the cache or the cluster.
     fn rec(&self, ino: u64) -> Fres<Record> {
         if let Some(r) = self.cache.rec(ino) {
             return Ok(r);
         }
+        self.fit_cache();
         let e = self.cache.epoch();
         let mut recs = self.ns.records(&self.h, &[ino]).map_err(err)?;
         let r = recs.pop().flatten().ok_or(Errno::ENOENT)?;
@@ -617,8 +626,8 @@ impl Inner {
         open_existing: bool,
         op: &str,
     ) -> Fres<(Attr, bool)> {
-        let e = self.cache.epoch();
         self.cache.forget_ent(parent, name);
+        let e = self.cache.epoch();
         let m = self
             .ns
             .make(
@@ -663,8 +672,8 @@ impl Inner {
             return Err(Errno::EISDIR);
         }
         let held = self.held_target(parent, name);
-        let e = self.cache.epoch();
         self.cache.forget_ent(parent, name);
+        let e = self.cache.epoch();
         let r = self
             .ns
             .remove(&self.h, parent, name, want_dir, held)
@@ -711,9 +720,9 @@ impl Inner {
         } else {
             self.held_target(newparent, newname)
         };
-        let e = self.cache.epoch();
         self.cache.forget_ent(parent, name);
         self.cache.forget_ent(newparent, newname);
+        let e = self.cache.epoch();
         let r = self
             .ns
             .rename(
@@ -727,8 +736,12 @@ impl Inner {
                 held,
             )
             .map_err(err)?;
+        // Stores first: a forget bumps the epoch, which would refuse them.
+        let mut gone = Vec::new();
         for (ino, rec) in r.recs {
-            self.cache.forget_ent(ino, b"..");
+            // A moved directory's `..` changed (dropped without a bump: a
+            // fill that read it began before the forgets above).
+            self.cache.drop_ent(ino, b"..");
             match rec {
                 Some(rec) => {
                     if rec.nlink == 0 && ino == held {
@@ -736,12 +749,13 @@ impl Inner {
                     }
                     self.cache.put_rec(e, ino, rec);
                 }
-                None => {
-                    self.cache.forget_rec(ino);
-                    self.cache.forget_dir(ino);
-                    self.data.forget(ino);
-                }
+                None => gone.push(ino),
             }
+        }
+        for ino in gone {
+            self.cache.forget_rec(ino);
+            self.cache.forget_dir(ino);
+            self.data.forget(ino);
         }
         if !r.freed.is_empty() {
             self.data.free_blocks(&r.freed);
@@ -805,8 +819,8 @@ impl Inner {
                 truncated,
                 nothing,
             };
-            let e = self.cache.epoch();
             self.cache.forget_rec(ino);
+            let e = self.cache.epoch();
             r = self.ns.setattr(&self.h, ino, &s).map_err(err)?;
             self.cache.put_rec(e, ino, r.clone());
         }
@@ -882,6 +896,7 @@ impl Inner {
         {
             return Ok((l, r));
         }
+        self.fit_cache();
         let e = self.cache.epoch();
         let (r, ents) = self.ns.list(&self.h, ino).map_err(err)?;
         let mut parent = ino;
@@ -1130,8 +1145,8 @@ impl Volume {
     pub fn link(&self, ino: u64, newparent: u64, newname: &[u8]) -> Fres<Attr> {
         check_new_name(newname)?;
         let i = &self.inner;
-        let e = i.cache.epoch();
         i.cache.forget_ent(newparent, newname);
+        let e = i.cache.epoch();
         let (r, pr) = i.ns.link(&i.h, ino, newparent, newname).map_err(err)?;
         i.cache.put_ent(e, newparent, newname, Some(ino));
         i.cache.put_rec(e, ino, r.clone());
@@ -1181,8 +1196,8 @@ impl Volume {
             return Err(Errno::EISDIR);
         }
         if trunc && acc != libc::O_RDONLY && r.kind == Kind::File {
-            let e = i.cache.epoch();
             i.cache.forget_rec(ino);
+            let e = i.cache.epoch();
             let r = i.data.truncate(ino, 0).map_err(err)?;
             i.cache.put_rec(e, ino, r);
         }
@@ -1326,8 +1341,8 @@ impl Volume {
             i.kill_suidgid(ctx, in_group, ino, &r)?;
         }
         let size = i.size_of(ino, &r);
-        let e = i.cache.epoch();
         i.cache.forget_rec(ino);
+        let e = i.cache.epoch();
         let r = i.data.fallocate(ino, off, len, mode, size).map_err(err)?;
         i.cache.put_rec(e, ino, r);
         Ok(())
@@ -1352,8 +1367,8 @@ impl Volume {
         }
         i.kill_suidgid(ctx, in_group, ino_out, &rout)?;
         let (size_in, size_out) = (i.size_of(ino_in, &rin), i.size_of(ino_out, &rout));
-        let e = i.cache.epoch();
         i.cache.forget_rec(ino_out);
+        let e = i.cache.epoch();
         let (n, r) = i
             .data
             .copy_range(ino_in, off_in, ino_out, off_out, len, size_in, size_out)
@@ -1460,8 +1475,8 @@ impl Volume {
             XattrMode::Create => 1,
             XattrMode::Replace => 2,
         };
-        let e = i.cache.epoch();
         i.cache.forget_rec(ino);
+        let e = i.cache.epoch();
         let r = i.ns.setxattr(&i.h, ino, name, value, m).map_err(err)?;
         i.cache.put_rec(e, ino, r);
         Ok(())
@@ -1488,8 +1503,8 @@ impl Volume {
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> Fres<()> {
         check_xattr_name(name)?;
         let i = &self.inner;
-        let e = i.cache.epoch();
         i.cache.forget_rec(ino);
+        let e = i.cache.epoch();
         let r = i.ns.removexattr(&i.h, ino, name).map_err(err)?;
         i.cache.put_rec(e, ino, r);
         Ok(())

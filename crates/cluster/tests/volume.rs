@@ -186,6 +186,11 @@ fn namespace_basics(c: &LocalCluster) {
     let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0o022).unwrap();
     assert_eq!((d.kind, d.perm, d.nlink), (FileType::Directory, 0o755, 2));
     assert_eq!(v.getattr(ROOT_INO).unwrap().nlink, 3);
+    // What this mount made is cached: its stat and lookup ask nothing.
+    let misses = v.status().cache_misses;
+    assert_eq!(v.getattr(d.ino).unwrap().ino, d.ino);
+    assert_eq!(v.lookup(ROOT_INO, b"d").unwrap().ino, d.ino);
+    assert_eq!(v.status().cache_misses, misses, "a cached stat missed");
     let (f, created) = v.create_umask(R, d.ino, b"f", 0o666, true, 0o022).unwrap();
     assert!(created);
     assert_eq!(f.perm, 0o644);
