@@ -40,8 +40,9 @@ pub struct Entry {
 
 /// Where the entries go.
 pub trait Sink: Send + Sync {
-    /// This mount's session now (its own entries are skipped).
-    fn sid(&self) -> u64;
+    /// Whether `sid` is (or was) this mount's session: its entries are
+    /// skipped (the mount applied its own changes already).
+    fn is_mine(&self, sid: u64) -> bool;
     fn entry(&self, e: &Entry);
     /// Entries may have been missed: drop every cache.
     fn lost(&self);
@@ -231,9 +232,8 @@ impl Reader {
         if items.len() >= COUNT && self.trimmed(c, last)? {
             sink.lost();
         }
-        let me = sink.sid();
         for (id, e) in &items {
-            if e.sid != me {
+            if !sink.is_mine(e.sid) {
                 sink.entry(e);
             }
             last.clone_from(id);

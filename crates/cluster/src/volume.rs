@@ -112,6 +112,8 @@ struct Inner {
     /// Orphans (unlinked, open here) whose hold this session registered.
     held: Mutex<HashSet<u64>>,
     on_change: RwLock<Option<Callback>>,
+    /// Sessions this mount had before its lease was lost.
+    old_sids: Mutex<Vec<u64>>,
     session: Arc<Session>,
     opts: VolumeOptions,
 }
@@ -290,6 +292,7 @@ impl Volume {
             opens: Mutex::default(),
             held: Mutex::default(),
             on_change: RwLock::new(None),
+            old_sids: Mutex::default(),
             session: session.clone(),
             opts: opts.clone(),
             h: h.clone(),
@@ -399,8 +402,8 @@ impl Drop for Volume {
 }
 
 impl Sink for Inner {
-    fn sid(&self) -> u64 {
-        self.h.sid()
+    fn is_mine(&self, sid: u64) -> bool {
+        sid == self.h.sid() || self.old_sids.lock().contains(&sid)
     }
 
     fn entry(&self, e: &feed::Entry) {
@@ -482,6 +485,7 @@ impl Inner {
 
     /// The lease thread lost session `sid`.
     fn session_lost(&self, sid: u64) {
+        self.old_sids.lock().push(sid);
         let held = std::mem::take(&mut *self.held.lock());
         if !held.is_empty() {
             tracing::error!(

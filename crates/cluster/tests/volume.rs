@@ -848,20 +848,71 @@ fn close_ends_the_session(c: &LocalCluster) {
         .unwrap();
     assert!(!exists);
     v.close().unwrap();
-    // A session that dies without closing is reaped by another's renewal.
+    // A session that dies without closing is reaped by another's renewal:
+    // its locks go (the contract's `l:` fields), and an orphan only it held
+    // is freed.
+    let alive = mount(c, &name);
     let dead = mount(c, &name);
     let dsid = dead.status().session;
+    let (f, _) = dead
+        .create_umask(R, ROOT_INO, b"f", 0o644, true, 0)
+        .unwrap();
+    dead.write_as(R, &|_| true, false, f.ino, 0, b"x", false)
+        .unwrap();
+    dead.unlink(ROOT_INO, b"f").unwrap();
+    // Its process dies holding the orphan: the hold stays in its session,
+    // and the mount itself (still running here) has nothing open.
+    dead.release(f.ino);
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{{{name}}}:s:{dsid}"))
+        .arg(format!("o:{:x}", f.ino))
+        .arg(1)
+        .query(&mut node)
+        .unwrap();
+    let locks = format!("{{{name}}}:l:{:x}", f.ino);
+    let other = format!("{}:9", alive.status().session);
+    let _: () = redis::cmd("HSET")
+        .arg(&locks)
+        .arg(format!("{dsid}:7"))
+        .arg("dead's")
+        .arg(&other)
+        .arg("alive's")
+        .query(&mut node)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{{{name}}}:s:{dsid}"))
+        .arg(format!("l:{:x}", f.ino))
+        .arg(1)
+        .query(&mut node)
+        .unwrap();
+    let held: bool = redis::cmd("HEXISTS")
+        .arg(format!("{{{name}}}:s:{dsid}"))
+        .arg(format!("o:{:x}", f.ino))
+        .query(&mut node)
+        .unwrap();
+    assert!(held, "the dead session holds the orphan");
     let _: () = redis::cmd("ZADD")
         .arg(format!("{{{name}}}:sessions"))
         .arg(1)
         .arg(dsid)
         .query(&mut node)
         .unwrap();
-    let _alive = mount(c, &name);
     wait_until("the dead session to be reaped", || {
         !redis::cmd("EXISTS")
             .arg(format!("{{{name}}}:s:{dsid}"))
             .query::<bool>(&mut node)
             .unwrap()
+    });
+    let fields: Vec<String> = redis::cmd("HKEYS").arg(&locks).query(&mut node).unwrap();
+    // The orphan's freeing deletes its lock hash too; until then only the
+    // live session's lock may be left.
+    assert!(fields.iter().all(|f| *f == other), "{fields:?}");
+    wait_until("the orphan only the dead session held to be freed", || {
+        alive.getattr(f.ino) == Err(Errno::ENOENT)
+            && redis::cmd("ZCARD")
+                .arg(format!("{{{name}}}:orphans"))
+                .query::<u64>(&mut node)
+                .unwrap()
+                == 0
     });
 }
