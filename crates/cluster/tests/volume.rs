@@ -45,6 +45,10 @@ const CASES: &[Case] = &[
     ("out_of_memory_is_enospc", out_of_memory_is_enospc),
     ("errors_match_the_engine", errors_match_the_engine),
     ("close_ends_the_session", close_ends_the_session),
+    (
+        "a_lost_connection_drops_the_cache",
+        a_lost_connection_drops_the_cache,
+    ),
 ];
 
 fn main() {
@@ -268,6 +272,16 @@ fn namespace_basics(c: &LocalCluster) {
         seen.extend(batch.into_iter().map(|(n, _)| n));
     }
     assert_eq!(seen.len(), 303, "., .., s and 300");
+    let mut plus = Vec::new();
+    v.readdirplus(d.ino, 0, |e, a| {
+        assert_eq!(e.ino, a.ino, "{:?}", String::from_utf8_lossy(e.name));
+        plus.push((e.name.to_vec(), a.kind));
+        true
+    })
+    .unwrap();
+    assert_eq!(plus.len(), 303);
+    assert!(plus.contains(&(b"s".to_vec(), FileType::Symlink)));
+    assert!(plus.contains(&(b"n7".to_vec(), FileType::RegularFile)));
     v.close().unwrap();
 }
 
@@ -915,4 +929,37 @@ fn close_ends_the_session(c: &LocalCluster) {
                 .unwrap()
                 == 0
     });
+}
+
+fn a_lost_connection_drops_the_cache(c: &LocalCluster) {
+    let name = new_volume(c, "lost");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let changes: Arc<Mutex<Vec<Change>>> = Arc::default();
+    let seen = changes.clone();
+    b.on_change(Box::new(move |ch| seen.lock().unwrap().push(ch)));
+    let d = a.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0).unwrap();
+    wait_until("B to see d", || b.lookup(ROOT_INO, b"d").is_ok());
+    // Every client of the metadata master loses its connection (the feed's
+    // and the pools' alike), as when the master restarts.
+    let mut node = meta_node(c, &name);
+    let _: redis::Value = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut node)
+        .unwrap();
+    wait_until("B's feed to report everything changed", || {
+        changes.lock().unwrap().contains(&Change::All)
+    });
+    // Both mounts carry on: a failed call at most, then answers again.
+    wait_until("A to make a name again", || {
+        // EEXIST: an earlier try made it, and its reply was what got lost.
+        matches!(
+            a.mkdir_umask(R, d.ino, b"again", 0o755, 0),
+            Ok(_) | Err(Errno::EEXIST)
+        )
+    });
+    wait_until("B to see it", || b.lookup(d.ino, b"again").is_ok());
 }
