@@ -39,13 +39,15 @@ return {sid, id}
 "#;
 
 /// Renews the caller's lease (ARGV lease ms, grace ms) and reaps; →
-/// `{sessions reaped, freed block map values}`.
+/// `{sessions reaped, freed block map values, freed inos, unlocked inos}`
+/// (the inos: the reaping mount skips its own feed entries, so it is told
+/// here).
 const RENEW: &str = r#"
 local lease, grace = tonumber(ARGV[4]), tonumber(ARGV[5])
 fence()
 local now = now_ms()
 redis.call('ZADD', P .. 'sessions', 'XX', now + lease, SID)
-local freed, reaped = {}, 0
+local freed, inos, unlocked, reaped = {}, {}, {}, 0
 for _, s in ipairs(redis.call('ZRANGEBYSCORE', P .. 'sessions', '-inf', '(' .. now, 'LIMIT', 0, 16)) do
   local sk = P .. 's:' .. s
   local pre = s .. ':'
@@ -55,7 +57,9 @@ for _, s in ipairs(redis.call('ZRANGEBYSCORE', P .. 'sessions', '-inf', '(' .. n
       for _, lf in ipairs(redis.call('HKEYS', lk)) do
         if string.sub(lf, 1, #pre) == pre then redis.call('HDEL', lk, lf) end
       end
-      feed('op', 'unlock', 'ino', tonumber(string.sub(field, 3), 16))
+      local lino = tonumber(string.sub(field, 3), 16)
+      unlocked[#unlocked + 1] = lino
+      feed('op', 'unlock', 'ino', lino)
     end
   end
   redis.call('DEL', sk)
@@ -72,10 +76,11 @@ for _, o in ipairs(redis.call('ZRANGEBYSCORE', P .. 'orphans', '-inf', now - gra
   end
   if not held then
     for _, v in ipairs(free_node(ino)) do freed[#freed + 1] = v end
+    inos[#inos + 1] = ino
     feed('op', 'reap', 'ino', ino)
   end
 end
-return {reaped, freed}
+return {reaped, freed, inos, unlocked}
 "#;
 
 /// Ends the caller's session (its holds go with its hash).
@@ -122,6 +127,15 @@ pub struct Lease {
     pub reaped: AtomicU64,
     lease: Duration,
     mountpoint: String,
+}
+
+/// What a renewal's reap freed.
+pub struct Reaped {
+    /// The block map values of the freed nodes.
+    pub freed: Vec<Vec<u8>>,
+    pub inos: Vec<u64>,
+    /// Inodes whose locks a dead session held.
+    pub unlocked: Vec<u64>,
 }
 
 /// The session scripts.
@@ -174,8 +188,8 @@ impl Session {
         Ok(id)
     }
 
-    /// One renewal and reap: the freed block map values.
-    pub fn renew(&self, h: &Handle) -> Result<Vec<Vec<u8>>> {
+    /// One renewal and reap: the freed block map values and inos.
+    pub fn renew(&self, h: &Handle) -> Result<Reaped> {
         let v: Value = run(h, &self.renew, |i| {
             i.arg(ms(self.lease.lease)).arg(ms(self.lease.lease));
         })?;
@@ -192,7 +206,20 @@ impl Session {
                 .collect::<Result<Vec<_>>>()?,
             None => Vec::new(),
         };
-        Ok(freed)
+        let inos_at = |i: usize| -> Result<Vec<u64>> {
+            match a.get(i) {
+                Some(v) => namespace::array(v.clone())?
+                    .iter()
+                    .map(|i| namespace::int(Some(i)))
+                    .collect(),
+                None => Ok(Vec::new()),
+            }
+        };
+        Ok(Reaped {
+            freed,
+            inos: inos_at(2)?,
+            unlocked: inos_at(3)?,
+        })
     }
 
     /// Ends the session in the cluster.
@@ -211,18 +238,18 @@ impl Session {
         self: Arc<Session>,
         h: Arc<Handle>,
         stop: Arc<Stop>,
-        free: Box<dyn Fn(Vec<Vec<u8>>) + Send>,
+        free: Box<dyn Fn(Reaped) + Send>,
         lost: Box<dyn Fn(u64) + Send>,
     ) {
         let every = (self.lease.lease / 4).max(Duration::from_millis(50));
         let mut last_ok = Instant::now();
         while !stop.wait(every) {
             match self.renew(&h) {
-                Ok(freed) => {
+                Ok(reaped) => {
                     last_ok = Instant::now();
                     self.lease.ok.store(true, Ordering::Release);
-                    if !freed.is_empty() {
-                        free(freed);
+                    if !reaped.inos.is_empty() || !reaped.unlocked.is_empty() {
+                        free(reaped);
                     }
                 }
                 Err(e) if errno_of(&e) == memfs_fs::Errno::ESTALE => {

@@ -44,7 +44,7 @@ use crate::locks::Locks;
 use crate::namespace::{MetaSet, Scripts};
 use crate::pool::Pool;
 use crate::record::{Kind, Record};
-use crate::session::{Session, Stop};
+use crate::session::{Reaped, Session, Stop};
 
 type Fres<T> = memfs_fs::Result<T>;
 
@@ -300,7 +300,7 @@ impl Volume {
         let stop = Arc::new(Stop::default());
         let mut threads = Vec::new();
         let (i2, s2) = (inner.clone(), stop.clone());
-        let free = Box::new(move |vals: Vec<Vec<u8>>| i2.data.free_blocks(&vals));
+        let free = Box::new(move |r: Reaped| i2.reaped(r));
         let i3 = inner.clone();
         let lost = Box::new(move |sid: u64| i3.session_lost(sid));
         let h2 = h.clone();
@@ -480,6 +480,23 @@ impl Inner {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(ino, error = %e, "orphan left for the reaper"),
+        }
+    }
+
+    /// This mount's renewal freed orphans (its own feed entries of that
+    /// are skipped, so its caches hear of it here).
+    fn reaped(&self, r: Reaped) {
+        self.data.free_blocks(&r.freed);
+        for ino in r.unlocked {
+            self.locks.on_unlock(ino);
+        }
+        for ino in r.inos {
+            self.cache.forget_rec(ino);
+            self.data.forget(ino);
+            self.held.lock().remove(&ino);
+            if let Some(f) = self.on_change.read().as_ref() {
+                f(Change::Inode(ino));
+            }
         }
     }
 

@@ -318,8 +318,16 @@ fn same_name_at_once_one_wins(c: &LocalCluster) {
         let exists = results.iter().filter(|r| **r == Err(Errno::EEXIST)).count();
         assert_eq!((wins, exists), (1, 1), "round {round}: {results:?}");
     }
-    let root = a.getattr(ROOT_INO).unwrap();
-    assert_eq!(root.nlink, 2 + 10, "ten directories won, once each");
+    // Once the feed brought B's wins: ten directories, each made once.
+    wait_until("the root to show ten directories", || {
+        a.getattr(ROOT_INO).unwrap().nlink == 2 + 10
+    });
+    let mut node = meta_node(c, &name);
+    let entries: u64 = redis::cmd("HLEN")
+        .arg(format!("{{{name}}}:d:1"))
+        .query(&mut node)
+        .unwrap();
+    assert_eq!(entries, 20, "each name made once");
 }
 
 fn rename_is_atomic(c: &LocalCluster) {
