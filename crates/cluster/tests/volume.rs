@@ -49,6 +49,10 @@ const CASES: &[Case] = &[
         "a_lost_connection_drops_the_cache",
         a_lost_connection_drops_the_cache,
     ),
+    (
+        "modes_and_owners_match_the_engine",
+        modes_and_owners_match_the_engine,
+    ),
 ];
 
 fn main() {
@@ -970,4 +974,87 @@ fn a_lost_connection_drops_the_cache(c: &LocalCluster) {
         )
     });
     wait_until("B to see it", || b.lookup(d.ino, b"again").is_ok());
+}
+
+/// The setgid inheritance of new nodes and the setuid/setgid a truncate,
+/// a chown or a write drops: the volume's scripts against the engine.
+fn modes_and_owners_match_the_engine(c: &LocalCluster) {
+    let name = new_volume(c, "modes");
+    let v = mount(c, &name);
+    let fs = Fs::new(Config::default());
+    let user = Ctx {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+    };
+    let no_groups = |_: u32| false;
+    let mut got = Vec::new();
+    let mut want = Vec::new();
+    let chmod = |m: u32| SetAttr {
+        mode: Some(m),
+        ..SetAttr::default()
+    };
+    // A setgid directory of group 50: children take the group, subdirectories the bit.
+    let vd = v.mkdir_umask(R, ROOT_INO, b"sg", 0o777, 0).unwrap().ino;
+    let fd = fs.mkdir_umask(R, ROOT_INO, b"sg", 0o777, 0).unwrap().ino;
+    let to50 = SetAttr {
+        gid: Some(50),
+        mode: Some(0o2777),
+        ..SetAttr::default()
+    };
+    v.setattr_as(R, &|_| true, vd, &to50).unwrap();
+    fs.setattr(R, fd, &to50).unwrap();
+    let va = v.mkdir_umask(user, vd, b"sub", 0o755, 0).unwrap();
+    let fa = fs.mkdir_umask(user, fd, b"sub", 0o755, 0).unwrap();
+    got.push((va.perm, va.gid));
+    want.push((fa.perm, fa.gid));
+    let va = v.mknod_umask(user, vd, b"f", 0o2755, 0, 0).unwrap();
+    let fa = fs.mknod_umask(user, fd, b"f", 0o2755, 0, 0).unwrap();
+    got.push((va.perm, va.gid));
+    want.push((fa.perm, fa.gid));
+    // A setuid+setgid file of the user's: truncate, write, chown by the user.
+    for (i, kind) in ["truncate", "write", "chown"].into_iter().enumerate() {
+        let n = format!("p{i}");
+        let vf = v
+            .mknod_umask(user, ROOT_INO, n.as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        let ff = fs
+            .mknod_umask(user, ROOT_INO, n.as_bytes(), 0o644, 0, 0)
+            .unwrap()
+            .ino;
+        v.setattr_as(R, &|_| true, vf, &chmod(0o6775)).unwrap();
+        fs.setattr(R, ff, &chmod(0o6775)).unwrap();
+        match kind {
+            "truncate" => {
+                let t = SetAttr {
+                    size: Some(1),
+                    ..SetAttr::default()
+                };
+                v.setattr_as(user, &no_groups, vf, &t).unwrap();
+                fs.setattr_as(user, &no_groups, ff, &t).unwrap();
+            }
+            "write" => {
+                v.write_as(user, &no_groups, true, vf, 0, b"x", false)
+                    .unwrap();
+                fs.write_as(user, &no_groups, true, ff, 0, b"x", false)
+                    .unwrap();
+            }
+            _ => {
+                let o = SetAttr {
+                    gid: Some(1000),
+                    ..SetAttr::default()
+                };
+                v.setattr_as(user, &no_groups, vf, &o).unwrap();
+                fs.setattr_as(user, &no_groups, ff, &o).unwrap();
+            }
+        }
+        let (va, fa) = (v.getattr(vf).unwrap(), fs.getattr(ff).unwrap());
+        got.push((va.perm, va.gid));
+        want.push((fa.perm, fa.gid));
+    }
+    assert_eq!(got, want, "(perm, gid): volume, engine");
+    // The cases mean something: the bit was inherited, and dropped.
+    assert_eq!(want[0], (0o2755, 50), "a subdirectory of a setgid directory");
+    assert!(want[2..].iter().all(|w| w.0 & 0o4000 == 0), "{want:?}");
 }
