@@ -1055,6 +1055,10 @@ fn modes_and_owners_match_the_engine(c: &LocalCluster) {
     }
     assert_eq!(got, want, "(perm, gid): volume, engine");
     // The cases mean something: the bit was inherited, and dropped.
-    assert_eq!(want[0], (0o2755, 50), "a subdirectory of a setgid directory");
+    assert_eq!(
+        want[0],
+        (0o2755, 50),
+        "a subdirectory of a setgid directory"
+    );
     assert!(want[2..].iter().all(|w| w.0 & 0o4000 == 0), "{want:?}");
 }
