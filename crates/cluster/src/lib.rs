@@ -30,11 +30,14 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod blocks;
+pub mod data;
 pub mod errno;
 pub mod error;
 pub mod handle;
 pub mod keys;
 pub mod local;
+pub mod locks;
 pub mod lua;
 pub mod pool;
 pub mod record;
