@@ -134,6 +134,19 @@ pub fn retry<R>(
     }
 }
 
+/// A pipeline's failure with the errno of its cause: a pipeline error
+/// carries no code of its own, so an OOM among its replies would read as
+/// EIO.
+fn pipeline_error(e: Error) -> Error {
+    if let Error::Redis(r) = &e
+        && let Some(items) = r.clone().into_server_errors()
+        && items.iter().any(|(_, s)| s.code() == "OOM")
+    {
+        return Error::Errno(memfs_fs::Errno::ENOSPC);
+    }
+    e
+}
+
 /// The least recently used blocks, bounded in bytes.
 struct Lru {
     blocks: HashMap<u64, (Arc<[u8]>, u64)>,
@@ -293,7 +306,7 @@ impl Blocks {
             if let Err(e) = r {
                 let ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
                 self.delete(&ids);
-                return Err(e);
+                return Err(pipeline_error(e));
             }
             start = end;
         }
