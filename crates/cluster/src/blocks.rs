@@ -234,9 +234,8 @@ impl Blocks {
     /// `n` new block ids: the first of them.
     pub fn reserve(&self, n: u64) -> Result<u64> {
         let next = self.h.keys.next();
-        // Not retried: a second HINCRBY would only waste ids, but a lost
-        // reply is rare and the caller's flush fails cleanly either way.
-        let last: u64 = self.h.pool.with(|c| {
+        // Retried: a second HINCRBY after a lost reply only wastes ids.
+        let last: u64 = retry(&self.h, |c| {
             redis::cmd("HINCRBY")
                 .arg(&next)
                 .arg("block")

@@ -163,6 +163,8 @@ pub struct Data {
     blocks: Blocks,
     files: Mutex<HashMap<u64, Arc<File>>>,
     dirty_total: AtomicU64,
+    /// [`DIRTY_LIMIT`] unless a test set another.
+    dirty_limit: AtomicU64,
     commit: Script,
     record: Script,
 }
@@ -178,6 +180,7 @@ impl Data {
             h,
             files: Mutex::new(HashMap::new()),
             dirty_total: AtomicU64::new(0),
+            dirty_limit: AtomicU64::new(DIRTY_LIMIT),
             commit: Script::new(&crate::lua::script(COMMIT)),
             record: Script::new(&crate::lua::read_script(RECORD)),
         }
@@ -281,7 +284,13 @@ impl Data {
             .checked_add(data.len() as u64)
             .filter(|&e| e <= MAX_SIZE)
             .ok_or(errno(Errno::EFBIG))?;
-        if self.dirty_total.load(Ordering::Acquire) + data.len() as u64 > DIRTY_LIMIT {
+        let limit = self.dirty_limit.load(Ordering::Relaxed);
+        // A few rounds at most: other writers may be filling it again.
+        for _ in 0..4 {
+            let total = self.dirty_total.load(Ordering::Acquire);
+            if total == 0 || total + data.len() as u64 <= limit {
+                break;
+            }
             self.flush_largest()?;
         }
         let f = self.file(ino);
@@ -839,6 +848,16 @@ impl Data {
 
     pub fn cached_bytes(&self) -> u64 {
         self.blocks.cached_bytes()
+    }
+
+    /// Dirty bytes this mount holds, over every file.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_total.load(Ordering::Acquire)
+    }
+
+    /// Sets the mount's dirty bound (default [`DIRTY_LIMIT`]).
+    pub fn set_dirty_limit(&self, bytes: u64) {
+        self.dirty_limit.store(bytes, Ordering::Relaxed);
     }
 
     /// Block reads served by the cache, and from the cluster.

@@ -25,6 +25,7 @@
 //! [`ROUND`], which also covers an unlock whose feed entry was missed.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -250,6 +251,15 @@ struct Inner {
     kicked: Mutex<HashSet<u64>>,
     wake: Condvar,
     thread: Mutex<bool>,
+    /// Inodes where this session holds a lock, as its last change left
+    /// them: a close of any other file asks the cluster nothing.
+    held: Mutex<HashSet<u64>>,
+    /// Waiters taken out of `waiters` for a retry.
+    in_flight: AtomicUsize,
+    /// Owners (inode, owner, family) that released their locks while some
+    /// waiter was in flight: such a waiter ends with EINTR, not parked
+    /// again. Locked inside `waiters` when both are.
+    closing: Mutex<Vec<(u64, u64, Family)>>,
 }
 
 /// The locks of one mount.
@@ -321,6 +331,11 @@ impl Inner {
                     .any(|(f, ls)| f != &me && f.starts_with(&prefix) && !ls.is_empty());
             let released = weakens(&old, &new);
             if self.cas(ino, &t.version, &me, &new, held, released)? {
+                if held {
+                    self.held.lock().insert(ino);
+                } else {
+                    self.held.lock().remove(&ino);
+                }
                 if released {
                     self.kick(ino);
                 }
@@ -342,9 +357,10 @@ impl Inner {
     ) -> Result<bool> {
         let session = format!("{{{}}}:s:{}", self.h.keys.name(), self.h.sid());
         let value = encode(new);
-        // Not retried on a lost reply: a second run would see its own
-        // version moved and report a conflict of nothing; one try is exact.
-        let written: i64 = self.h.pool.with(|c| {
+        // Retried after a lost reply: a second run finds the version moved
+        // (by the first) and returns 0, and the caller's next round reads
+        // its own change back and is done.
+        let written: i64 = retry(&self.h, |c| {
             self.h
                 .invocation(&self.cas)
                 .key(self.lock_key(ino))
@@ -369,18 +385,51 @@ impl Inner {
     /// Retries the waiters of the kicked inodes (all of them with `all`).
     fn retry_waiters(&self, all: bool) {
         let kicked = std::mem::take(&mut *self.kicked.lock());
+        // Nothing is in flight between two rounds (this thread alone
+        // retries): the closes noted for the last round are done with.
+        self.closing.lock().clear();
         let mine: Vec<Waiter> = {
             let mut ws = self.waiters.lock();
-            let (go, stay) = ws.drain(..).partition(|w| all || kicked.contains(&w.ino));
+            let (go, stay): (Vec<Waiter>, Vec<Waiter>) =
+                ws.drain(..).partition(|w| all || kicked.contains(&w.ino));
             *ws = stay;
+            self.in_flight.fetch_add(go.len(), Ordering::AcqRel);
             go
         };
+        // A waiter being retried is out of the list: a cancel meanwhile
+        // answers false, and the kernel sends its interrupt again.
         for w in mine {
-            match self.attempt(w.ino, w.owner, w.req, true) {
-                Ok(true) => (w.done)(Ok(())),
-                Ok(false) | Err(Error::Errno(Errno::EAGAIN)) => self.waiters.lock().push(w),
-                Err(e) => (w.done)(Err(crate::errno::errno_of(&e))),
+            let r = self.attempt(w.ino, w.owner, w.req, true);
+            let me = (w.ino, w.owner, w.req.family);
+            let mut ws = self.waiters.lock();
+            let closed = self.closing.lock().contains(&me);
+            match r {
+                Ok(false) | Err(Error::Errno(Errno::EAGAIN)) if !closed => ws.push(w),
+                Ok(true) if !closed => {
+                    drop(ws);
+                    (w.done)(Ok(()));
+                }
+                Ok(true) => {
+                    // Granted as its owner closed the file: the close wins.
+                    drop(ws);
+                    let all = Lock {
+                        start: 0,
+                        end: u64::MAX,
+                        ..w.req
+                    };
+                    let _ = self.attempt(w.ino, w.owner, all, false);
+                    (w.done)(Err(Errno::EINTR));
+                }
+                Ok(false) | Err(Error::Errno(Errno::EAGAIN)) => {
+                    drop(ws);
+                    (w.done)(Err(Errno::EINTR));
+                }
+                Err(e) => {
+                    drop(ws);
+                    (w.done)(Err(crate::errno::errno_of(&e)));
+                }
             }
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -416,6 +465,9 @@ impl Locks {
                 kicked: Mutex::new(HashSet::new()),
                 wake: Condvar::new(),
                 thread: Mutex::new(false),
+                held: Mutex::new(HashSet::new()),
+                in_flight: AtomicUsize::new(0),
+                closing: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -614,10 +666,16 @@ impl Locks {
                 .drain(..)
                 .partition(|w| w.ino == ino && w.owner == owner && w.req.family == family);
             *ws = stay;
+            if self.inner.in_flight.load(Ordering::Acquire) > 0 {
+                self.inner.closing.lock().push((ino, owner, family));
+            }
             gone
         };
         for w in gone {
             (w.done)(Err(Errno::EINTR));
+        }
+        if !self.inner.held.lock().contains(&ino) {
+            return;
         }
         let all = Lock {
             family,
@@ -637,9 +695,13 @@ impl Locks {
         self.inner.kick(ino);
     }
 
-    /// Parked requests (for tests and status).
+    /// Parked requests, those being retried included (for tests and
+    /// status).
     pub fn waiting(&self) -> usize {
-        self.inner.waiters.lock().len()
+        // In this order: a retried waiter is put back before it leaves
+        // `in_flight`, so none is missed (one may count twice).
+        let n = self.inner.in_flight.load(Ordering::Acquire);
+        n + self.inner.waiters.lock().len()
     }
 }
 
