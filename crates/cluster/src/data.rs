@@ -368,37 +368,61 @@ impl Data {
         Ok(f(&[&buf[..]]))
     }
 
+    /// `[off, end)` of `ino`. The file's lock is held only to look at its
+    /// map and copy its dirty blocks: the blocks are fetched without it, so
+    /// reads of one file run in parallel and do not wait for its flush. A
+    /// block gone meanwhile (freed by a flush) makes it look again.
     fn read_range(&self, ino: u64, off: u64, end: u64) -> Result<Vec<u8>> {
         let bs = self.bs();
-        let mut buf = vec![0u8; (end - off) as usize];
+        let (first, last) = (off / bs, (end - 1) / bs);
         let file = self.file(ino);
-        let mut st = file.st.lock();
-        let idxs: Vec<u64> = (off / bs..=(end - 1) / bs)
-            .filter(|i| !st.dirty.contains_key(i))
-            .collect();
-        let committed = if idxs.is_empty() {
-            Vec::new()
-        } else {
-            self.committed(ino, &mut st, &idxs)?
-        };
-        let mut put = |idx: u64, b: &[u8]| {
-            let bstart = idx * bs;
-            let a = off.max(bstart);
-            let z = end.min(bstart + b.len() as u64);
-            if a < z {
-                buf[(a - off) as usize..(z - off) as usize]
-                    .copy_from_slice(&b[(a - bstart) as usize..(z - bstart) as usize]);
+        for _ in 0..STALE_RETRIES {
+            let (entries, dirty) = {
+                let mut st = file.st.lock();
+                if (first..=last).any(|i| !st.dirty.contains_key(&i)) {
+                    self.map(ino, &mut st)?;
+                }
+                let st = &*st;
+                let entries: Vec<(u64, Entry)> = st.map.as_ref().map_or_else(Vec::new, |m| {
+                    m.range(first..=last)
+                        .filter(|(i, _)| !st.dirty.contains_key(i))
+                        .map(|(&i, &e)| (i, e))
+                        .collect()
+                });
+                let dirty: Vec<(u64, Vec<u8>)> = st
+                    .dirty
+                    .range(first..=last)
+                    .map(|(&i, b)| (i, b.clone()))
+                    .collect();
+                (entries, dirty)
+            };
+            let ids: Vec<u64> = entries.iter().map(|(_, e)| e.id).collect();
+            let got = self.blocks.get_many(&ids)?;
+            if got.iter().any(Option::is_none) {
+                tracing::debug!(ino, "a block of the map is gone: reading the map again");
+                file.st.lock().map = None;
+                continue;
             }
-        };
-        for (&idx, b) in idxs.iter().zip(&committed) {
-            if let Some(b) = b {
-                put(idx, b);
+            let mut buf = vec![0u8; (end - off) as usize];
+            let mut put = |idx: u64, b: &[u8]| {
+                let bstart = idx * bs;
+                let a = off.max(bstart);
+                let z = end.min(bstart + b.len() as u64);
+                if a < z {
+                    buf[(a - off) as usize..(z - off) as usize]
+                        .copy_from_slice(&b[(a - bstart) as usize..(z - bstart) as usize]);
+                }
+            };
+            for ((idx, e), b) in entries.iter().zip(got.iter().flatten()) {
+                put(*idx, &b[..(e.len as usize).min(b.len())]);
             }
+            for (idx, b) in &dirty {
+                put(*idx, b);
+            }
+            return Ok(buf);
         }
-        for (&idx, b) in st.dirty.range(off / bs..=(end - 1) / bs) {
-            put(idx, b);
-        }
-        Ok(buf)
+        tracing::warn!(ino, "block map names blocks the cluster does not have");
+        Err(errno(Errno::EIO))
     }
 
     /// Size and mtime (ns) of what this mount has buffered for `ino` and

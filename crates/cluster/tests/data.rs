@@ -42,6 +42,10 @@ const CASES: &[Case] = &[
     ("close_to_open_across_mounts", close_to_open_across_mounts),
     ("a_stale_map_is_read_again", a_stale_map_is_read_again),
     ("the_dirty_bound_flushes", the_dirty_bound_flushes),
+    (
+        "reads_run_beside_writes_and_flushes",
+        reads_run_beside_writes_and_flushes,
+    ),
     ("fsync_is_on_a_replica", fsync_is_on_a_replica),
     (
         "a_fenced_session_changes_nothing",
@@ -637,6 +641,44 @@ fn the_dirty_bound_flushes(c: &mut LocalCluster) {
         }
     }
     assert_eq!(d.dirty_bytes(), 0);
+}
+
+/// Threads reading a file while another writes whole blocks of it and
+/// flushes (freeing the blocks it replaced) never see an error nor a
+/// block half of one write and half of another.
+fn reads_run_beside_writes_and_flushes(c: &mut LocalCluster) {
+    let name = volume(c);
+    let h = mount(c, &name);
+    let d = Arc::new(Data::new(h.clone(), 0));
+    let ino = file(&h);
+    let bs = BS as usize;
+    let size = 8 * bs as u64;
+    d.write(ino, 0, &vec![1u8; 8 * bs], 0).unwrap();
+    d.flush(ino).unwrap();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let d = d.clone();
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    let got = read(&d, ino, 0, 8 * bs, size);
+                    for b in got.chunks(bs) {
+                        assert!(b.iter().all(|&x| x == b[0]), "a torn block");
+                    }
+                }
+            })
+        })
+        .collect();
+    for round in 0..50u8 {
+        let idx = u64::from(round % 8);
+        d.write(ino, idx * BS as u64, &vec![round; bs], size)
+            .unwrap();
+        if round % 3 == 0 {
+            d.flush(ino).unwrap();
+        }
+    }
+    for r in readers {
+        r.join().unwrap();
+    }
 }
 
 /// An acknowledged sync's blocks and record are on the replicas.
