@@ -30,6 +30,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod blocks;
 pub mod cache;
 pub mod data;
 pub mod errno;

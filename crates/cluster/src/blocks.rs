@@ -1,0 +1,445 @@
+//! Data blocks in the cluster (docs/cluster.md, "A write, from write(2) to
+//! a replica"): `b:{V.<id hex>}`, each in a slot of its own, immutable once
+//! written, ids from `HINCRBY {V}:next block n` and never reused.
+//!
+//! Gets, sets and deletes of many blocks go in one cluster pipeline: the
+//! `redis` crate groups the commands per master, sends every master its
+//! batch before reading any reply, so the masters work in parallel. A
+//! bounded LRU cache keeps blocks read or written: a block never changes,
+//! so a cached one is never stale; only block *maps* go stale.
+//!
+//! `WAIT 1` covers only the writes of the connection it is sent on, and a
+//! file's blocks may have gone out on other connections of the pool (an
+//! earlier flush, another thread). So [`Blocks::wait_replicas`] first writes
+//! on each master, on its own connection, a marker that a script sets and
+//! deletes in one step (it leaves nothing behind, but it is replicated),
+//! then sends `WAIT 1`: the replication stream is ordered, so a replica
+//! that has the marker has every write before it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use redis::cluster::{ClusterConnection, cluster_pipe};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{RedisResult, Script, Value};
+
+use crate::error::{Error, Result};
+use crate::handle::Handle;
+use crate::slot::key_slot;
+use crate::topology::Topology;
+
+/// Bytes of block data per pipeline: a flush of 64 MiB goes in a few
+/// round trips rather than one buffer of all of it.
+const PIPELINE_BYTES: usize = 16 << 20;
+/// Blocks asked for per pipeline of `GET`s.
+const PIPELINE_GETS: usize = 256;
+
+/// Written and deleted in one step on a master before `WAIT`: replicated,
+/// and leaves no key. `allow-oom`: an fsync of what is already written
+/// must not fail because the master is full.
+const MARKER: &str = "#!lua flags=allow-oom
+redis.call('SET', KEYS[1], '1')
+redis.call('DEL', KEYS[1])
+return 1
+";
+
+/// A block as a block map names it: its id and the bytes of it that count
+/// (bytes past `len` read as zeros, even if the stored block is longer:
+/// a truncate cuts `len` and leaves the immutable block alone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub id: u64,
+    pub len: u32,
+}
+
+impl Entry {
+    /// The 12-byte block map value: id u64 LE, len u32 LE.
+    pub fn encode(&self) -> [u8; 12] {
+        let mut v = [0; 12];
+        v[..8].copy_from_slice(&self.id.to_le_bytes());
+        v[8..].copy_from_slice(&self.len.to_le_bytes());
+        v
+    }
+
+    /// A block map value, or why it is not one.
+    pub fn decode(v: &[u8]) -> Result<Entry> {
+        let (Some(id), Some(len)) = (v.get(..8), v.get(8..12)) else {
+            return Err(Error::Protocol(format!(
+                "block map value of {} bytes, not 12",
+                v.len()
+            )));
+        };
+        if v.len() != 12 {
+            return Err(Error::Protocol(format!(
+                "block map value of {} bytes, not 12",
+                v.len()
+            )));
+        }
+        let mut a = [0; 8];
+        a.copy_from_slice(id);
+        let mut b = [0; 4];
+        b.copy_from_slice(len);
+        Ok(Entry {
+            id: u64::from_le_bytes(a),
+            len: u32::from_le_bytes(b),
+        })
+    }
+}
+
+/// `{V}:c:<ino hex>`: a file's block map.
+pub fn map_key(h: &Handle, ino: u64) -> String {
+    format!("{{{}}}:c:{ino:x}", h.keys.name())
+}
+
+/// The field of block `idx` in a block map: lowercase hex.
+pub fn map_field(idx: u64) -> String {
+    format!("{idx:x}")
+}
+
+/// A failure worth another try on a fresh connection: the server was not
+/// reached, or the cluster is between two slot maps (a failover).
+pub fn transient(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.code(),
+            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING")
+        )
+}
+
+/// Runs `f` on a connection of the pool, again on a fresh one after a
+/// transient failure, until the pool's timeout from now has passed. Only
+/// for what may run twice (reads, sets of new blocks, deletes, scripts
+/// whose second run changes nothing more).
+pub fn retry<R>(
+    h: &Handle,
+    mut f: impl FnMut(&mut ClusterConnection) -> RedisResult<R>,
+) -> Result<R> {
+    let deadline = Instant::now() + h.pool.timeout();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match h.pool.with(&mut f) {
+            Err(Error::Redis(e)) if transient(&e) && Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "cluster call failed, trying again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A pipeline's failure with the errno of its cause: a pipeline error
+/// carries no code of its own, so an OOM among its replies would read as
+/// EIO.
+fn pipeline_error(e: Error) -> Error {
+    if let Error::Redis(r) = &e
+        && let Some(items) = r.clone().into_server_errors()
+        && items.iter().any(|(_, s)| s.code() == "OOM")
+    {
+        return Error::Errno(memfs_fs::Errno::ENOSPC);
+    }
+    e
+}
+
+/// The least recently used blocks, bounded in bytes.
+struct Lru {
+    blocks: HashMap<u64, (Arc<[u8]>, u64)>,
+    by_age: BTreeMap<u64, u64>,
+    tick: u64,
+    bytes: u64,
+    limit: u64,
+}
+
+impl Lru {
+    fn get(&mut self, id: u64) -> Option<Arc<[u8]>> {
+        let (b, t) = self.blocks.get_mut(&id)?;
+        self.by_age.remove(t);
+        self.tick += 1;
+        *t = self.tick;
+        self.by_age.insert(self.tick, id);
+        Some(b.clone())
+    }
+
+    fn insert(&mut self, id: u64, b: Arc<[u8]>) {
+        let len = b.len() as u64;
+        if len > self.limit || self.blocks.contains_key(&id) {
+            return;
+        }
+        while self.bytes + len > self.limit {
+            let Some((_, old)) = self.by_age.pop_first() else {
+                break;
+            };
+            self.remove(old);
+        }
+        self.tick += 1;
+        self.blocks.insert(id, (b, self.tick));
+        self.by_age.insert(self.tick, id);
+        self.bytes += len;
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some((b, t)) = self.blocks.remove(&id) {
+            self.by_age.remove(&t);
+            self.bytes -= b.len() as u64;
+        }
+    }
+}
+
+/// The blocks of one mount: the cluster's and the cache.
+pub struct Blocks {
+    h: Arc<Handle>,
+    cache: Mutex<Lru>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    topology: RwLock<Option<Arc<Topology>>>,
+    marker: Script,
+}
+
+impl Blocks {
+    pub fn new(h: Arc<Handle>, cache_bytes: u64) -> Blocks {
+        Blocks {
+            h,
+            cache: Mutex::new(Lru {
+                blocks: HashMap::new(),
+                by_age: BTreeMap::new(),
+                tick: 0,
+                bytes: 0,
+                limit: cache_bytes,
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            topology: RwLock::new(None),
+            marker: Script::new(MARKER),
+        }
+    }
+
+    pub fn cached_bytes(&self) -> u64 {
+        self.cache.lock().bytes
+    }
+
+    /// Blocks found in the cache and blocks fetched.
+    pub fn hits(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `n` new block ids: the first of them.
+    pub fn reserve(&self, n: u64) -> Result<u64> {
+        let next = self.h.keys.next();
+        // Retried: a second HINCRBY after a lost reply only wastes ids.
+        let last: u64 = retry(&self.h, |c| {
+            redis::cmd("HINCRBY")
+                .arg(&next)
+                .arg("block")
+                .arg(n)
+                .query(c)
+        })?;
+        Ok(last + 1 - n)
+    }
+
+    /// The blocks `ids`, from the cache or the cluster; `None` for a block
+    /// the cluster does not have (replaced and freed by another mount: the
+    /// map that named it is stale).
+    pub fn get_many(&self, ids: &[u64]) -> Result<Vec<Option<Arc<[u8]>>>> {
+        let mut out: Vec<Option<Arc<[u8]>>> = {
+            let mut cache = self.cache.lock();
+            ids.iter().map(|&id| cache.get(id)).collect()
+        };
+        let missing: Vec<usize> = (0..ids.len()).filter(|&i| out[i].is_none()).collect();
+        let found = ids.len() - missing.len();
+        self.hits.fetch_add(found as u64, Ordering::Relaxed);
+        self.misses
+            .fetch_add(missing.len() as u64, Ordering::Relaxed);
+        for chunk in missing.chunks(PIPELINE_GETS) {
+            let keys: Vec<String> = chunk.iter().map(|&i| self.h.keys.block(ids[i])).collect();
+            let got: Vec<Option<Vec<u8>>> = retry(&self.h, |c| {
+                let mut p = cluster_pipe();
+                for k in &keys {
+                    p.cmd("GET").arg(k);
+                }
+                p.query(c)
+            })?;
+            let mut cache = self.cache.lock();
+            for (&i, b) in chunk.iter().zip(got) {
+                if let Some(b) = b {
+                    let b: Arc<[u8]> = b.into();
+                    cache.insert(ids[i], b.clone());
+                    out[i] = Some(b);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes new blocks (ids never written before), then caches them. On
+    /// a failure (OOM: ENOSPC) deletes what may have been written, so that
+    /// nothing is left that no map names.
+    pub fn put_many(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
+        let mut start = 0;
+        while start < blocks.len() {
+            let mut end = start;
+            let mut bytes = 0;
+            while end < blocks.len() && (end == start || bytes < PIPELINE_BYTES) {
+                bytes += blocks[end].1.len();
+                end += 1;
+            }
+            let batch = &blocks[start..end];
+            let r = retry(&self.h, |c| {
+                let mut p = cluster_pipe();
+                for (id, b) in batch {
+                    p.cmd("SET")
+                        .arg(self.h.keys.block(*id))
+                        .arg(&b[..])
+                        .ignore();
+                }
+                p.exec(c)
+            });
+            if let Err(e) = r {
+                let ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
+                self.delete(&ids);
+                return Err(pipeline_error(e));
+            }
+            start = end;
+        }
+        let mut cache = self.cache.lock();
+        for (id, b) in blocks {
+            cache.insert(*id, b.clone());
+        }
+        Ok(())
+    }
+
+    /// Deletes blocks no map names any more. Best effort: a failure is
+    /// logged and leaves garbage for the cleaner, never a wrong file.
+    pub fn delete(&self, ids: &[u64]) {
+        {
+            let mut cache = self.cache.lock();
+            for &id in ids {
+                cache.remove(id);
+            }
+        }
+        for chunk in ids.chunks(PIPELINE_GETS * 4) {
+            let r = retry(&self.h, |c| {
+                let mut p = cluster_pipe();
+                for &id in chunk {
+                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                }
+                p.exec(c)
+            });
+            if let Err(e) = r {
+                tracing::warn!(error = %e, blocks = chunk.len(), "could not free blocks");
+            }
+        }
+    }
+
+    /// The cluster's masters, as last seen (fetched again with `fresh`).
+    fn topology(&self, fresh: bool) -> Result<Arc<Topology>> {
+        if !fresh && let Some(t) = self.topology.read().clone() {
+            return Ok(t);
+        }
+        let t = Arc::new(Topology::fetch(self.h.pool.seeds(), self.h.pool.timeout())?);
+        *self.topology.write() = Some(t.clone());
+        Ok(t)
+    }
+
+    /// Waits until a replica of every master that serves one of `keys`
+    /// has every write made to that master before this call (module doc).
+    /// A cluster without replicas has nothing to wait for; a master that
+    /// should have one and has none fails with EIO (an fsync that could not
+    /// be made durable says so).
+    pub fn wait_replicas(&self, keys: &[String]) -> Result<()> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut topology = self.topology(false)?;
+        for attempt in 0..2 {
+            match self.wait_once(&topology, keys) {
+                Err(e) if attempt == 0 => {
+                    tracing::debug!(error = %e, "WAIT failed: reading the topology again");
+                    topology = self.topology(true)?;
+                }
+                other => return other,
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    fn wait_once(&self, topology: &Topology, keys: &[String]) -> Result<()> {
+        if topology.masters.iter().all(|m| m.replicas.is_empty()) {
+            return Ok(());
+        }
+        // One key per master: the marker goes in its slot.
+        let mut per_master: BTreeMap<&str, &String> = BTreeMap::new();
+        for k in keys {
+            let Some(m) = topology.master_of_key(k.as_bytes()) else {
+                return Err(Error::Protocol(format!("no master serves {k}")));
+            };
+            per_master.entry(m.id.as_str()).or_insert(k);
+        }
+        let ms = u64::try_from(self.h.pool.timeout().as_millis() * 3 / 4)
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let got = retry(&self.h, |c| {
+            let mut acked = Vec::new();
+            for k in per_master.values() {
+                let marker = format!("{k}:w");
+                self.marker.key(&marker).invoke::<i64>(c)?;
+                let route = Route::new(key_slot(marker.as_bytes()), SlotAddr::Master);
+                let info = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let v = c.route_command(redis::cmd("WAIT").arg(1).arg(ms), info)?;
+                acked.push(((*k).clone(), v));
+            }
+            Ok(acked)
+        })?;
+        for (k, v) in got {
+            if !matches!(v, Value::Int(n) if n >= 1) {
+                tracing::warn!(key = %k, reply = ?v, "no replica acknowledged within {ms} ms");
+                return Err(Error::Errno(memfs_fs::Errno::EIO));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_round_trip() {
+        let e = Entry {
+            id: 0x0102_0304_0506_0708,
+            len: 65536,
+        };
+        assert_eq!(Entry::decode(&e.encode()).unwrap(), e);
+        assert!(Entry::decode(&[0; 11]).is_err());
+        assert!(Entry::decode(&[0; 13]).is_err());
+    }
+
+    #[test]
+    fn the_cache_keeps_to_its_bound() {
+        let mut l = Lru {
+            blocks: HashMap::new(),
+            by_age: BTreeMap::new(),
+            tick: 0,
+            bytes: 0,
+            limit: 10,
+        };
+        l.insert(1, vec![0; 4].into());
+        l.insert(2, vec![0; 4].into());
+        assert!(l.get(1).is_some());
+        l.insert(3, vec![0; 4].into());
+        assert_eq!(l.bytes, 8);
+        assert!(l.get(2).is_none(), "the least recently used went first");
+        assert!(l.get(1).is_some() && l.get(3).is_some());
+        l.insert(4, vec![0; 11].into());
+        assert!(l.get(4).is_none(), "a block over the bound is not kept");
+    }
+}
