@@ -541,6 +541,37 @@ impl Inner {
         Ok(r)
     }
 
+    /// Close-to-open (docs/cluster.md, "Many mounts, one truth"): the first
+    /// open here of a file that this mount has no unwritten data of reads
+    /// its record from the cluster, so what another mount wrote and closed
+    /// before this open is what it reads, whether or not the feed entry has
+    /// arrived yet (the feed's lag is small, not zero). One round trip; a
+    /// file already open here is kept current by the feed, and costs none.
+    /// A changed record drops the file's block map here and its attributes
+    /// and pages in the kernel.
+    fn revalidate(&self, ino: u64) -> Fres<Record> {
+        let cached = self.rec(ino)?;
+        let open_here = self.opens.lock().contains_key(&ino);
+        if cached.kind != Kind::File || open_here || self.data.dirty(ino).is_some() {
+            return Ok(cached);
+        }
+        let e = self.cache.epoch();
+        let mut recs = self.ns.records(&self.h, &[ino]).map_err(err)?;
+        let fresh = recs.pop().flatten().ok_or(Errno::ENOENT)?;
+        if fresh == cached {
+            self.cache.put_rec(e, ino, fresh.clone());
+            return Ok(fresh);
+        }
+        // Not stored: forgetting moves the epoch on, and the next read of
+        // the record fetches it after whatever the feed brings meanwhile.
+        self.data.invalidate(ino);
+        self.cache.forget_rec(ino);
+        if let Some(f) = self.on_change.read().as_ref() {
+            f(Change::Inode(ino));
+        }
+        Ok(fresh)
+    }
+
     /// The attributes of `ino` with record `r`, this mount's unwritten
     /// data included.
     fn attr(&self, ino: u64, r: &Record) -> Attr {
@@ -1210,7 +1241,7 @@ impl Volume {
     /// contract names: Rust has one namespace for inherent methods).
     pub fn open_file(&self, ino: u64, flags: i32) -> Fres<()> {
         let i = &self.inner;
-        let r = i.rec(ino)?;
+        let r = i.revalidate(ino)?;
         let acc = flags & libc::O_ACCMODE;
         let trunc = flags & libc::O_TRUNC != 0;
         if r.kind == Kind::Dir && (acc != libc::O_RDONLY || trunc) {
