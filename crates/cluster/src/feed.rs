@@ -186,11 +186,15 @@ impl Reader {
                     Ok(mut c) => {
                         if lost {
                             // Whatever happened while away is unknown:
-                            // drop it all and go on from the end.
-                            sink.lost();
+                            // drop it all and go on from the end. The end
+                            // first, then the drop: a read that fills the
+                            // cache after the drop is then covered by the
+                            // entries after that end (the other order lost
+                            // a change made between the two for good).
                             if let Ok(id) = self.end_id(&mut c) {
                                 last = id;
                             }
+                            sink.lost();
                         }
                         lost = true;
                         backoff = BACKOFF_MIN;
