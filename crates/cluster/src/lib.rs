@@ -30,17 +30,25 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod cache;
+pub mod data;
 pub mod errno;
 pub mod error;
+pub mod feed;
 pub mod handle;
 pub mod keys;
 pub mod local;
+pub mod locks;
 pub mod lua;
+pub mod namespace;
 pub mod pool;
 pub mod record;
+pub mod session;
 pub mod slot;
 pub mod topology;
+pub mod volume;
 
 pub use admin::{Admin, CreateOptions};
 pub use error::{Error, Result};
 pub use local::LocalCluster;
+pub use volume::{Change, Volume, VolumeOptions, VolumeStatus};

@@ -1,0 +1,303 @@
+//! The feed reader (docs/cluster.md, "Many mounts, one truth"): one thread
+//! per mount, on a plain connection of its own to the metadata master
+//! (found with the topology, found again after an error or a failover,
+//! with a capped backoff), doing `XREAD BLOCK 1000 STREAMS {V}:feed <last
+//! id>`. Each entry another session made goes to the [`Sink`]; when the
+//! connection was lost, or the stream was trimmed past the last id read,
+//! entries may have been missed, and the sink is told to drop everything
+//! ([`Sink::lost`]), and reading goes on from the stream's end.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::error::{Error, Result};
+use crate::keys::Keys;
+use crate::session::Stop;
+use crate::topology::{Topology, connect};
+
+/// Entries asked for per read.
+const COUNT: usize = 1000;
+/// The block of one read, in ms: also the bound on noticing a stop.
+const BLOCK_MS: u64 = 1000;
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// One feed entry, as the scripts write it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub sid: u64,
+    pub op: String,
+    pub ino: u64,
+    /// `parent`, `name`.
+    pub name: Option<(u64, Vec<u8>)>,
+    /// A rename's `parent2`, `name2`.
+    pub name2: Option<(u64, Vec<u8>)>,
+    /// A rename's replaced node (`ino2`), 0 for none.
+    pub ino2: u64,
+}
+
+/// Where the entries go.
+pub trait Sink: Send + Sync {
+    /// This mount's session now (its own entries are skipped).
+    fn sid(&self) -> u64;
+    fn entry(&self, e: &Entry);
+    /// Entries may have been missed: drop every cache.
+    fn lost(&self);
+}
+
+/// A stream id `ms-seq`, ordered.
+fn id_of(s: &str) -> (u64, u64) {
+    let (a, b) = s.split_once('-').unwrap_or((s, "0"));
+    (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn raw(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.clone().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+/// The entry of one stream item's field list.
+fn parse_entry(fields: &[Value]) -> Entry {
+    let mut e = Entry::default();
+    let (mut p, mut n, mut p2, mut n2) = (None, None, None, None);
+    for kv in fields.chunks(2) {
+        let [k, v] = kv else { continue };
+        let num = || text(v).and_then(|t| t.parse::<u64>().ok()).unwrap_or(0);
+        match text(k).as_deref() {
+            Some("sid") => e.sid = num(),
+            Some("op") => e.op = text(v).unwrap_or_default(),
+            Some("ino") => e.ino = num(),
+            Some("ino2") => e.ino2 = num(),
+            Some("parent") => p = Some(num()),
+            Some("name") => n = Some(raw(v)),
+            Some("parent2") => p2 = Some(num()),
+            Some("name2") => n2 = Some(raw(v)),
+            _ => {}
+        }
+    }
+    e.name = p.zip(n);
+    e.name2 = p2.zip(n2);
+    e
+}
+
+/// The items of an XREAD reply: `(id, entry)`.
+fn parse_read(v: &Value) -> Result<Vec<(String, Entry)>> {
+    let bad = || Error::Protocol(format!("XREAD: {v:?}"));
+    let streams: Vec<&Value> = match v {
+        Value::Nil => return Ok(Vec::new()),
+        Value::Array(a) => a.iter().collect(),
+        Value::Map(m) => m.iter().map(|(_, v)| v).collect(),
+        _ => return Err(bad()),
+    };
+    let mut out = Vec::new();
+    for s in streams {
+        let items = match s {
+            Value::Array(a) if a.len() == 2 => &a[1],
+            other => other,
+        };
+        let Value::Array(items) = items else {
+            return Err(bad());
+        };
+        for it in items {
+            let Value::Array(pair) = it else {
+                return Err(bad());
+            };
+            let (Some(id), Some(Value::Array(fields))) = (pair.first().and_then(text), pair.get(1))
+            else {
+                return Err(bad());
+            };
+            out.push((id, parse_entry(fields)));
+        }
+    }
+    Ok(out)
+}
+
+/// The reader; [`Reader::run`] is the thread's body.
+pub struct Reader {
+    pub seeds: Vec<String>,
+    pub keys: Keys,
+    pub timeout: Duration,
+}
+
+impl Reader {
+    fn connect(&self) -> Result<redis::Connection> {
+        let meta = self.keys.meta();
+        let t = Topology::fetch(&self.seeds, self.timeout)?;
+        let m = t
+            .master_of_key(meta.as_bytes())
+            .ok_or_else(|| Error::Protocol("no master serves the volume's slot".into()))?;
+        // Longer than a read's block, or every empty read would time out.
+        connect(
+            &m.addr,
+            self.timeout.max(Duration::from_millis(BLOCK_MS * 3)),
+        )
+    }
+
+    /// The stream's last id now.
+    fn end_id(&self, c: &mut redis::Connection) -> Result<String> {
+        let v: Value = redis::cmd("XREVRANGE")
+            .arg(self.keys.feed_key())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query(c)?;
+        Ok(first_id(&v).unwrap_or_else(|| "0-0".into()))
+    }
+
+    /// Whether entries after `last` were trimmed away.
+    fn trimmed(&self, c: &mut redis::Connection, last: &str) -> Result<bool> {
+        let v: Value = redis::cmd("XRANGE")
+            .arg(self.keys.feed_key())
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query(c)?;
+        Ok(first_id(&v).is_some_and(|first| id_of(&first) > id_of(last)))
+    }
+
+    /// Reads from `start` until `stop`.
+    pub fn run(self, start: String, stop: Arc<Stop>, sink: Arc<dyn Sink>) {
+        let mut last = start;
+        let mut con: Option<redis::Connection> = None;
+        let mut backoff = BACKOFF_MIN;
+        // The first connection starts where the session was registered:
+        // nothing was missed. Any later one follows a failure.
+        let mut lost = false;
+        while !stop.is_stopped() {
+            let c = match con.as_mut() {
+                Some(c) => c,
+                None => match self.connect() {
+                    Ok(mut c) => {
+                        if lost {
+                            // Whatever happened while away is unknown:
+                            // drop it all and go on from the end.
+                            sink.lost();
+                            if let Ok(id) = self.end_id(&mut c) {
+                                last = id;
+                            }
+                        }
+                        lost = true;
+                        backoff = BACKOFF_MIN;
+                        con.insert(c)
+                    }
+                    Err(e) => {
+                        lost = true;
+                        tracing::warn!(error = %e, "feed: cannot reach the metadata master");
+                        if stop.wait(backoff) {
+                            break;
+                        }
+                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        continue;
+                    }
+                },
+            };
+            match self.read(c, &mut last, sink.as_ref()) {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "feed: read failed; reconnecting");
+                    con = None;
+                    sink.lost();
+                }
+            }
+        }
+    }
+
+    fn read(&self, c: &mut redis::Connection, last: &mut String, sink: &dyn Sink) -> Result<()> {
+        let v: Value = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(COUNT)
+            .arg("BLOCK")
+            .arg(BLOCK_MS)
+            .arg("STREAMS")
+            .arg(self.keys.feed_key())
+            .arg(last.as_str())
+            .query(c)?;
+        let items = parse_read(&v)?;
+        if items.len() >= COUNT && self.trimmed(c, last)? {
+            sink.lost();
+        }
+        let me = sink.sid();
+        for (id, e) in &items {
+            if e.sid != me {
+                sink.entry(e);
+            }
+            last.clone_from(id);
+        }
+        Ok(())
+    }
+}
+
+fn first_id(v: &Value) -> Option<String> {
+    let Value::Array(a) = v else { return None };
+    let Value::Array(item) = a.first()? else {
+        return None;
+    };
+    item.first().and_then(text)
+}
+
+/// The feed's key.
+pub trait FeedKey {
+    fn feed_key(&self) -> String;
+}
+
+impl FeedKey for Keys {
+    fn feed_key(&self) -> String {
+        format!("{{{}}}:feed", self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_parse() {
+        let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let v = Value::Array(vec![Value::Array(vec![
+            b("{v}:feed"),
+            Value::Array(vec![Value::Array(vec![
+                b("5-1"),
+                Value::Array(vec![
+                    b("sid"),
+                    b("3"),
+                    b("op"),
+                    b("rename"),
+                    b("ino"),
+                    b("9"),
+                    b("parent"),
+                    b("1"),
+                    b("name"),
+                    b("a"),
+                    b("parent2"),
+                    b("2"),
+                    b("name2"),
+                    b("b"),
+                ]),
+            ])]),
+        ])]);
+        let items = parse_read(&v).unwrap();
+        assert_eq!(items.len(), 1);
+        let (id, e) = &items[0];
+        assert_eq!(id, "5-1");
+        assert_eq!((e.sid, e.op.as_str(), e.ino), (3, "rename", 9));
+        assert_eq!(e.name, Some((1, b"a".to_vec())));
+        assert_eq!(e.name2, Some((2, b"b".to_vec())));
+        assert!(id_of("10-0") > id_of("9-5"));
+        assert!(parse_read(&Value::Nil).unwrap().is_empty());
+    }
+}

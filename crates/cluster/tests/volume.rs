@@ -1,0 +1,867 @@
+//! Mounted volumes (`Volume`) on a real local Redis Cluster: two `Volume`s
+//! on one volume stand for two mounts.
+//!
+//! The same harness as tests/cluster.rs (`harness = false`): `main` starts
+//! one cluster, runs each case under `catch_unwind`, and drops the cluster
+//! whatever happened. `cargo test -p memfs-cluster --test volume -- NAME`
+//! runs the cases whose name contains NAME. Every wait polls a condition
+//! with a deadline and names what it waited for.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use memfs_cluster::keys::Keys;
+use memfs_cluster::local::{LocalCluster, Options};
+use memfs_cluster::topology::connect;
+use memfs_cluster::{Admin, Change, CreateOptions, Volume, VolumeOptions};
+use memfs_fs::{
+    AtimeMode, Config, Ctx, Errno, FileType, Fs, ROOT_INO, RenameFlags, SetAttr, XattrMode,
+};
+
+const T: Duration = Duration::from_secs(10);
+/// How long a condition another mount brings about may take.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+type Case = (&'static str, fn(&LocalCluster));
+
+const CASES: &[Case] = &[
+    ("namespace_basics", namespace_basics),
+    ("same_name_at_once_one_wins", same_name_at_once_one_wins),
+    ("rename_is_atomic", rename_is_atomic),
+    (
+        "changes_reach_the_other_mount",
+        changes_reach_the_other_mount,
+    ),
+    (
+        "unlinked_while_open_elsewhere",
+        unlinked_while_open_elsewhere,
+    ),
+    (
+        "a_fenced_session_changes_nothing",
+        a_fenced_session_changes_nothing,
+    ),
+    ("out_of_memory_is_enospc", out_of_memory_is_enospc),
+    ("errors_match_the_engine", errors_match_the_engine),
+    ("close_ends_the_session", close_ends_the_session),
+];
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    let (mut passed, mut failed) = (0, 0);
+    let started = Instant::now();
+    let cluster = match LocalCluster::start(Options::default()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot start a local Redis Cluster: {e} (run scripts/setup)");
+            println!("0 passed, 1 failed");
+            std::process::exit(1);
+        }
+    };
+    println!("cluster up in {:.1?}", started.elapsed());
+    let current = watchdog(Duration::from_secs(240));
+    for &(name, case) in CASES.iter().filter(|c| wanted(c.0)) {
+        let t = Instant::now();
+        *current.lock().unwrap() = Some((name, t));
+        let ok = catch_unwind(AssertUnwindSafe(|| case(&cluster))).is_ok();
+        println!(
+            "test {name} ... {} ({:.1?})",
+            if ok { "ok" } else { "FAILED" },
+            t.elapsed()
+        );
+        if ok { passed += 1 } else { failed += 1 }
+    }
+    *current.lock().unwrap() = None;
+    drop(cluster);
+    println!("{passed} passed, {failed} failed");
+    std::process::exit(i32::from(failed > 0));
+}
+
+/// Kills this process's redis-server children and exits when a case hangs
+/// (Drop cannot run while the case holds the cluster).
+fn watchdog(limit: Duration) -> Arc<Mutex<Option<(&'static str, Instant)>>> {
+    let cell: Arc<Mutex<Option<(&'static str, Instant)>>> = Arc::default();
+    let seen = cell.clone();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let Some((name, since)) = *seen.lock().unwrap() else {
+                continue;
+            };
+            if since.elapsed() > limit {
+                eprintln!("test {name} hung for {limit:?}: stopping the cluster");
+                for pid in redis_children() {
+                    let _ = std::process::Command::new("kill")
+                        .arg("-9")
+                        .arg(pid.to_string())
+                        .status();
+                }
+                println!("test {name} ... FAILED (hung)");
+                std::process::exit(1);
+            }
+        }
+    });
+    cell
+}
+
+/// The redis-server processes this process started, from /proc.
+fn redis_children() -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return pids;
+    };
+    for t in tasks.flatten() {
+        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        for pid in children
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmd).contains("redis-server") {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A new volume on `c`, named after `what`.
+fn new_volume(c: &LocalCluster, what: &str) -> String {
+    let name = format!("{what}-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let name: String = name.chars().take(60).collect();
+    Admin::with_timeout(&c.urls(), T)
+        .unwrap()
+        .create(&name, &CreateOptions::default())
+        .unwrap();
+    name
+}
+
+fn opts(lease: Duration) -> VolumeOptions {
+    VolumeOptions {
+        timeout: T,
+        lease,
+        mountpoint: "/test".into(),
+        ..VolumeOptions::default()
+    }
+}
+
+fn mount(c: &LocalCluster, name: &str) -> Arc<Volume> {
+    Volume::open(&c.urls(), name, &opts(Duration::from_secs(2))).unwrap()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn meta_node(c: &LocalCluster, name: &str) -> redis::Connection {
+    let keys = Keys::new(name).unwrap();
+    let m = c.master_of(keys.meta().as_bytes()).unwrap();
+    connect(&c.addr(m), T).unwrap()
+}
+
+const R: Ctx = Ctx::ROOT;
+
+fn names(v: &Volume, dir: u64) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    v.readdir(dir, 0, |e| {
+        out.push(e.name.to_vec());
+        true
+    })
+    .unwrap();
+    out.sort();
+    out
+}
+
+fn namespace_basics(c: &LocalCluster) {
+    let name = new_volume(c, "basics");
+    let v = mount(c, &name);
+    let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0o022).unwrap();
+    assert_eq!((d.kind, d.perm, d.nlink), (FileType::Directory, 0o755, 2));
+    assert_eq!(v.getattr(ROOT_INO).unwrap().nlink, 3);
+    // What this mount made is cached: its stat and lookup ask nothing.
+    let misses = v.status().cache_misses;
+    assert_eq!(v.getattr(d.ino).unwrap().ino, d.ino);
+    assert_eq!(v.lookup(ROOT_INO, b"d").unwrap().ino, d.ino);
+    assert_eq!(v.status().cache_misses, misses, "a cached stat missed");
+    let (f, created) = v.create_umask(R, d.ino, b"f", 0o666, true, 0o022).unwrap();
+    assert!(created);
+    assert_eq!(f.perm, 0o644);
+    assert_eq!(
+        v.write_as(R, &|_| true, false, f.ino, 0, b"hello", false),
+        Ok(5)
+    );
+    let mut buf = [0; 16];
+    assert_eq!(v.read_atime(f.ino, 0, &mut buf, AtimeMode::Never), Ok(5));
+    assert_eq!(&buf[..5], b"hello");
+    assert_eq!(v.getattr(f.ino).unwrap().size, 5);
+    v.release(f.ino);
+    assert_eq!(v.lookup(d.ino, b"f").unwrap().ino, f.ino);
+    assert_eq!(v.lookup(d.ino, b"..").unwrap().ino, ROOT_INO);
+    let s = v.symlink(R, d.ino, b"s", b"f").unwrap();
+    assert_eq!(v.readlink(s.ino).unwrap(), b"f");
+    let l = v.link(f.ino, ROOT_INO, b"hard").unwrap();
+    assert_eq!(l.nlink, 2);
+    v.rename(d.ino, b"f", ROOT_INO, b"moved", RenameFlags::default())
+        .unwrap();
+    assert_eq!(
+        names(&v, d.ino),
+        vec![b".".to_vec(), b"..".to_vec(), b"s".to_vec()]
+    );
+    assert_eq!(v.lookup(d.ino, b"f"), Err(Errno::ENOENT));
+    v.setxattr_as(R, &|_| true, f.ino, b"user.a", b"1", XattrMode::Create)
+        .unwrap();
+    assert_eq!(v.getxattr(f.ino, b"user.a").unwrap(), b"1");
+    assert_eq!(v.listxattr(f.ino).unwrap(), b"user.a\0");
+    let set = SetAttr {
+        mode: Some(0o4755),
+        ..SetAttr::default()
+    };
+    assert_eq!(
+        v.setattr_as(R, &|_| true, f.ino, &set).unwrap().perm,
+        0o4755
+    );
+    let chown = SetAttr {
+        uid: Some(7),
+        ..SetAttr::default()
+    };
+    let a = v.setattr_as(R, &|_| true, f.ino, &chown).unwrap();
+    assert_eq!((a.uid, a.perm), (7, 0o755), "chown drops setuid");
+    let trunc = SetAttr {
+        size: Some(2),
+        ..SetAttr::default()
+    };
+    assert_eq!(v.setattr_as(R, &|_| true, f.ino, &trunc).unwrap().size, 2);
+    assert_eq!(v.read_atime(f.ino, 0, &mut buf, AtimeMode::Never), Ok(2));
+    v.unlink(ROOT_INO, b"moved").unwrap();
+    v.unlink(ROOT_INO, b"hard").unwrap();
+    assert_eq!(
+        v.getattr(f.ino),
+        Err(Errno::ENOENT),
+        "freed with its last link"
+    );
+    // Long listings keep their offsets when continued.
+    for i in 0..300 {
+        v.mknod_umask(R, d.ino, format!("n{i}").as_bytes(), 0o644, 0, 0)
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let mut off = 0;
+    loop {
+        let mut batch = Vec::new();
+        v.readdir(d.ino, off, |e| {
+            batch.push((e.name.to_vec(), e.offset));
+            batch.len() < 7
+        })
+        .unwrap();
+        let Some(&(_, last)) = batch.last() else {
+            break;
+        };
+        off = last;
+        seen.extend(batch.into_iter().map(|(n, _)| n));
+    }
+    assert_eq!(seen.len(), 303, "., .., s and 300");
+    v.close().unwrap();
+}
+
+fn same_name_at_once_one_wins(c: &LocalCluster) {
+    let name = new_volume(c, "race");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    for round in 0..20 {
+        let n = format!("f{round}");
+        let barrier = Arc::new(Barrier::new(2));
+        let threads: Vec<_> = [a.clone(), b.clone()]
+            .into_iter()
+            .map(|v| {
+                let (n, barrier) = (n.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let r = if round % 2 == 0 {
+                        v.create_umask(R, ROOT_INO, n.as_bytes(), 0o644, true, 0)
+                            .map(|(a, _)| a.ino)
+                    } else {
+                        v.mkdir_umask(R, ROOT_INO, n.as_bytes(), 0o755, 0)
+                            .map(|a| a.ino)
+                    };
+                    if let Ok(ino) = r
+                        && round % 2 == 0
+                    {
+                        v.release(ino);
+                    }
+                    r
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let wins = results.iter().filter(|r| r.is_ok()).count();
+        let exists = results.iter().filter(|r| **r == Err(Errno::EEXIST)).count();
+        assert_eq!((wins, exists), (1, 1), "round {round}: {results:?}");
+    }
+    let root = a.getattr(ROOT_INO).unwrap();
+    assert_eq!(root.nlink, 2 + 10, "ten directories won, once each");
+}
+
+fn rename_is_atomic(c: &LocalCluster) {
+    let name = new_volume(c, "rename");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let d = a.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0).unwrap();
+    a.mknod_umask(R, d.ino, b"x", 0o644, 0, 0).unwrap();
+    a.mknod_umask(R, d.ino, b"y", 0o644, 0, 0).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (a2, stop2) = (a.clone(), stop.clone());
+    let mover = std::thread::spawn(move || {
+        let mut n = 0;
+        while !stop2.load(Ordering::Relaxed) {
+            let (from, to): (&[u8], &[u8]) = if n % 2 == 0 {
+                (b"x", b"z")
+            } else {
+                (b"z", b"x")
+            };
+            a2.rename(d.ino, from, d.ino, to, RenameFlags::default())
+                .unwrap();
+            let ex = RenameFlags {
+                exchange: true,
+                ..RenameFlags::default()
+            };
+            a2.rename(d.ino, to, d.ino, b"y", ex).unwrap();
+            n += 1;
+        }
+        n
+    });
+    // Every listing B takes is one state: two names, never one or three.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut listings = 0;
+    while Instant::now() < deadline {
+        let seen = names(&b, d.ino);
+        assert_eq!(seen.len(), 4, "a listing mid-rename: {seen:?}");
+        listings += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let renames = mover.join().unwrap();
+    assert!(renames > 0 && listings > 0);
+    let noreplace = RenameFlags {
+        noreplace: true,
+        ..RenameFlags::default()
+    };
+    assert_eq!(
+        b.rename(d.ino, b"y", d.ino, b"y", noreplace),
+        Err(Errno::EEXIST)
+    );
+}
+
+fn changes_reach_the_other_mount(c: &LocalCluster) {
+    let name = new_volume(c, "feed");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let changes: Arc<Mutex<Vec<Change>>> = Arc::default();
+    let seen = changes.clone();
+    b.on_change(Box::new(move |ch| seen.lock().unwrap().push(ch)));
+    assert_eq!(
+        b.lookup(ROOT_INO, b"f"),
+        Err(Errno::ENOENT),
+        "cached as absent"
+    );
+    let (f, _) = a.create_umask(R, ROOT_INO, b"f", 0o644, true, 0).unwrap();
+    a.write_as(R, &|_| true, false, f.ino, 0, b"one", false)
+        .unwrap();
+    a.flush(f.ino).unwrap();
+    wait_until("B to see the new name", || b.lookup(ROOT_INO, b"f").is_ok());
+    let mut buf = [0; 8];
+    assert_eq!(b.read_atime(f.ino, 0, &mut buf, AtimeMode::Never), Ok(3));
+    assert_eq!(&buf[..3], b"one");
+    a.write_as(R, &|_| true, false, f.ino, 0, b"two!", false)
+        .unwrap();
+    a.flush(f.ino).unwrap();
+    wait_until("B to see the new size", || {
+        b.getattr(f.ino).is_ok_and(|x| x.size == 4)
+    });
+    assert_eq!(b.read_atime(f.ino, 0, &mut buf, AtimeMode::Never), Ok(4));
+    assert_eq!(&buf[..4], b"two!");
+    wait_until("B's callback to hear of the entry", || {
+        changes.lock().unwrap().contains(&Change::Entry {
+            parent: ROOT_INO,
+            name: b"f".to_vec(),
+        })
+    });
+    a.release(f.ino);
+    let set = SetAttr {
+        mode: Some(0o600),
+        ..SetAttr::default()
+    };
+    a.setattr_as(R, &|_| true, f.ino, &set).unwrap();
+    wait_until("B to see the new mode", || {
+        b.getattr(f.ino).is_ok_and(|x| x.perm == 0o600)
+    });
+    a.unlink(ROOT_INO, b"f").unwrap();
+    wait_until("B to see the name go", || {
+        b.lookup(ROOT_INO, b"f") == Err(Errno::ENOENT)
+    });
+    assert!(b.status().cache_hits > 0);
+}
+
+fn unlinked_while_open_elsewhere(c: &LocalCluster) {
+    let name = new_volume(c, "orphan");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let keys = Keys::new(&name).unwrap();
+    let mut node = meta_node(c, &name);
+    let (f, _) = a.create_umask(R, ROOT_INO, b"f", 0o644, true, 0).unwrap();
+    a.write_as(R, &|_| true, false, f.ino, 0, b"kept", false)
+        .unwrap();
+    wait_until("B to see f", || b.lookup(ROOT_INO, b"f").is_ok());
+    b.unlink(ROOT_INO, b"f").unwrap();
+    assert_eq!(b.lookup(ROOT_INO, b"f"), Err(Errno::ENOENT));
+    let field = format!("o:{:x}", f.ino);
+    let session = format!("{{{name}}}:s:{}", a.status().session);
+    wait_until("A to hold the orphan", || {
+        redis::cmd("HEXISTS")
+            .arg(&session)
+            .arg(&field)
+            .query::<bool>(&mut node)
+            .unwrap()
+    });
+    // Past the grace (one lease) and some renewals: still there, as A holds it.
+    let orphans = format!("{{{name}}}:orphans");
+    let since: u64 = redis::cmd("ZSCORE")
+        .arg(&orphans)
+        .arg(f.ino)
+        .query(&mut node)
+        .unwrap();
+    wait_until("the grace to pass by the server's clock", || {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut node).unwrap();
+        s * 1000 + us / 1000 > since + 3 * 2000
+    });
+    let mut buf = [0; 8];
+    assert_eq!(a.read_atime(f.ino, 0, &mut buf, AtimeMode::Never), Ok(4));
+    assert_eq!(&buf[..4], b"kept");
+    assert_eq!(
+        a.write_as(R, &|_| true, false, f.ino, 4, b"!", false),
+        Ok(1)
+    );
+    assert_eq!(a.getattr(f.ino).unwrap().nlink, 0);
+    a.release(f.ino);
+    let rec = keys.records(f.ino);
+    let map = format!("{{{name}}}:c:{:x}", f.ino);
+    wait_until("the orphan to be freed after the last close", || {
+        let r: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&rec)
+            .arg(&Keys::record_field(f.ino)[..])
+            .query(&mut node)
+            .unwrap();
+        let m: bool = redis::cmd("EXISTS").arg(&map).query(&mut node).unwrap();
+        r.is_none() && !m
+    });
+    let left: u64 = redis::cmd("ZCARD").arg(&orphans).query(&mut node).unwrap();
+    assert_eq!(left, 0);
+}
+
+fn a_fenced_session_changes_nothing(c: &LocalCluster) {
+    let name = new_volume(c, "fence");
+    // A long lease: its renewal does not come during the case.
+    let v = Volume::open(&c.urls(), &name, &opts(Duration::from_secs(600))).unwrap();
+    v.mkdir_umask(R, ROOT_INO, b"before", 0o755, 0).unwrap();
+    let sid = v.status().session;
+    let mut node = meta_node(c, &name);
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{{{name}}}:sessions"))
+        .arg(1)
+        .arg(sid)
+        .query(&mut node)
+        .unwrap();
+    assert_eq!(
+        v.mkdir_umask(R, ROOT_INO, b"after", 0o755, 0),
+        Err(Errno::ESTALE)
+    );
+    assert_eq!(v.unlink(ROOT_INO, b"before"), Err(Errno::ESTALE));
+    assert_eq!(
+        v.rename(ROOT_INO, b"before", ROOT_INO, b"x", RenameFlags::default()),
+        Err(Errno::ESTALE)
+    );
+    let other = mount(c, &name);
+    assert_eq!(other.lookup(ROOT_INO, b"after"), Err(Errno::ENOENT));
+    assert!(other.lookup(ROOT_INO, b"before").is_ok());
+    assert_eq!(other.getattr(ROOT_INO).unwrap().nlink, 3);
+}
+
+/// Puts the metadata master's maxmemory back, whatever the case did.
+struct RestoreMemory(redis::Connection);
+
+impl Drop for RestoreMemory {
+    fn drop(&mut self) {
+        let r: redis::RedisResult<()> = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("256mb")
+            .query(&mut self.0);
+        r.expect("restore maxmemory");
+    }
+}
+
+fn out_of_memory_is_enospc(c: &LocalCluster) {
+    let name = new_volume(c, "oom");
+    let v = mount(c, &name);
+    let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let before = v.getattr(ROOT_INO).unwrap();
+    let mut node = meta_node(c, &name);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut node)
+        .unwrap();
+    let restore = RestoreMemory(node);
+    assert_eq!(
+        v.mkdir_umask(R, ROOT_INO, b"full", 0o755, 0).map(drop),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(
+        v.create_umask(R, d.ino, b"f", 0o644, true, 0).map(drop),
+        Err(Errno::ENOSPC)
+    );
+    assert_eq!(
+        v.rename(ROOT_INO, b"d", ROOT_INO, b"e", RenameFlags::default()),
+        Err(Errno::ENOSPC)
+    );
+    drop(restore);
+    let other = mount(c, &name);
+    assert_eq!(other.lookup(ROOT_INO, b"full"), Err(Errno::ENOENT));
+    assert_eq!(other.lookup(d.ino, b"f"), Err(Errno::ENOENT));
+    assert_eq!(other.lookup(ROOT_INO, b"d").unwrap().ino, d.ino);
+    let after = other.getattr(ROOT_INO).unwrap();
+    assert_eq!((after.nlink, after.mtime), (before.nlink, before.mtime));
+    v.mkdir_umask(R, ROOT_INO, b"full", 0o755, 0).unwrap();
+}
+
+/// One namespace operation, run the same way on the engine and a volume.
+enum Op {
+    Mkdir(&'static str),
+    Create(&'static str),
+    Symlink(&'static str, &'static [u8]),
+    Link(&'static str, &'static str),
+    Unlink(&'static str),
+    Rmdir(&'static str),
+    Rename(&'static str, &'static str, u32),
+    Lookup(&'static str),
+    Readlink(&'static str),
+    Truncate(&'static str, u64),
+    SetX(&'static str, &'static [u8], XattrMode),
+    GetX(&'static str, &'static [u8]),
+    RemoveX(&'static str, &'static [u8]),
+}
+
+/// The tree both sides share, enough of it to name nodes by path.
+trait Ns {
+    fn lookup(&self, p: u64, n: &[u8]) -> memfs_fs::Result<(u64, FileType, u32)>;
+    fn run(
+        &self,
+        p: u64,
+        n: &[u8],
+        op: &Op,
+        other: Option<(u64, u64, Vec<u8>)>,
+    ) -> memfs_fs::Result<()>;
+}
+
+fn split(path: &str) -> (&str, &str) {
+    path.rsplit_once('/').unwrap_or(("", path))
+}
+
+/// `(parent ino, name)` of `path`, walking from the root.
+fn resolve(t: &dyn Ns, path: &str) -> memfs_fs::Result<(u64, Vec<u8>)> {
+    let (dir, name) = split(path);
+    let mut ino = ROOT_INO;
+    for part in dir.split('/').filter(|p| !p.is_empty()) {
+        ino = t.lookup(ino, part.as_bytes())?.0;
+    }
+    Ok((ino, name.as_bytes().to_vec()))
+}
+
+fn apply(t: &dyn Ns, op: &Op) -> memfs_fs::Result<()> {
+    let path = match op {
+        Op::Mkdir(p) | Op::Create(p) | Op::Symlink(p, _) | Op::Unlink(p) | Op::Rmdir(p) => p,
+        Op::Link(p, _) | Op::Rename(p, _, _) | Op::Lookup(p) | Op::Readlink(p) => p,
+        Op::Truncate(p, _) | Op::SetX(p, _, _) | Op::GetX(p, _) | Op::RemoveX(p, _) => p,
+    };
+    let (p, n) = resolve(t, path)?;
+    let other = match op {
+        Op::Link(_, to) | Op::Rename(_, to, _) => {
+            let (p2, n2) = resolve(t, to)?;
+            Some((0, p2, n2))
+        }
+        _ => None,
+    };
+    t.run(p, &n, op, other)
+}
+
+struct Engine(Fs);
+
+impl Ns for Engine {
+    fn lookup(&self, p: u64, n: &[u8]) -> memfs_fs::Result<(u64, FileType, u32)> {
+        self.0.lookup_noref(p, n).map(|a| (a.ino, a.kind, a.nlink))
+    }
+
+    fn run(
+        &self,
+        p: u64,
+        n: &[u8],
+        op: &Op,
+        other: Option<(u64, u64, Vec<u8>)>,
+    ) -> memfs_fs::Result<()> {
+        let fs = &self.0;
+        let node = || fs.lookup_noref(p, n).map(|a| a.ino);
+        match op {
+            Op::Mkdir(_) => fs.mkdir_umask(R, p, n, 0o755, 0).map(drop),
+            Op::Create(_) => fs.mknod_umask(R, p, n, 0o644, 0, 0).map(drop),
+            Op::Symlink(_, t) => fs.symlink(R, p, n, t).map(drop),
+            Op::Link(..) => {
+                let (_, p2, n2) = other.unwrap();
+                fs.link(node()?, p2, &n2).map(drop)
+            }
+            Op::Unlink(_) => fs.unlink(p, n),
+            Op::Rmdir(_) => fs.rmdir(p, n),
+            Op::Rename(_, _, flags) => {
+                let (_, p2, n2) = other.unwrap();
+                fs.rename(p, n, p2, &n2, RenameFlags::from_bits(*flags)?)
+            }
+            Op::Lookup(_) => node().map(drop),
+            Op::Readlink(_) => fs.readlink(node()?).map(drop),
+            Op::Truncate(_, s) => {
+                let set = SetAttr {
+                    size: Some(*s),
+                    ..SetAttr::default()
+                };
+                fs.setattr(R, node()?, &set).map(drop)
+            }
+            Op::SetX(_, x, m) => fs.setxattr(node()?, x, b"v", *m),
+            Op::GetX(_, x) => fs.getxattr(node()?, x).map(drop),
+            Op::RemoveX(_, x) => fs.removexattr(node()?, x),
+        }
+    }
+}
+
+impl Ns for Volume {
+    fn lookup(&self, p: u64, n: &[u8]) -> memfs_fs::Result<(u64, FileType, u32)> {
+        Volume::lookup(self, p, n).map(|a| (a.ino, a.kind, a.nlink))
+    }
+
+    fn run(
+        &self,
+        p: u64,
+        n: &[u8],
+        op: &Op,
+        other: Option<(u64, u64, Vec<u8>)>,
+    ) -> memfs_fs::Result<()> {
+        let node = || Volume::lookup(self, p, n).map(|a| a.ino);
+        match op {
+            Op::Mkdir(_) => self.mkdir_umask(R, p, n, 0o755, 0).map(drop),
+            Op::Create(_) => self.mknod_umask(R, p, n, 0o644, 0, 0).map(drop),
+            Op::Symlink(_, t) => self.symlink(R, p, n, t).map(drop),
+            Op::Link(..) => {
+                let (_, p2, n2) = other.unwrap();
+                self.link(node()?, p2, &n2).map(drop)
+            }
+            Op::Unlink(_) => self.unlink(p, n),
+            Op::Rmdir(_) => self.rmdir(p, n),
+            Op::Rename(_, _, flags) => {
+                let (_, p2, n2) = other.unwrap();
+                Volume::rename(self, p, n, p2, &n2, RenameFlags::from_bits(*flags)?)
+            }
+            Op::Lookup(_) => node().map(drop),
+            Op::Readlink(_) => self.readlink(node()?).map(drop),
+            Op::Truncate(_, s) => {
+                let set = SetAttr {
+                    size: Some(*s),
+                    ..SetAttr::default()
+                };
+                self.setattr_as(R, &|_| true, node()?, &set).map(drop)
+            }
+            Op::SetX(_, x, m) => self.setxattr_as(R, &|_| true, node()?, x, b"v", *m),
+            Op::GetX(_, x) => self.getxattr(node()?, x).map(drop),
+            Op::RemoveX(_, x) => self.removexattr(node()?, x),
+        }
+    }
+}
+
+const NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+const EXCHANGE: u32 = libc::RENAME_EXCHANGE;
+
+fn sequence() -> Vec<Op> {
+    use Op::*;
+    const LONG: &str = "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn";
+    vec![
+        Mkdir("d"),
+        Mkdir("d"),
+        Create("d/f"),
+        Create("d/f"),
+        Mkdir(LONG),
+        Create("d/."),
+        Mkdir("d/.."),
+        Lookup("d/nope"),
+        Lookup("d/f/x"),
+        Rmdir("d"),
+        Unlink("d"),
+        Rmdir("d/f"),
+        Unlink("d/nope"),
+        Rmdir("d/."),
+        Rmdir("d/.."),
+        Unlink("d/.."),
+        Symlink("d/s", b""),
+        Symlink("d/s", b"f"),
+        Readlink("d/s"),
+        Readlink("d/f"),
+        Link("d", "d/dlink"),
+        Link("d/f", "d/g"),
+        Link("d/f", "d/g"),
+        Link("d/f", "nodir/g"),
+        Rename("d/f", "d/g", 0),
+        Rename("d/g", "d/s", NOREPLACE),
+        Rename("d/g", "d/none", EXCHANGE),
+        Rename("d/.", "d/x", 0),
+        Rename("d/g", "d/g", NOREPLACE | EXCHANGE),
+        Mkdir("e"),
+        Mkdir("e/sub"),
+        Rename("d/g", "e", 0),
+        Rename("e", "d/s", 0),
+        Rename("e", "e/sub/deeper", 0),
+        Rename("d", "e", 0),
+        Rename("e/sub", "e", 0),
+        Rename("d", "e/sub", 0),
+        Lookup("e/sub/s"),
+        Rename("e/sub", "zz", EXCHANGE),
+        Mkdir("zz"),
+        Rename("e/sub", "zz", EXCHANGE),
+        Rename("zz/s", "e/s2", 0),
+        Rmdir("e"),
+        Rmdir("e/sub"),
+        Truncate("zz", 0),
+        Truncate("e/s2", 0),
+        Create("zz/t"),
+        Truncate("zz/t", 100),
+        SetX("zz/t", b"user.a", XattrMode::Replace),
+        SetX("zz/t", b"user.a", XattrMode::Create),
+        SetX("zz/t", b"user.a", XattrMode::Create),
+        SetX("zz/t", b"user.a", XattrMode::Replace),
+        SetX("zz/t", b"bogus.a", XattrMode::Any),
+        SetX("zz/t", b"", XattrMode::Any),
+        SetX("e/s2", b"user.a", XattrMode::Any),
+        SetX("e/s2", b"trusted.a", XattrMode::Any),
+        GetX("zz/t", b"user.b"),
+        GetX("zz/t", b"user.a"),
+        RemoveX("zz/t", b"user.b"),
+        RemoveX("zz/t", b"user.a"),
+        GetX("zz/t", b"user.a"),
+        Unlink("zz/t"),
+        Lookup("zz/t"),
+        Rmdir("zz"),
+    ]
+}
+
+fn errors_match_the_engine(c: &LocalCluster) {
+    let name = new_volume(c, "diff");
+    let v = mount(c, &name);
+    let fs = Engine(Fs::new(Config::default()));
+    let mut wrong = Vec::new();
+    let mut errnos = std::collections::HashSet::new();
+    let mut oks = 0;
+    for (i, op) in sequence().iter().enumerate() {
+        let (want, got) = (apply(&fs, op), apply(&*v, op));
+        if want != got {
+            wrong.push(format!("op {i}: engine {want:?}, volume {got:?}"));
+        }
+        match want {
+            Ok(()) => oks += 1,
+            Err(e) => {
+                errnos.insert(e.name());
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The sequence means something: both succeed and fail, in many ways.
+    assert!(oks >= 20 && errnos.len() >= 10, "{oks} ok, {errnos:?}");
+    // And the trees agree where they ended: every name, type and link count.
+    fn walk(t: &dyn Ns, list: &dyn Fn(u64) -> Vec<Vec<u8>>, dir: u64, out: &mut Vec<String>) {
+        for n in list(dir) {
+            if n == b"." || n == b".." {
+                continue;
+            }
+            let (ino, kind, nlink) = t.lookup(dir, &n).unwrap();
+            out.push(format!(
+                "{dir}/{} {kind:?} {nlink}",
+                String::from_utf8_lossy(&n)
+            ));
+            if kind == FileType::Directory {
+                walk(t, list, ino, out);
+            }
+        }
+    }
+    let list_fs = |d: u64| {
+        let mut o = Vec::new();
+        fs.0.readdir(d, 0, |e| {
+            o.push(e.name.to_vec());
+            true
+        })
+        .unwrap();
+        o.sort();
+        o
+    };
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    walk(&fs, &list_fs, ROOT_INO, &mut a);
+    walk(&*v, &|d| names(&v, d), ROOT_INO, &mut b);
+    let strip = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.split_once('/').map(|x| x.1.to_string()).unwrap_or(s))
+            .collect()
+    };
+    assert_eq!(strip(a), strip(b));
+    assert_eq!(
+        fs.0.getattr(ROOT_INO).unwrap().nlink,
+        v.getattr(ROOT_INO).unwrap().nlink
+    );
+}
+
+fn close_ends_the_session(c: &LocalCluster) {
+    let name = new_volume(c, "close");
+    let v = mount(c, &name);
+    let sid = v.status().session;
+    assert!(v.status().lease_ok);
+    let mut node = meta_node(c, &name);
+    let score: Option<u64> = redis::cmd("ZSCORE")
+        .arg(format!("{{{name}}}:sessions"))
+        .arg(sid)
+        .query(&mut node)
+        .unwrap();
+    assert!(score.is_some());
+    v.close().unwrap();
+    let score: Option<u64> = redis::cmd("ZSCORE")
+        .arg(format!("{{{name}}}:sessions"))
+        .arg(sid)
+        .query(&mut node)
+        .unwrap();
+    assert_eq!(score, None);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(format!("{{{name}}}:s:{sid}"))
+        .query(&mut node)
+        .unwrap();
+    assert!(!exists);
+    v.close().unwrap();
+    // A session that dies without closing is reaped by another's renewal.
+    let dead = mount(c, &name);
+    let dsid = dead.status().session;
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{{{name}}}:sessions"))
+        .arg(1)
+        .arg(dsid)
+        .query(&mut node)
+        .unwrap();
+    let _alive = mount(c, &name);
+    wait_until("the dead session to be reaped", || {
+        !redis::cmd("EXISTS")
+            .arg(format!("{{{name}}}:s:{dsid}"))
+            .query::<bool>(&mut node)
+            .unwrap()
+    });
+}
