@@ -813,7 +813,11 @@ fn fuse_options(settings: &Settings) -> MountOptions {
 
 /// Tells the starting process (or, in the foreground, the user) that the
 /// mount is usable.
-fn report_ready(mountpoint: &Path, notify: bool, report: Option<&str>) -> anyhow::Result<()> {
+pub(crate) fn report_ready(
+    mountpoint: &Path,
+    notify: bool,
+    report: Option<&str>,
+) -> anyhow::Result<()> {
     if notify {
         let mut out = std::io::stdout();
         match report {

@@ -8,9 +8,12 @@
 //! files flushed, its session ended) when the mount ends, by unmount or
 //! SIGTERM.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use memfs_cluster::{Volume, VolumeOptions, VolumeStatus};
 use memfs_fuse::MountOptions;
 
 /// How long the kernel caches a volume's names and attributes: other
@@ -59,8 +62,6 @@ pub fn is_seed(opt: &str) -> bool {
 }
 
 /// A volume mount, resolved.
-// Unfinished: read by `serve` once the volume engine is merged.
-#[allow(dead_code)]
 #[derive(Debug, Clone)]
 pub struct VolumeSettings {
     /// The cluster's nodes, `redis://HOST:PORT` each.
@@ -162,20 +163,89 @@ fn positive_secs(name: &str, s: Option<&str>) -> anyhow::Result<Option<Duration>
     Ok(Some(d))
 }
 
-/// Serves the volume at `mountpoint` until it is unmounted (or SIGTERM).
+/// Serves the volume at `mountpoint` until it is unmounted (or SIGTERM),
+/// then closes it: its dirty files flushed, its session ended.
 pub(crate) fn serve(
-    _mountpoint: &std::path::Path,
-    _fuse: &MountOptions,
+    mountpoint: &Path,
+    fuse: &MountOptions,
     v: &VolumeSettings,
-    _notify: bool,
+    notify: bool,
 ) -> anyhow::Result<()> {
-    // Unfinished: the volume itself (memfs_cluster::Volume) is on branch
-    // vol-meta; this is replaced when it is merged.
-    bail!(
-        "cannot mount volume {} of {}: this build has no volume engine yet",
-        v.name,
-        v.cluster
-    )
+    let opts = VolumeOptions {
+        cache_size: v.cache_size,
+        timeout: v.timeout,
+        lease: v.lease,
+        mountpoint: mountpoint.to_string_lossy().into_owned(),
+    };
+    let vol = Volume::open(&v.seeds, &v.name, &opts)
+        .map_err(|e| anyhow::anyhow!("cannot open volume {} of {}: {e}", v.name, v.cluster))?;
+    let served = mount_and_serve(mountpoint, fuse, &vol, notify);
+    // Whatever happened to the mount: the session ends here, not at its
+    // lease's end (its locks and its holds of unlinked files go with it).
+    let closed = vol
+        .close()
+        .map_err(|e| anyhow::anyhow!("closing volume {}: {e}", v.name));
+    served.and(closed)
+}
+
+fn mount_and_serve(
+    mountpoint: &Path,
+    fuse: &MountOptions,
+    vol: &Arc<Volume>,
+    notify: bool,
+) -> anyhow::Result<()> {
+    let mut mounted = memfs_fuse::mount_tree(vol.clone(), mountpoint, fuse)
+        .map_err(|e| anyhow::anyhow!("cannot mount memfs at {}: {e}", mountpoint.display()))?;
+    let handler: crate::control::Handler = {
+        let vol = vol.clone();
+        Arc::new(move |line: &str| answer(&vol, line))
+    };
+    let control = crate::control::serve_with(mountpoint, None, handler)?;
+    let signals = crate::mount::UnmountOnSignal::start(mounted.unmounter(), mountpoint)?;
+    crate::mount::report_ready(mountpoint, notify, None)?;
+    let result = mounted.run();
+    signals.stop();
+    control.stop();
+    result.with_context(|| format!("serving {}", mountpoint.display()))
+}
+
+/// A control request to a volume mount.
+fn answer(vol: &Volume, line: &str) -> anyhow::Result<Vec<String>> {
+    match line.split_once(' ').map_or(line, |(c, _)| c) {
+        "kind" => Ok(vec!["volume".into()]),
+        STATUS_REQUEST => Ok(status_lines(&vol.status())),
+        cmd => bail!(
+            "{cmd:?} does not apply to a volume mount (it has no snapshots, history or \
+             remount options yet): memfs status and memfs volume status show it"
+        ),
+    }
+}
+
+/// What `memfs status M` prints of a volume mount.
+fn status_lines(s: &VolumeStatus) -> Vec<String> {
+    let bytes = crate::human::bytes;
+    let lookups = s.cache_hits + s.cache_misses;
+    vec![
+        format!("cluster:    {}", s.seeds.join(",")),
+        format!("volume:     {}", s.volume),
+        format!("session:    {}", s.session),
+        format!(
+            "lease:      {}",
+            if s.lease_ok {
+                "held"
+            } else {
+                "LOST (calls fail with ESTALE until the mount is made again)"
+            }
+        ),
+        format!(
+            "cache:      {} of {} ({} hits, {} misses of {lookups} lookups)",
+            bytes(s.cache_bytes),
+            bytes(s.cache_limit),
+            s.cache_hits,
+            s.cache_misses
+        ),
+        format!("block size: {}", bytes(s.block_size.into())),
+    ]
 }
 
 /// The prefix of a volume mount's source in /proc/mounts (unless mount(8)
@@ -186,14 +256,14 @@ const FSNAME_PREFIX: &str = "memfs-volume:";
 const STATUS_REQUEST: &str = "volume-status";
 
 /// Whether the memfs at `mp` serves a volume: its server says so.
-pub fn is_volume_mount(mp: &std::path::Path) -> bool {
+pub fn is_volume_mount(mp: &Path) -> bool {
     memfs_fuse::mounts::is_mounted(mp)
         && crate::control::mount_request(mp, "kind")
             .is_ok_and(|k| k.first().map(String::as_str) == Some("volume"))
 }
 
 /// `memfs status M` of a volume mount: what its server tells.
-pub fn print_status(mp: &std::path::Path) -> anyhow::Result<()> {
+pub fn print_status(mp: &Path) -> anyhow::Result<()> {
     let lines = crate::control::mount_request(mp, STATUS_REQUEST)
         .with_context(|| format!("cannot ask the server of {} for its status", mp.display()))?;
     println!("mount:      {}", mp.display());

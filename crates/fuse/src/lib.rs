@@ -7,8 +7,9 @@
 //! capabilities negotiated at INIT, cache timeouts, and replies to blocking
 //! lock requests that are sent later, from whichever thread releases the lock.
 //!
-//! Depends on `memfs-fs` and `fuser` (vendored, `vendor/fuser`) only: a
-//! durable mount is the same `Fs` with a recorder installed, so this crate
+//! Depends on `memfs-fs`, `fuser` (vendored, `vendor/fuser`) and
+//! `memfs-cluster` (a volume on a Redis Cluster is the other tree: volume.rs):
+//! a durable mount is the same `Fs` with a recorder installed, so this crate
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 mod atime;
@@ -27,6 +28,7 @@ use snapdir::Node;
 use snapops::EROFS;
 pub mod swap;
 mod tree;
+mod volume;
 pub use tree::{Change, Tree};
 
 use std::cell::RefCell;
