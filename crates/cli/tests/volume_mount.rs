@@ -348,6 +348,11 @@ fn closed_is_read_whole(c: &mut LocalCluster) {
         // Read on B before A writes: B's kernel has the old (absent) file.
         assert!(std::fs::metadata(b.p(&name)).is_err());
         std::fs::write(a.p(&name), &data).unwrap();
+        // A new name reaches B within the bound (B looked it up and found
+        // nothing a moment ago); its data is whole as soon as it is seen.
+        poll_within(&format!("{name} on B"), VISIBLE_WITHIN, || {
+            b.p(&name).exists()
+        });
         let got = std::fs::read(b.p(&name)).unwrap_or_else(|e| panic!("read {name} on B: {e}"));
         assert!(
             got == data,
@@ -652,8 +657,13 @@ fn pjdfstest_on_a_volume(c: &mut LocalCluster) {
     assert!(got.passed > 300, "{}", got.output);
 }
 
-/// What a writer thread acknowledged: the files whose fsync returned 0.
-fn write_loop(dir: PathBuf, stop: Arc<std::sync::atomic::AtomicBool>) -> (Vec<u64>, Vec<String>) {
+/// What a writer thread acknowledged: the files whose fsync returned 0
+/// (also counted in `n` as they come).
+fn write_loop(
+    dir: PathBuf,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    n: Arc<std::sync::atomic::AtomicUsize>,
+) -> (Vec<u64>, Vec<String>) {
     let (mut acked, mut errors) = (Vec::new(), Vec::new());
     let mut i = 0u64;
     while !stop.load(std::sync::atomic::Ordering::Acquire) {
@@ -669,7 +679,10 @@ fn write_loop(dir: PathBuf, stop: Arc<std::sync::atomic::AtomicBool>) -> (Vec<u6
                 f.sync_all()
             });
         match r {
-            Ok(()) => acked.push(i),
+            Ok(()) => {
+                acked.push(i);
+                n.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
             Err(e) => errors.push(format!("w{i}: {e}")),
         }
         i += 1;
@@ -683,25 +696,27 @@ fn master_killed(c: &mut LocalCluster) {
     let meta = memfs_cluster::keys::Keys::new("failover").unwrap().meta();
     let master = c.master_of(meta.as_bytes()).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let acked_now = || acks.load(std::sync::atomic::Ordering::Acquire);
     let writer = {
-        let (dir, stop) = (m.path(), stop.clone());
-        std::thread::spawn(move || write_loop(dir, stop))
+        let (dir, stop, n) = (m.path(), stop.clone(), acks.clone());
+        std::thread::spawn(move || write_loop(dir, stop, n))
     };
-    // Some files before the kill, then the kill, then until the mount
-    // carries on (a new master has the slot and files are acknowledged).
-    poll_within("files before the kill", Duration::from_secs(20), || {
-        std::fs::read_dir(m.path()).is_ok_and(|d| d.count() >= 5)
+    // Some fsynced files before the kill, then the kill, then until the
+    // mount carries on (a new master has the slot and fsyncs succeed).
+    poll_within("fsyncs before the kill", Duration::from_secs(20), || {
+        acked_now() >= 5
     });
     c.kill(master).unwrap();
     let killed = Instant::now();
-    let before = std::fs::read_dir(m.path()).map_or(0, |d| d.count());
+    let before = acked_now();
     poll_within("a new metadata master", Duration::from_secs(30), || {
         c.master_of(meta.as_bytes()).is_ok_and(|n| n != master)
     });
     // The target: the mount carries on within 10 s (plus our timeout).
     let limit = Duration::from_secs(10) + CLUSTER_TIMEOUT * 2;
-    poll_within("files acknowledged after the failover", limit, || {
-        std::fs::read_dir(m.path()).is_ok_and(|d| d.count() >= before + 5)
+    poll_within("fsyncs acknowledged after the failover", limit, || {
+        acked_now() >= before + 5
     });
     eprintln!(
         "  the mount carried on {:?} after the kill",
