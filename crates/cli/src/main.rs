@@ -28,6 +28,7 @@ mod mount;
 mod mount_table;
 mod own_mount;
 mod remount_options;
+mod serving;
 mod shell;
 mod store_cmd;
 mod volume_cmd;

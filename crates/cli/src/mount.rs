@@ -13,8 +13,9 @@ use anyhow::{Context, bail};
 use memfs_fs::{Config, Fs};
 use memfs_fuse::MountOptions;
 use memfs_fuse::mounts::unescape_mount_path;
-pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
+pub use memfs_fuse::mounts::{is_mounted, is_root};
 
+use crate::serving::{UnmountOnSignal, parse_secs, parse_size, report_ready};
 use crate::{mount_table, remount_options};
 
 /// Set in the background server process: its standard output is a pipe on
@@ -163,24 +164,6 @@ struct Settings {
     volume: Option<crate::volume_mount::VolumeSettings>,
 }
 
-pub(crate) fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    if let Some(p) = s.strip_suffix('%') {
-        let pct: f64 = p
-            .parse()
-            .ok()
-            .filter(|v: &f64| *v > 0.0 && *v <= 100.0)
-            .with_context(|| format!("invalid size {s:?}: a percentage must be in (0, 100]"))?;
-        return Ok((memfs_fs::physical_memory() as f64 * pct / 100.0) as u64);
-    }
-    let v = memfs_durable::parse_bytes(s)
-        .map_err(|e| anyhow::anyhow!("invalid size {s:?}: {e} (use e.g. 512M, 4G, 50%)"))?;
-    if v < memfs_fs::PAGE_SIZE as u64 {
-        bail!("invalid size {s:?}: must be at least one page (4K)");
-    }
-    Ok(v)
-}
-
 fn parse_count(s: &str) -> anyhow::Result<u64> {
     let v = parse_size::Config::new()
         .parse_size(s.trim())
@@ -207,15 +190,6 @@ fn parse_snapdir(name: &str, s: &str) -> anyhow::Result<bool> {
         "hidden" => Ok(false),
         _ => bail!("{name}: {s:?} is neither hidden nor visible"),
     }
-}
-
-pub(crate) fn parse_secs(name: &str, s: &str) -> anyhow::Result<Duration> {
-    let v: f64 = s
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .with_context(|| format!("invalid {name} {s:?}: expected seconds, e.g. 1 or 0.5"))?;
-    Ok(Duration::from_secs_f64(v))
 }
 
 /// The longest poll accepted: beyond a millisecond a poll no longer saves a
@@ -347,7 +321,7 @@ impl MountArgs {
             }
             fuse.data_path = memfs_fuse::DataPath::Fuse;
         }
-        let volume = crate::volume_mount::settings(&req, &mut fuse)?;
+        let volume = crate::volume_mount::settings(&req.volume, &req.local_only(), &mut fuse)?;
         Ok(Settings {
             config,
             fuse,
@@ -412,7 +386,27 @@ impl MountArgs {
     }
 }
 
+impl Requested {
+    /// The options given that only a tree of this process has (its size,
+    /// its snapshot directory, its data directory).
+    fn local_only(&self) -> Vec<&'static str> {
+        let mut given = self.local_only.clone();
+        for (set, name) in [
+            (self.data_dir.is_some(), "--data-dir"),
+            (self.durability.is_some(), "--durability"),
+            (self.interval.is_some(), "--checkpoint-interval"),
+            (self.retention.is_some(), "--retention"),
+        ] {
+            if set {
+                given.push(name);
+            }
+        }
+        given
+    }
+}
+
 /// One `-o` option, onto the FUSE options or what else it asks for.
+// One piece: one arm per option memfs takes, the whole table in one place.
 fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyhow::Result<()> {
     let (key, value) = match opt.split_once('=') {
         Some((k, v)) => (k, Some(v)),
@@ -811,35 +805,6 @@ fn fuse_options(settings: &Settings) -> MountOptions {
     fuse_opts
 }
 
-/// Tells the starting process (or, in the foreground, the user) that the
-/// mount is usable.
-pub(crate) fn report_ready(
-    mountpoint: &Path,
-    notify: bool,
-    report: Option<&str>,
-) -> anyhow::Result<()> {
-    if notify {
-        let mut out = std::io::stdout();
-        match report {
-            Some(r) => writeln!(out, "ready\t{r}"),
-            None => writeln!(out, "ready"),
-        }
-        .context("cannot report readiness")?;
-        out.flush().ok();
-        // From now on nobody reads our output.
-        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-            let _ = nix::unistd::dup2_stdout(&null);
-        }
-    } else {
-        eprintln!(
-            "memfs: mounted at {} (foreground; Ctrl-C or memfs umount {} to stop)",
-            mountpoint.display(),
-            mountpoint.display()
-        );
-    }
-    Ok(())
-}
-
 fn close_data_dir(d: SharedDurable) -> anyhow::Result<()> {
     // The session's workers are gone with `mounted`: this is the last reference.
     match Arc::try_unwrap(d) {
@@ -1146,41 +1111,4 @@ fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Unmounts a served mount point at SIGINT or SIGTERM (lazily when it is
-/// busy: the kernel finishes when the last user leaves), which ends the
-/// serving loop; [`UnmountOnSignal::stop`] once the loop has returned.
-pub(crate) struct UnmountOnSignal {
-    handle: signal_hook::iterator::Handle,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl UnmountOnSignal {
-    pub(crate) fn start(
-        mut unmounter: memfs_fuse::Unmounter,
-        mountpoint: &Path,
-    ) -> anyhow::Result<UnmountOnSignal> {
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-        ])
-        .context("cannot install signal handlers")?;
-        let handle = signals.handle();
-        let mp = mountpoint.to_path_buf();
-        let thread = std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                tracing::info!("signal {sig}: unmounting {}", mp.display());
-                if unmounter.unmount().is_err() {
-                    lazy_unmount(&mp);
-                }
-            }
-        });
-        Ok(UnmountOnSignal { handle, thread })
-    }
-
-    pub(crate) fn stop(self) {
-        self.handle.close();
-        let _ = self.thread.join();
-    }
 }

@@ -76,11 +76,13 @@ pub struct VolumeSettings {
 
 /// The volume `req` asks for, if any, with the FUSE options a volume
 /// needs set in `fuse`; a clear error for options that do not combine.
+/// `local_only` names the options given that only a tree of this process
+/// has (a volume mount refuses them).
 pub(crate) fn settings(
-    req: &crate::mount::Requested,
+    v: &Requested,
+    local_only: &[&str],
     fuse: &mut MountOptions,
 ) -> anyhow::Result<Option<VolumeSettings>> {
-    let v = &req.volume;
     let (cluster, name) = match (&v.cluster, &v.volume) {
         (Some(c), Some(n)) => (c.clone(), n.clone()),
         (None, None) => {
@@ -94,7 +96,7 @@ pub(crate) fn settings(
         (Some(_), None) => bail!("--cluster needs --volume NAME (the volume to mount)"),
         (None, Some(_)) => bail!("--volume needs --cluster redis://HOST:PORT (where it lives)"),
     };
-    refuse_local_only(req)?;
+    refuse_local_only(local_only)?;
     if v.kernel_locks {
         bail!(
             "a volume's record locks are kept in the cluster (they must hold across mounts): \
@@ -103,7 +105,7 @@ pub(crate) fn settings(
     }
     let seeds = memfs_cluster::topology::seeds(&cluster).map_err(|e| anyhow::anyhow!("{e}"))?;
     let cache_size = match &v.cache_size {
-        Some(s) => crate::mount::parse_size(s).context("--cache-size")?,
+        Some(s) => crate::serving::parse_size(s).context("--cache-size")?,
         None => DEFAULT_CACHE_SIZE,
     };
     let timeout = positive_secs("--cluster-timeout", v.timeout.as_deref())?
@@ -130,18 +132,7 @@ pub(crate) fn settings(
 
 /// A volume keeps its tree, its history and its size in the cluster: the
 /// options of a tree of this process do not apply.
-fn refuse_local_only(req: &crate::mount::Requested) -> anyhow::Result<()> {
-    let mut given: Vec<&str> = req.local_only.clone();
-    for (set, name) in [
-        (req.data_dir.is_some(), "--data-dir"),
-        (req.durability.is_some(), "--durability"),
-        (req.interval.is_some(), "--checkpoint-interval"),
-        (req.retention.is_some(), "--retention"),
-    ] {
-        if set {
-            given.push(name);
-        }
-    }
+fn refuse_local_only(given: &[&str]) -> anyhow::Result<()> {
     if given.is_empty() {
         return Ok(());
     }
@@ -156,7 +147,7 @@ fn refuse_local_only(req: &crate::mount::Requested) -> anyhow::Result<()> {
 
 fn positive_secs(name: &str, s: Option<&str>) -> anyhow::Result<Option<Duration>> {
     let Some(s) = s else { return Ok(None) };
-    let d = crate::mount::parse_secs(name, s)?;
+    let d = crate::serving::parse_secs(name, s)?;
     if d.is_zero() {
         bail!("invalid {name} {s:?}: must be more than 0 seconds");
     }
@@ -201,8 +192,8 @@ fn mount_and_serve(
         Arc::new(move |line: &str| answer(&vol, line))
     };
     let control = crate::control::serve_with(mountpoint, None, handler)?;
-    let signals = crate::mount::UnmountOnSignal::start(mounted.unmounter(), mountpoint)?;
-    crate::mount::report_ready(mountpoint, notify, None)?;
+    let signals = crate::serving::UnmountOnSignal::start(mounted.unmounter(), mountpoint)?;
+    crate::serving::report_ready(mountpoint, notify, None)?;
     let result = mounted.run();
     signals.stop();
     control.stop();

@@ -421,7 +421,7 @@ fn o_excl_creates_have_one_winner(c: &mut LocalCluster) {
         let wins = results.iter().filter(|r| r.is_ok()).count();
         assert_eq!(wins, 1, "{name}: {results:?}");
         assert!(
-            results.iter().any(|r| *r == Err(Some(libc::EEXIST))),
+            results.contains(&Err(Some(libc::EEXIST))),
             "{name}: the loser did not get EEXIST: {results:?}"
         );
     }
@@ -490,10 +490,12 @@ fn lock_helper(spec: &str) {
     let wait = how == "wait";
     let r = if kind == "flock" {
         let op = libc::LOCK_EX | if wait { 0 } else { libc::LOCK_NB };
+        // SAFETY: flock(2) on a descriptor `f` owns, open for the call.
         unsafe { libc::flock(f.as_raw_fd(), op) }
     } else {
         let l = common::range_lock(libc::F_WRLCK, 0, 100);
         let cmd = if wait { libc::F_SETLKW } else { libc::F_SETLK };
+        // SAFETY: F_SETLK(W) reads the flock struct `l`, alive for the call.
         unsafe { libc::fcntl(f.as_raw_fd(), cmd, &l) }
     };
     let mut out = std::io::stdout();
