@@ -317,7 +317,7 @@ fn serve(a: &CloneArgs) -> anyhow::Result<()> {
         fuse,
         clones: clones.clone(),
     })?;
-    let signals = crate::mount::UnmountOnSignal::start(mounted.unmounter(), &target)?;
+    let signals = crate::serving::UnmountOnSignal::start(mounted.unmounter(), &target)?;
     let mut out = std::io::stdout();
     writeln!(out, "ready {} {nodes} {}", snap.commit, build.as_micros())
         .context("cannot report readiness")?;

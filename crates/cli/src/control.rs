@@ -161,10 +161,31 @@ fn listen(path: &Path) -> anyhow::Result<UnixListener> {
 /// Starts the control server of `m` (mounted now): the per-device socket,
 /// and `<data-dir>/control.sock` for a durable mount.
 pub fn serve(m: Mount) -> anyhow::Result<Control> {
-    let dev = memfs_fuse::mounts::mount_dev(&m.mountpoint).with_context(|| {
+    let extra = m
+        .durable
+        .as_ref()
+        .map(|d| socket_path(d.lock().unwrap_or_else(|e| e.into_inner()).path()));
+    let mountpoint = m.mountpoint.clone();
+    let handler: Handler = Arc::new(move |line: &str| {
+        flush_kernel_writeback(&m, line).and_then(|()| dispatch(&m, line))
+    });
+    serve_with(&mountpoint, extra, handler)
+}
+
+/// What answers a control request line: the reply's payload lines.
+pub type Handler = Arc<dyn Fn(&str) -> anyhow::Result<Vec<String>> + Send + Sync>;
+
+/// Starts a control server answering with `handler` on the per-device
+/// socket of the mount at `mountpoint` (mounted now), and on `extra`.
+pub fn serve_with(
+    mountpoint: &Path,
+    extra: Option<PathBuf>,
+    handler: Handler,
+) -> anyhow::Result<Control> {
+    let dev = memfs_fuse::mounts::mount_dev(mountpoint).with_context(|| {
         format!(
             "cannot find the device number of the mount at {}",
-            m.mountpoint.display()
+            mountpoint.display()
         )
     })?;
     let dir = ctl_dir();
@@ -173,13 +194,7 @@ pub fn serve(m: Mount) -> anyhow::Result<Control> {
         .mode(0o700)
         .create(&dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut paths = vec![ctl_socket(&dev)];
-    if let Some(d) = &m.durable {
-        paths.push(socket_path(
-            d.lock().unwrap_or_else(|e| e.into_inner()).path(),
-        ));
-    }
-    let m = Arc::new(m);
+    let paths: Vec<PathBuf> = std::iter::once(ctl_socket(&dev)).chain(extra).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let mut control = Control {
         listeners: Vec::new(),
@@ -191,7 +206,7 @@ pub fn serve(m: Mount) -> anyhow::Result<Control> {
         let accepting = listener
             .try_clone()
             .context("cannot duplicate the control socket")?;
-        let (m, stop) = (m.clone(), stop.clone());
+        let (m, stop) = (handler.clone(), stop.clone());
         let thread = std::thread::Builder::new()
             .name("memfs-control".into())
             .spawn(move || {
@@ -220,12 +235,12 @@ pub fn serve(m: Mount) -> anyhow::Result<Control> {
     Ok(control)
 }
 
-fn handle(m: &Mount, conn: UnixStream) -> anyhow::Result<()> {
+fn handle(m: &Handler, conn: UnixStream) -> anyhow::Result<()> {
     conn.set_read_timeout(Some(Duration::from_secs(10)))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     let line = line.trim();
-    let r = flush_kernel_writeback(m, line).and_then(|()| dispatch(m, line));
+    let r = m(line);
     let reply = match r {
         Ok(lines) => {
             let mut s = String::from("ok\n");

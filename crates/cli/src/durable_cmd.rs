@@ -121,7 +121,7 @@ pub struct FsckArgs {
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
-    /// The mount point of a durable memfs.
+    /// The mount point of a durable memfs, or of a volume (memfs mount --cluster).
     #[arg(required_unless_present = "data_dir")]
     pub mountpoint: Option<PathBuf>,
     /// Or its data directory (also when it is not mounted).
@@ -489,6 +489,12 @@ fn status_data_dir(a: &StatusArgs) -> anyhow::Result<PathBuf> {
 }
 
 pub fn run_status(a: StatusArgs) -> anyhow::Result<()> {
+    if a.data_dir.is_none()
+        && let Some(mp) = &a.mountpoint
+        && crate::volume_mount::is_volume_mount(mp)
+    {
+        return crate::volume_mount::print_status(mp);
+    }
     let data_dir = status_data_dir(&a)?;
     check_dir(&data_dir)?;
     // Ask the server first: a directory on a disk gone read-only cannot

@@ -28,9 +28,11 @@ mod mount;
 mod mount_table;
 mod own_mount;
 mod remount_options;
+mod serving;
 mod shell;
 mod store_cmd;
 mod volume_cmd;
+mod volume_mount;
 
 #[derive(Parser)]
 #[command(
@@ -46,7 +48,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Mount a memfs (returns once it is usable; serves in the background).
-    Mount(mount::MountArgs),
+    Mount(Box<mount::MountArgs>),
     /// Unmount a memfs.
     #[command(alias = "unmount")]
     Umount(mount::UmountArgs),
@@ -82,7 +84,8 @@ enum Command {
     Receive(durable_cmd::ReceiveArgs),
     /// Check a data directory (journal, checkpoint, tree); --repair cuts damage.
     Fsck(durable_cmd::FsckArgs),
-    /// State of a durable mount: mode, commits, read-only (and why), data directory.
+    /// State of a durable mount (mode, commits, read-only and why, data directory), or of a
+    /// volume mount (cluster, volume, session, lease, cache).
     Status(durable_cmd::StatusArgs),
     /// Volumes on a Redis Cluster: one tree for many mounts (create, list, status, delete).
     Volume(volume_cmd::Args),
@@ -184,7 +187,7 @@ fn main() -> std::process::ExitCode {
     init_tracing();
     let cli = Cli::parse_from(mount_helper_args(std::env::args_os().collect()));
     let result: anyhow::Result<()> = match cli.command {
-        Command::Mount(args) => mount::run_mount(args),
+        Command::Mount(args) => mount::run_mount(*args),
         Command::Umount(args) => mount::run_umount(args),
         Command::Shell(args) => shell::run(args),
         Command::Store(args) => store_cmd::run(args),

@@ -13,8 +13,9 @@ use anyhow::{Context, bail};
 use memfs_fs::{Config, Fs};
 use memfs_fuse::MountOptions;
 use memfs_fuse::mounts::unescape_mount_path;
-pub use memfs_fuse::mounts::{is_mounted, is_root, lazy_unmount};
+pub use memfs_fuse::mounts::{is_mounted, is_root};
 
+use crate::serving::{UnmountOnSignal, parse_secs, parse_size, report_ready};
 use crate::{mount_table, remount_options};
 
 /// Set in the background server process: its standard output is a pipe on
@@ -109,9 +110,31 @@ pub struct MountArgs {
     /// (comma-separated), or all (default age=1h).
     #[arg(long, value_name = "LIMITS")]
     pub retention: Option<String>,
+    /// Mount a memfs volume kept in this Redis Cluster instead of a tree of
+    /// this process: redis://HOST:PORT[,HOST:PORT...] (any of its nodes).
+    /// Needs --volume (created with memfs volume create). Any number of
+    /// mounts, on any machines, serve the same tree.
+    #[arg(long, value_name = "URL", requires = "volume")]
+    pub cluster: Option<String>,
+    /// With --cluster: the volume to mount.
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub volume: Option<String>,
+    /// With --cluster: bytes of data blocks and metadata this mount caches
+    /// (e.g. 256M, 4G; default 1G).
+    #[arg(long, value_name = "SIZE")]
+    pub cache_size: Option<String>,
+    /// With --cluster: seconds any call to the cluster may take before it
+    /// fails with EIO (default 30).
+    #[arg(long, value_name = "SECS")]
+    pub cluster_timeout: Option<String>,
+    /// With --cluster: seconds of this mount's session lease (default 20):
+    /// how long its locks outlive it if it dies. For tests.
+    #[arg(long, value_name = "SECS", hide = true)]
+    pub lease_secs: Option<String>,
     /// Mount options, comma-separated: size=, inodes= (or nr_inodes=), threads=,
     /// writeback_cache, allow_other, allow_idmap, io_uring, copy_writes, poll_us=, data_path=, entry_timeout=, attr_timeout=, locks=, data_dir=, durability=,
-    /// checkpoint_interval=, retention=, and kernel options (ro, noexec, ...).
+    /// checkpoint_interval=, retention=, cluster= (its HOST:PORT list may go on after
+    /// commas), volume=, cache_size=, cluster_timeout=, and kernel options (ro, noexec, ...).
     #[arg(short = 'o', value_name = "OPTIONS")]
     pub options: Vec<String>,
     /// Set when mount(8) runs memfs as its helper: the source argument (the
@@ -137,24 +160,8 @@ struct Settings {
     durable: Option<(PathBuf, memfs_durable::Options)>,
     /// `-o remount`: change the running mount's flags to these instead of mounting.
     remount: Option<nix::mount::MsFlags>,
-}
-
-fn parse_size(s: &str) -> anyhow::Result<u64> {
-    let s = s.trim();
-    if let Some(p) = s.strip_suffix('%') {
-        let pct: f64 = p
-            .parse()
-            .ok()
-            .filter(|v: &f64| *v > 0.0 && *v <= 100.0)
-            .with_context(|| format!("invalid size {s:?}: a percentage must be in (0, 100]"))?;
-        return Ok((memfs_fs::physical_memory() as f64 * pct / 100.0) as u64);
-    }
-    let v = memfs_durable::parse_bytes(s)
-        .map_err(|e| anyhow::anyhow!("invalid size {s:?}: {e} (use e.g. 512M, 4G, 50%)"))?;
-    if v < memfs_fs::PAGE_SIZE as u64 {
-        bail!("invalid size {s:?}: must be at least one page (4K)");
-    }
-    Ok(v)
+    /// `--cluster`/`--volume`: the volume to serve instead of a tree of ours.
+    volume: Option<crate::volume_mount::VolumeSettings>,
 }
 
 fn parse_count(s: &str) -> anyhow::Result<u64> {
@@ -183,15 +190,6 @@ fn parse_snapdir(name: &str, s: &str) -> anyhow::Result<bool> {
         "hidden" => Ok(false),
         _ => bail!("{name}: {s:?} is neither hidden nor visible"),
     }
-}
-
-fn parse_secs(name: &str, s: &str) -> anyhow::Result<Duration> {
-    let v: f64 = s
-        .parse()
-        .ok()
-        .filter(|v: &f64| v.is_finite() && *v >= 0.0)
-        .with_context(|| format!("invalid {name} {s:?}: expected seconds, e.g. 1 or 0.5"))?;
-    Ok(Duration::from_secs_f64(v))
 }
 
 /// The longest poll accepted: beyond a millisecond a poll no longer saves a
@@ -246,14 +244,19 @@ const IGNORED_OPTIONS: &[&str] = &[
 
 /// What the flags and `-o` ask for beyond the FUSE options, as given (a
 /// `-o` value overrides its flag); [`MountArgs::settings`] resolves it.
-struct Requested {
+pub(crate) struct Requested {
     size: Option<u64>,
     inodes: Option<u64>,
-    data_dir: Option<PathBuf>,
-    durability: Option<String>,
-    interval: Option<String>,
-    retention: Option<String>,
+    pub(crate) data_dir: Option<PathBuf>,
+    pub(crate) durability: Option<String>,
+    pub(crate) interval: Option<String>,
+    pub(crate) retention: Option<String>,
     remount: bool,
+    /// What `--cluster` and its company ask for (volume_mount.rs resolves it).
+    pub(crate) volume: crate::volume_mount::Requested,
+    /// Whether any option that only a tree of this process has was given
+    /// (size, inodes, snapshot directory): a volume mount refuses them.
+    pub(crate) local_only: Vec<&'static str>,
 }
 
 impl MountArgs {
@@ -266,14 +269,32 @@ impl MountArgs {
             interval: self.checkpoint_interval.clone(),
             retention: self.retention.clone(),
             remount: false,
+            volume: crate::volume_mount::Requested {
+                cluster: self.cluster.clone(),
+                volume: self.volume.clone(),
+                cache_size: self.cache_size.clone(),
+                timeout: self.cluster_timeout.clone(),
+                lease: self.lease_secs.clone(),
+                kernel_locks: self.locks.as_deref() == Some("kernel"),
+                timeouts_given: self.entry_timeout.is_some() || self.attr_timeout.is_some(),
+            },
+            local_only: self.local_only_flags(),
         };
         let mut fuse = self.fuse_flags()?;
-        for opt in self
+        let opts: Vec<&str> = self
             .options
             .iter()
             .flat_map(|o| o.split(','))
             .filter(|o| !o.is_empty())
-        {
+            .collect();
+        let mut in_cluster = false;
+        for opt in opts {
+            // `-o cluster=redis://a:1,b:2`: the list goes on after the comma.
+            if in_cluster && crate::volume_mount::is_seed(opt) {
+                req.volume.add_seed(opt);
+                continue;
+            }
+            in_cluster = opt.starts_with("cluster=");
             apply_option(opt, &mut fuse, &mut req)?;
         }
         memfs_fuse::snapdir::check_dir_name(&fuse.snapdir_name).map_err(anyhow::Error::msg)?;
@@ -300,12 +321,27 @@ impl MountArgs {
             }
             fuse.data_path = memfs_fuse::DataPath::Fuse;
         }
+        let volume = crate::volume_mount::settings(&req.volume, &req.local_only(), &mut fuse)?;
         Ok(Settings {
             config,
             fuse,
             durable: durable_settings(req)?,
             remount,
+            volume,
         })
+    }
+
+    /// The flags (not `-o`) that only a tree of this process has.
+    fn local_only_flags(&self) -> Vec<&'static str> {
+        [
+            (self.size.is_some(), "--size"),
+            (self.inodes.is_some(), "--inodes"),
+            (self.snapdir.is_some(), "--snapdir"),
+            (self.snapdir_name.is_some(), "--snapdir-name"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect()
     }
 
     /// The FUSE options the flags (not `-o`) ask for.
@@ -350,7 +386,27 @@ impl MountArgs {
     }
 }
 
+impl Requested {
+    /// The options given that only a tree of this process has (its size,
+    /// its snapshot directory, its data directory).
+    fn local_only(&self) -> Vec<&'static str> {
+        let mut given = self.local_only.clone();
+        for (set, name) in [
+            (self.data_dir.is_some(), "--data-dir"),
+            (self.durability.is_some(), "--durability"),
+            (self.interval.is_some(), "--checkpoint-interval"),
+            (self.retention.is_some(), "--retention"),
+        ] {
+            if set {
+                given.push(name);
+            }
+        }
+        given
+    }
+}
+
 /// One `-o` option, onto the FUSE options or what else it asks for.
+// One piece: one arm per option memfs takes, the whole table in one place.
 fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyhow::Result<()> {
     let (key, value) = match opt.split_once('=') {
         Some((k, v)) => (k, Some(v)),
@@ -358,8 +414,19 @@ fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyh
     };
     let need = || value.with_context(|| format!("mount option {key} needs a value ({key}=...)"));
     match key {
-        "size" => req.size = Some(parse_size(need()?)?),
-        "inodes" | "nr_inodes" => req.inodes = Some(parse_count(need()?)?),
+        "size" => {
+            req.size = Some(parse_size(need()?)?);
+            req.local_only.push("size=");
+        }
+        "inodes" | "nr_inodes" => {
+            req.inodes = Some(parse_count(need()?)?);
+            req.local_only.push("inodes=");
+        }
+        "cluster" => req.volume.cluster = Some(need()?.to_string()),
+        "volume" => req.volume.volume = Some(need()?.to_string()),
+        "cache_size" => req.volume.cache_size = Some(need()?.to_string()),
+        "cluster_timeout" => req.volume.timeout = Some(need()?.to_string()),
+        "lease_secs" => req.volume.lease = Some(need()?.to_string()),
         "threads" => {
             fuse.threads = need()?
                 .parse()
@@ -374,9 +441,19 @@ fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyh
         "copy_writes" => fuse.paged_writes = false,
         "poll_us" => fuse.poll = parse_poll_us("mount option poll_us", need()?)?,
         "data_path" => fuse.data_path = parse_data_path("mount option data_path", need()?)?,
-        "entry_timeout" => fuse.entry_timeout = parse_secs(key, need()?)?,
-        "attr_timeout" => fuse.attr_timeout = parse_secs(key, need()?)?,
-        "locks" => fuse.locks = parse_locks("mount option locks", need()?)?,
+        "entry_timeout" | "attr_timeout" => {
+            let t = parse_secs(key, need()?)?;
+            if key == "entry_timeout" {
+                fuse.entry_timeout = t;
+            } else {
+                fuse.attr_timeout = t;
+            }
+            req.volume.timeouts_given = true;
+        }
+        "locks" => {
+            fuse.locks = parse_locks("mount option locks", need()?)?;
+            req.volume.kernel_locks = fuse.locks == memfs_fuse::LockMode::Kernel;
+        }
         "fsname" => fuse.fsname = need()?.to_string(),
         "subtype" => fuse.subtype = need()?.to_string(),
         "data_dir" => req.data_dir = Some(PathBuf::from(need()?)),
@@ -384,8 +461,14 @@ fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyh
         "checkpoint_interval" => req.interval = Some(need()?.to_string()),
         "retention" => req.retention = Some(need()?.to_string()),
         "remount" => req.remount = true,
-        "snapdir" => fuse.snapdir_visible = parse_snapdir("mount option snapdir", need()?)?,
-        "snapdir_name" => fuse.snapdir_name = need()?.as_bytes().to_vec(),
+        "snapdir" => {
+            fuse.snapdir_visible = parse_snapdir("mount option snapdir", need()?)?;
+            req.local_only.push("snapdir=");
+        }
+        "snapdir_name" => {
+            fuse.snapdir_name = need()?.as_bytes().to_vec();
+            req.local_only.push("snapdir_name=");
+        }
         // The FUSE kernel never updates atime itself: the policy is
         // the engine's (noatime is also passed on as the mount flag).
         "relatime" | "strictatime" => {
@@ -582,6 +665,19 @@ fn spawn_background(mountpoint: &Path, settings: &Settings, quiet: bool) -> anyh
         if quiet {
             return Ok(());
         }
+        if let Some(v) = &settings.volume {
+            println!(
+                "memfs: mounted volume {} of {} at {} ({} cache, {} threads; server pid {})",
+                v.name,
+                v.cluster,
+                mountpoint.display(),
+                crate::human::bytes(v.cache_size),
+                settings.fuse.threads,
+                child.id()
+            );
+            println!("memfs: unmount with: memfs umount {}", mountpoint.display());
+            return Ok(());
+        }
         let c = settings.config;
         let what = match &settings.durable {
             None => "in memory".to_string(),
@@ -618,6 +714,9 @@ fn serve(mountpoint: &Path, settings: Settings, notify: bool) -> anyhow::Result<
     if notify {
         // Leave the starter's session so its terminal's signals and hangups pass us by.
         let _ = nix::unistd::setsid();
+    }
+    if let Some(v) = &settings.volume {
+        return crate::volume_mount::serve(mountpoint, &settings.fuse, v, notify);
     }
     let (fs, durable, report) = open_tree(&settings)?;
     let fuse_opts = fuse_options(&settings);
@@ -704,31 +803,6 @@ fn fuse_options(settings: &Settings) -> MountOptions {
             .into_owned();
     }
     fuse_opts
-}
-
-/// Tells the starting process (or, in the foreground, the user) that the
-/// mount is usable.
-fn report_ready(mountpoint: &Path, notify: bool, report: Option<&str>) -> anyhow::Result<()> {
-    if notify {
-        let mut out = std::io::stdout();
-        match report {
-            Some(r) => writeln!(out, "ready\t{r}"),
-            None => writeln!(out, "ready"),
-        }
-        .context("cannot report readiness")?;
-        out.flush().ok();
-        // From now on nobody reads our output.
-        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
-            let _ = nix::unistd::dup2_stdout(&null);
-        }
-    } else {
-        eprintln!(
-            "memfs: mounted at {} (foreground; Ctrl-C or memfs umount {} to stop)",
-            mountpoint.display(),
-            mountpoint.display()
-        );
-    }
-    Ok(())
 }
 
 fn close_data_dir(d: SharedDurable) -> anyhow::Result<()> {
@@ -1037,41 +1111,4 @@ fn unmount(mp: &Path, lazy: bool) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Unmounts a served mount point at SIGINT or SIGTERM (lazily when it is
-/// busy: the kernel finishes when the last user leaves), which ends the
-/// serving loop; [`UnmountOnSignal::stop`] once the loop has returned.
-pub(crate) struct UnmountOnSignal {
-    handle: signal_hook::iterator::Handle,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl UnmountOnSignal {
-    pub(crate) fn start(
-        mut unmounter: memfs_fuse::Unmounter,
-        mountpoint: &Path,
-    ) -> anyhow::Result<UnmountOnSignal> {
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGINT,
-            signal_hook::consts::SIGTERM,
-        ])
-        .context("cannot install signal handlers")?;
-        let handle = signals.handle();
-        let mp = mountpoint.to_path_buf();
-        let thread = std::thread::spawn(move || {
-            if let Some(sig) = signals.forever().next() {
-                tracing::info!("signal {sig}: unmounting {}", mp.display());
-                if unmounter.unmount().is_err() {
-                    lazy_unmount(&mp);
-                }
-            }
-        });
-        Ok(UnmountOnSignal { handle, thread })
-    }
-
-    pub(crate) fn stop(self) {
-        self.handle.close();
-        let _ = self.thread.join();
-    }
 }

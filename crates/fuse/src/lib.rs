@@ -7,8 +7,9 @@
 //! capabilities negotiated at INIT, cache timeouts, and replies to blocking
 //! lock requests that are sent later, from whichever thread releases the lock.
 //!
-//! Depends on `memfs-fs` and `fuser` (vendored, `vendor/fuser`) only: a
-//! durable mount is the same `Fs` with a recorder installed, so this crate
+//! Depends on `memfs-fs`, `fuser` (vendored, `vendor/fuser`) and
+//! `memfs-cluster` (a volume on a Redis Cluster is the other tree: volume.rs):
+//! a durable mount is the same `Fs` with a recorder installed, so this crate
 //! needs nothing of `memfs-durable`. Mounts appear as type `fuse.memfs`.
 
 mod atime;
@@ -27,7 +28,8 @@ use snapdir::Node;
 use snapops::EROFS;
 pub mod swap;
 mod tree;
-pub use tree::Tree;
+mod volume;
+pub use tree::{Change, Tree};
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -297,8 +299,40 @@ pub fn mount_tree<T: Tree>(
             format!("cannot start the notification thread: {e}"),
         )
     })?;
+    if T::SHARED {
+        watch_changes(&*cell.get(), notify.clone());
+    }
     let swapper = swap::Swapper::new(cell, notify, slots, opts.snapdir_name.clone());
     Ok(Mounted { session, swapper })
+}
+
+/// Hands a shared tree the function that turns what another mount changed
+/// into kernel invalidations, queued for the notification thread (the
+/// tree's thread that calls it never waits for the kernel: notify.rs).
+fn watch_changes<T: Tree>(fs: &T, notify: notify::Notifications) {
+    fs.watch(Box::new(move |c| {
+        let item = match c {
+            // The attributes and every cached page: another mount wrote.
+            Change::Inode(ino) => notify::Inval::Inode {
+                ino,
+                off: 0,
+                len: 0,
+            },
+            Change::Entry { parent, name } => notify::Inval::Entry { parent, name },
+            Change::All => {
+                // No notification drops a whole mount's caches: they expire
+                // within the entry and attribute timeouts, and opens keep
+                // no pages (Tree::SHARED).
+                tracing::info!("the tree lost track of other mounts' changes");
+                notify::Inval::Inode {
+                    ino: memfs_fs::ROOT_INO,
+                    off: -1,
+                    len: 0,
+                }
+            }
+        };
+        notify.post(item);
+    }));
 }
 
 /// `opts` as served for `fs`: what only the local engine has is turned off
@@ -781,7 +815,7 @@ impl<T: Tree> MemFuse<T> {
     /// kernel's, atimes need no open (not strictatime), and no backing file
     /// must be named in an open reply (not passthrough).
     fn declines_open(&self) -> bool {
-        self.backing.is_none() && !self.engine_locks && !self.strict_opens
+        self.backing.is_none() && !self.engine_locks && !self.strict_opens && !T::SHARED
     }
 
     fn open_flags(&self) -> FopenFlags {
@@ -789,7 +823,9 @@ impl<T: Tree> MemFuse<T> {
         // stale: keep it across opens (except for strictatime, see `atime`).
         // Direct writes to one file may run in parallel: the engine
         // serialises them per inode itself.
-        if self.atime.effective() == AtimeMode::Strict {
+        // A shared tree's other mounts may have written the file since
+        // these pages were read: each open starts from the tree (close-to-open).
+        if T::SHARED || self.atime.effective() == AtimeMode::Strict {
             FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -826,7 +862,11 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             InitFlags::FUSE_DONT_MASK,
         ];
         let engine = self.engine_locks.then_some(InitFlags::FUSE_POSIX_LOCKS);
-        for f in wanted.into_iter().chain(engine) {
+        // flock(2) must hold across the mounts of a shared tree: the kernel
+        // then sends it as a whole-file lock owned by the open file
+        // description, dropped at its RELEASE.
+        let flock = (self.engine_locks && T::SHARED).then_some(InitFlags::FUSE_FLOCK_LOCKS);
+        for f in wanted.into_iter().chain(engine).chain(flock) {
             match config.add_capabilities(f) {
                 Ok(()) if f == InitFlags::FUSE_NO_OPENDIR_SUPPORT => {
                     self.no_opendir.store(true, Ordering::Relaxed)
@@ -1292,7 +1332,7 @@ impl<T: Tree> Filesystem for MemFuse<T> {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        if !self.engine_locks {
+        if !self.engine_locks && !T::SHARED {
             // Nothing to flush (no data is buffered here) and no locks to drop:
             // declining makes the kernel stop sending FLUSH at every close.
             return reply.error(fuser::Errno::ENOSYS);
@@ -1303,12 +1343,19 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             // close of a live file would then keep its process's locks.
             return reply.ok();
         }
+        // Close-to-open: the writes are the tree's before the locks go, so
+        // that whoever takes a lock next reads them.
+        let r = if T::SHARED {
+            self.fs.get().flush(ino.0)
+        } else {
+            Ok(())
+        };
         // close(2) by a process drops all of its record locks on the file.
         // Every close sends a FLUSH: skip the engine until anyone has locked.
-        if self.any_locks.load(Ordering::Acquire) {
+        if self.engine_locks && self.any_locks.load(Ordering::Acquire) {
             self.fs.get().release_locks(ino.0, lock_owner.0);
         }
-        reply.ok();
+        Self::empty(reply, r);
     }
 
     fn release(

@@ -87,6 +87,19 @@ impl Notifications {
         Ok(Notifications { tx })
     }
 
+    /// Has the kernel forget `item` without waiting: for a shared tree's
+    /// threads, which must never wait for the kernel (the kernel may be
+    /// waiting for a request that waits for them).
+    pub(crate) fn post(&self, item: Inval) {
+        // Nobody listens for the answer: a receiver dropped at once.
+        let (done, _) = mpsc::sync_channel(1);
+        let _ = self.tx.send(Batch {
+            items: vec![item],
+            posted: Instant::now(),
+            done,
+        });
+    }
+
     /// Has the kernel forget `items` and waits until it has, at most
     /// [`WAIT`]; `what` names the batch in the log if it does not.
     /// Call it holding nothing a FUSE request may wait for (the module

@@ -26,6 +26,20 @@ use memfs_fs::{
     RenameFlags, Result, SetAttr, StatFs, XattrMode,
 };
 
+/// What another mount changed in a [`Tree::SHARED`] tree, for the kernel
+/// to forget ([`Tree::watch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// A node's attributes or data: its cached attributes and pages go.
+    Inode(u64),
+    /// A name in a directory (created, removed, renamed): its dentry goes.
+    Entry { parent: u64, name: Vec<u8> },
+    /// Anything may have changed (the tree lost track of the others'
+    /// changes): what the kernel caches expires within the mount's entry
+    /// and attribute timeouts, and no open keeps pages.
+    All,
+}
+
 /// What the adapter needs of the tree it serves. Node ids are the tree's
 /// inode numbers, at most `snapdir::INO_MASK` (the ids above name the nodes
 /// of `.snapshots`); `memfs_fs::ROOT_INO` is the root. Methods mean what the
@@ -38,6 +52,31 @@ pub trait Tree: Send + Sync + 'static {
     fn local(&self) -> Option<&Fs> {
         None
     }
+
+    /// Whether other mounts change this tree behind this kernel's back (a
+    /// volume on a Redis Cluster): the adapter then answers OPEN and FLUSH
+    /// (close-to-open: [`Tree::flush`]), lets no open keep the page cache
+    /// (FOPEN_KEEP_CACHE: another mount may have written the file since),
+    /// keeps flock locks in the tree too (FUSE_FLOCK_LOCKS), and hands the
+    /// tree a way to tell the kernel what changed ([`Tree::watch`]).
+    /// `false` for the local engine: every change passes through this
+    /// kernel. A constant: the adapter's branches on it fold away.
+    const SHARED: bool = false;
+
+    /// close(2) of a file (FUSE FLUSH, sent only for a [`Tree::SHARED`]
+    /// tree): what this mount wrote to `ino` is the tree's for every other
+    /// mount when it returns.
+    #[inline]
+    fn flush(&self, _ino: u64) -> Result<()> {
+        Ok(())
+    }
+
+    /// Hands a [`Tree::SHARED`] tree the function that makes the kernel
+    /// forget what another mount changed. `tell` never blocks: it queues
+    /// the invalidation for the adapter's notification thread
+    /// (notify.rs), so the tree may call it from any thread of its own.
+    #[inline]
+    fn watch(&self, _tell: Box<dyn Fn(Change) + Send + Sync>) {}
 
     /// Waits until what the calling request changed is as durable as the
     /// tree promises; called after each change, with no lock of the tree held.

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod pjdfstest;
+
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
