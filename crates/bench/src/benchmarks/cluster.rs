@@ -278,9 +278,10 @@ fn measure(
         cluster.len()
     );
 
+    let mut floors = vec![measure_floor(cluster, &master, args)?];
+    eprintln!("cluster: floor {:?}", floors[0]);
     let first = volume_mount(&volume_args)?;
     let bytes = bytes_per_file(&master, first.path(), args.bytes_files)?;
-    let mut floors = vec![measure_floor(cluster, &master, args)?];
     let local = Target::Memfs(MemfsMount::new(&local_args).context("local memfs mount")?);
     let second = if args.mounts.contains(&2) {
         Some(volume_mount(&volume_args)?)
