@@ -15,8 +15,8 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 
 use crate::benchmarks::{
-    block as bench_block, fio as bench_fio, lock as bench_lock, memory as bench_memory,
-    metadata as bench_metadata, workload as bench_workload,
+    block as bench_block, cluster as bench_cluster, fio as bench_fio, lock as bench_lock,
+    memory as bench_memory, metadata as bench_metadata, workload as bench_workload,
 };
 use crate::common::{
     DiskDir, Figure, Machine, MemfsMount, Report, TmpfsDir, install_interrupt_handler, interrupted,
@@ -34,7 +34,8 @@ pub struct Args {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Run only these benchmark kinds (comma-separated: metadata, fio,
-    /// workload, block, lock, memory); the others are recorded as skipped.
+    /// workload, block, lock, memory, cluster); the others are recorded as
+    /// skipped.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
@@ -44,6 +45,8 @@ pub struct Args {
 enum Need {
     Fuse,
     Fio,
+    /// redis-server, redis-cli and redis-benchmark (a local Redis Cluster).
+    Redis,
 }
 
 type StepFn = Box<dyn Fn() -> anyhow::Result<Report>>;
@@ -80,6 +83,13 @@ struct Sizes {
     lock_seconds: f64,
     mem_files: u64,
     mem_data: &'static str,
+    /// `memfs bench cluster`: files per metadata run, its iterations, files
+    /// for the bytes per file, fio's file and seconds per job.
+    cl_objects: usize,
+    cl_iterations: usize,
+    cl_bytes_files: usize,
+    cl_fio_size: &'static str,
+    cl_fio_runtime: u64,
     /// Repetitions of the steps that measure each figure once (fio, lock).
     repeat: usize,
 }
@@ -100,6 +110,11 @@ const FULL: Sizes = Sizes {
     lock_seconds: 0.5,
     mem_files: 1_000_000,
     mem_data: "1G",
+    cl_objects: 20_000,
+    cl_iterations: 3,
+    cl_bytes_files: 100_000,
+    cl_fio_size: "512M",
+    cl_fio_runtime: 10,
     repeat: 2,
 };
 
@@ -119,6 +134,11 @@ const QUICK: Sizes = Sizes {
     lock_seconds: 0.25,
     mem_files: 20_000,
     mem_data: "64M",
+    cl_objects: 1000,
+    cl_iterations: 1,
+    cl_bytes_files: 5000,
+    cl_fio_size: "32M",
+    cl_fio_runtime: 2,
     repeat: 2,
 };
 
@@ -135,6 +155,7 @@ fn plan(s: &Sizes, out: &Path) -> Vec<Step> {
     steps.push(block_step(s, &scratch));
     steps.push(lock_step(s));
     steps.push(memory_step(s, &scratch));
+    steps.push(cluster_step(s, &scratch));
     steps
 }
 
@@ -416,6 +437,56 @@ fn memory_step(s: &Sizes, scratch: &Path) -> Step {
     }
 }
 
+/// The cluster step: a volume on a local Redis Cluster against a local
+/// mount and the cluster's floor (redis-benchmark).
+fn cluster_step(s: &Sizes, scratch: &Path) -> Step {
+    let args = bench_cluster::Args {
+        short: false,
+        iterations: s.cl_iterations,
+        objects: s.cl_objects,
+        threads: vec![1, 4],
+        mounts: vec![1, 2],
+        dirs: s.cl_objects / 4,
+        bytes_files: s.cl_bytes_files,
+        floor_requests: 20_000,
+        floor_values: 500,
+        fio_size: s.cl_fio_size.into(),
+        fio_runtime: s.cl_fio_runtime,
+        no_fio: false,
+        uncached_cache_size: "4M".into(),
+        memfs_args: String::new(),
+        volume_args: String::new(),
+        maxmemory: "2gb".into(),
+        fio: "fio".into(),
+        json: scratch.join("cluster.json"),
+    };
+    // 4 shapes x (volume + local) x 4 phases, at some 5,000 ops/s; 5 fio jobs
+    // on 2 mounts; the bytes' creates; the cluster's start and the floor.
+    let meta = (s.cl_iterations * s.cl_objects) as f64 * 4.0 * 2.0 * 4.0 / 5000.0;
+    let fio = 9.0 * (s.cl_fio_runtime as f64 + 2.0);
+    Step {
+        kind: "cluster",
+        id: "cluster".into(),
+        title: "a volume on a local Redis Cluster (3 masters, 3 replicas), against a local \
+                memfs mount and redis-benchmark's floor"
+            .into(),
+        command: format!(
+            "memfs bench cluster --objects {} --iterations {} --dirs {} --bytes-files {} \
+             --floor-requests 20000 --floor-values 500 --fio-size {} --fio-runtime {}",
+            s.cl_objects,
+            s.cl_iterations,
+            s.cl_objects / 4,
+            s.cl_bytes_files,
+            s.cl_fio_size,
+            s.cl_fio_runtime
+        ),
+        estimate: meta + fio + s.cl_bytes_files as f64 / 3000.0 + 15.0,
+        needs: &[Need::Fuse, Need::Fio, Need::Redis],
+        repeat: 1,
+        run: Box::new(move || bench_cluster::report(&args)),
+    }
+}
+
 /// Why a need is not met here, if it is not.
 fn missing(need: Need) -> Option<String> {
     match need {
@@ -436,6 +507,19 @@ fn missing(need: Need) -> Option<String> {
         }
         Need::Fio => (!bench_fio::fio_available(Path::new("fio")))
             .then(|| "fio is not installed (apt-get install fio)".into()),
+        Need::Redis => ["redis-server", "redis-cli", "redis-benchmark"]
+            .into_iter()
+            .find(|tool| {
+                !std::process::Command::new(tool)
+                    .arg("--version")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            })
+            .map(|tool| {
+                format!("{tool} is not installed (scripts/setup: redis-server, redis-tools)")
+            }),
     }
 }
 

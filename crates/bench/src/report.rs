@@ -91,6 +91,7 @@ fn kind_title(kind: &str) -> &'static str {
         "block" => "Block store",
         "lock" => "Cross-process locks",
         "memory" => "Server memory",
+        "cluster" => "Volumes on a Redis Cluster",
         _ => "Other",
     }
 }

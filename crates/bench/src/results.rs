@@ -12,7 +12,9 @@ use crate::common::{Figure, Machine};
 
 /// Every benchmark kind a complete results folder has (run or skipped with a
 /// reason), in the order they run.
-pub const KINDS: [&str; 6] = ["metadata", "fio", "workload", "block", "lock", "memory"];
+pub const KINDS: [&str; 7] = [
+    "metadata", "fio", "workload", "block", "lock", "memory", "cluster",
+];
 
 /// Version of the results folder's format (`results.json`).
 pub const FORMAT: u32 = 1;

@@ -14,9 +14,9 @@ use std::path::Path;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use memfs_bench::benchmarks::{
-    block as bench_block, durability as bench_durability, fio as bench_fio, lock as bench_lock,
-    memory as bench_memory, metadata as bench_metadata, snapshot as bench_snapshot,
-    store_server as bench_store_server, workload as bench_workload,
+    block as bench_block, cluster as bench_cluster, durability as bench_durability,
+    fio as bench_fio, lock as bench_lock, memory as bench_memory, metadata as bench_metadata,
+    snapshot as bench_snapshot, store_server as bench_store_server, workload as bench_workload,
 };
 use memfs_bench::{all as bench_all, report as bench_report};
 
@@ -114,6 +114,8 @@ enum BenchCommand {
     Workload(bench_workload::Args),
     /// The store server against Redis: pipelined gets, multi_get latency, TLS cost, follower lag.
     StoreServer(bench_store_server::Args),
+    /// A volume on a local Redis Cluster against a local mount and redis-benchmark's floor.
+    Cluster(bench_cluster::Args),
     /// Every benchmark against its baseline into one results folder, with plots.
     All(bench_all::Args),
     /// Write the markdown report of a `bench all` results folder.
@@ -210,6 +212,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand::Snapshot(args)) => bench_snapshot::run(args),
         Command::Bench(BenchCommand::Durability(args)) => bench_durability::run(args),
         Command::Bench(BenchCommand::Workload(args)) => bench_workload::run(args),
+        Command::Bench(BenchCommand::Cluster(args)) => bench_cluster::run(args),
         Command::Bench(BenchCommand::All(args)) => bench_all::run(args),
         Command::Bench(BenchCommand::Report(args)) => bench_report::run_report(args),
         Command::Bench(BenchCommand::Compare(args)) => bench_report::run_compare(args),

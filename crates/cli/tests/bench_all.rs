@@ -9,7 +9,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::{Value, json};
 
-const KINDS: [&str; 6] = ["metadata", "fio", "workload", "block", "lock", "memory"];
+const KINDS: [&str; 7] = [
+    "metadata", "fio", "workload", "block", "lock", "memory", "cluster",
+];
 
 fn memfs(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memfs"))
@@ -78,7 +80,7 @@ fn complete(dir: &Path, create: f64, stat: f64, unlink_ms: f64) {
         step("metadata-t1-tmpfs", "metadata", "ok", None),
         step("workload-engine", "workload", "ok", None),
     ];
-    for kind in ["fio", "block", "lock", "memory"] {
+    for kind in ["fio", "block", "lock", "memory", "cluster"] {
         steps.push(step(kind, kind, "skipped", Some("fio is not installed")));
     }
     let figures = vec![
