@@ -634,7 +634,7 @@ fn fio_verify(c: &mut LocalCluster) {
 }
 
 /// pjdfstest cases a volume fails, each with why. Empty: it passes all
-/// that it runs.
+/// that it runs (as the local engine does).
 const KNOWN_PJDFSTEST_FAILURES: &[(&str, &str)] = &[];
 
 fn pjdfstest_on_a_volume(c: &mut LocalCluster) {

@@ -351,9 +351,10 @@ impl Blocks {
 
     /// Waits until a replica of every master that serves one of `keys`
     /// has every write made to that master before this call (module doc).
-    /// A cluster without replicas has nothing to wait for; a master that
-    /// should have one and has none fails with EIO (an fsync that could not
-    /// be made durable says so).
+    /// A master without a replica now has nothing to wait for (see
+    /// `wait_once`); a master with one that does not acknowledge within the
+    /// bound fails with EIO, after one more try on a fresh topology (a
+    /// failover may have changed who serves what).
     pub fn wait_replicas(&self, keys: &[String]) -> Result<()> {
         if keys.is_empty() {
             return Ok(());
@@ -372,16 +373,25 @@ impl Blocks {
     }
 
     fn wait_once(&self, topology: &Topology, keys: &[String]) -> Result<()> {
-        if topology.masters.iter().all(|m| m.replicas.is_empty()) {
-            return Ok(());
-        }
-        // One key per master: the marker goes in its slot.
+        // One key per master: the marker goes in its slot. A master with
+        // no replica now (a cluster without replicas, or a replica promoted
+        // after its master died, until a new replica joins) has none to
+        // wait for: its fsyncs are on one node, as a cluster without
+        // replicas promises, and the log says so. Refusing them instead
+        // would stop every fsync of a mount until an operator adds a node.
         let mut per_master: BTreeMap<&str, &String> = BTreeMap::new();
         for k in keys {
             let Some(m) = topology.master_of_key(k.as_bytes()) else {
                 return Err(Error::Protocol(format!("no master serves {k}")));
             };
+            if m.replicas.is_empty() {
+                tracing::debug!(master = %m.addr, "fsync: the master has no replica to wait for");
+                continue;
+            }
             per_master.entry(m.id.as_str()).or_insert(k);
+        }
+        if per_master.is_empty() {
+            return Ok(());
         }
         let ms = u64::try_from(self.h.pool.timeout().as_millis() * 3 / 4)
             .unwrap_or(u64::MAX)

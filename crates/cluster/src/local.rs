@@ -232,10 +232,19 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// SIGTERM to node `i` (a clean shutdown), SIGKILL if it has not exited
-    /// within a bounded wait, and reap it.
+    /// A clean stop of node `i` that keeps its data, as an operator's
+    /// restart of a persistent Redis does: `SAVE` (the nodes run without
+    /// save points, so SIGTERM alone would drop everything), then SIGTERM,
+    /// SIGKILL if it has not exited within a bounded wait, and reap it. A
+    /// node that cannot save is stopped all the same (its data is lost, as
+    /// after [`LocalCluster::kill`]).
     pub fn stop(&mut self, i: usize) -> Result<()> {
         if let Some(c) = self.nodes[i].child.take() {
+            let saved = connect(&self.nodes[i].addr(), COMMAND_TIMEOUT)
+                .and_then(|mut con| Ok(redis::cmd("SAVE").exec(&mut con)?));
+            if let Err(e) = saved {
+                tracing::warn!(node = i, error = %e, "stop: SAVE failed; the node's data goes");
+            }
             stop_all(vec![c]);
         }
         Ok(())

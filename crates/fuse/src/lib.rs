@@ -855,18 +855,19 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
             // OPENDIR and RELEASEDIR carry nothing the engine needs.
             InitFlags::FUSE_NO_OPENDIR_SUPPORT,
-            // The kernel enforces the ACLs the engine keeps (it fetches and
-            // caches system.posix_acl_access), and sends the umask unapplied:
-            // it must not apply where the parent has a default ACL.
-            InitFlags::FUSE_POSIX_ACL,
-            InitFlags::FUSE_DONT_MASK,
         ];
+        // The kernel enforces the ACLs the engine keeps (it fetches and
+        // caches system.posix_acl_access), and sends the umask unapplied: it
+        // must not apply where the parent has a default ACL.
+        let acls = [InitFlags::FUSE_POSIX_ACL, InitFlags::FUSE_DONT_MASK]
+            .into_iter()
+            .filter(|_| T::POSIX_ACLS);
         let engine = self.engine_locks.then_some(InitFlags::FUSE_POSIX_LOCKS);
         // flock(2) must hold across the mounts of a shared tree: the kernel
         // then sends it as a whole-file lock owned by the open file
         // description, dropped at its RELEASE.
         let flock = (self.engine_locks && T::SHARED).then_some(InitFlags::FUSE_FLOCK_LOCKS);
-        for f in wanted.into_iter().chain(engine).chain(flock) {
+        for f in wanted.into_iter().chain(acls).chain(engine).chain(flock) {
             match config.add_capabilities(f) {
                 Ok(()) if f == InitFlags::FUSE_NO_OPENDIR_SUPPORT => {
                     self.no_opendir.store(true, Ordering::Relaxed)

@@ -63,6 +63,14 @@ pub trait Tree: Send + Sync + 'static {
     /// kernel. A constant: the adapter's branches on it fold away.
     const SHARED: bool = false;
 
+    /// Whether the tree keeps POSIX ACLs (`system.posix_acl_*` xattrs): the
+    /// adapter then has the kernel enforce them (FUSE_POSIX_ACL) and send
+    /// the umask unapplied (FUSE_DONT_MASK). A tree that keeps none answers
+    /// those names EOPNOTSUPP, and the kernel, told nothing, applies the
+    /// umask and the mode bits alone; told FUSE_POSIX_ACL, it would fail
+    /// chmod and permission checks on the EOPNOTSUPP. `true` for `Fs`.
+    const POSIX_ACLS: bool = false;
+
     /// close(2) of a file (FUSE FLUSH, sent only for a [`Tree::SHARED`]
     /// tree): what this mount wrote to `ino` is the tree's for every other
     /// mount when it returns.
@@ -322,6 +330,8 @@ pub trait Tree: Send + Sync + 'static {
 
 /// The local engine: every method is the inherent one.
 impl Tree for Fs {
+    const POSIX_ACLS: bool = true;
+
     #[inline]
     fn local(&self) -> Option<&Fs> {
         Some(self)
