@@ -9,11 +9,14 @@
 //! namespace scripts are another module's), and each "mount" is a
 //! [`Handle`] of its own with a session registered the way a mount does it.
 
+mod common;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::watchdog;
 use memfs_cluster::blocks::{Entry, map_key};
 use memfs_cluster::data::Data;
 use memfs_cluster::errno::errno_of;
@@ -112,58 +115,6 @@ fn main() {
 
 /// A case that runs longer than this has hung.
 const CASE_LIMIT: Duration = Duration::from_secs(180);
-
-/// As in tests/cluster.rs: a hung case kills this process's redis-server
-/// children, removes their directories and exits.
-fn watchdog(limit: Duration) -> Arc<Mutex<Option<(&'static str, Instant)>>> {
-    let cell: Arc<Mutex<Option<(&'static str, Instant)>>> = Arc::default();
-    let seen = cell.clone();
-    std::thread::spawn(move || {
-        loop {
-            std::thread::sleep(Duration::from_millis(200));
-            let Some((name, since)) = *seen.lock().unwrap() else {
-                continue;
-            };
-            if since.elapsed() > limit {
-                eprintln!("test {name} hung for {limit:?}: stopping the cluster");
-                for pid in redis_children() {
-                    let dir = std::fs::read_link(format!("/proc/{pid}/cwd"));
-                    let _ = std::process::Command::new("kill")
-                        .arg("-9")
-                        .arg(pid.to_string())
-                        .status();
-                    if let Ok(d) = dir {
-                        let _ = std::fs::remove_dir_all(d);
-                    }
-                }
-                println!("test {name} ... FAILED (hung)");
-                println!("0 passed, 1 failed");
-                std::process::exit(1);
-            }
-        }
-    });
-    cell
-}
-
-fn redis_children() -> Vec<u32> {
-    let mut pids = Vec::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return pids;
-    };
-    for t in tasks.flatten() {
-        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|p| p.parse::<u32>().ok())
-        {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmd).contains("redis-server") {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
-}
 
 // ---- helpers ------------------------------------------------------------------------
 

@@ -7,11 +7,14 @@
 //! runs the cases whose name contains NAME. Every wait polls a condition
 //! with a deadline and names what it waited for.
 
+mod common;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use common::watchdog;
 use memfs_cluster::keys::Keys;
 use memfs_cluster::local::{LocalCluster, Options};
 use memfs_cluster::topology::connect;
@@ -85,54 +88,6 @@ fn main() {
     drop(cluster);
     println!("{passed} passed, {failed} failed");
     std::process::exit(i32::from(failed > 0));
-}
-
-/// Kills this process's redis-server children and exits when a case hangs
-/// (Drop cannot run while the case holds the cluster).
-fn watchdog(limit: Duration) -> Arc<Mutex<Option<(&'static str, Instant)>>> {
-    let cell: Arc<Mutex<Option<(&'static str, Instant)>>> = Arc::default();
-    let seen = cell.clone();
-    std::thread::spawn(move || {
-        loop {
-            std::thread::sleep(Duration::from_millis(200));
-            let Some((name, since)) = *seen.lock().unwrap() else {
-                continue;
-            };
-            if since.elapsed() > limit {
-                eprintln!("test {name} hung for {limit:?}: stopping the cluster");
-                for pid in redis_children() {
-                    let _ = std::process::Command::new("kill")
-                        .arg("-9")
-                        .arg(pid.to_string())
-                        .status();
-                }
-                println!("test {name} ... FAILED (hung)");
-                std::process::exit(1);
-            }
-        }
-    });
-    cell
-}
-
-/// The redis-server processes this process started, from /proc.
-fn redis_children() -> Vec<u32> {
-    let mut pids = Vec::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return pids;
-    };
-    for t in tasks.flatten() {
-        let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-        for pid in children
-            .split_whitespace()
-            .filter_map(|p| p.parse::<u32>().ok())
-        {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmd).contains("redis-server") {
-                pids.push(pid);
-            }
-        }
-    }
-    pids
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
