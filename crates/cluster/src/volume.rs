@@ -739,16 +739,20 @@ impl Inner {
                 }
                 self.cache.put_rec(e, r.ino, rec);
             }
-            None => {
-                self.cache.forget_rec(r.ino);
-                self.cache.forget_dir(r.ino);
-                self.data.forget(r.ino);
-            }
+            None => self.gone(r.ino),
         }
         if !r.freed.is_empty() {
             self.data.free_blocks(&r.freed);
         }
         Ok(())
+    }
+
+    /// A node this mount removed is gone: its record, its listing if a
+    /// directory, and its file state.
+    fn gone(&self, ino: u64) {
+        self.cache.forget_rec(ino);
+        self.cache.forget_dir(ino);
+        self.data.forget(ino);
     }
 
     fn rename(
@@ -805,9 +809,7 @@ impl Inner {
             }
         }
         for ino in gone {
-            self.cache.forget_rec(ino);
-            self.cache.forget_dir(ino);
-            self.data.forget(ino);
+            self.gone(ino);
         }
         if !r.freed.is_empty() {
             self.data.free_blocks(&r.freed);
