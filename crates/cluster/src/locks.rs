@@ -489,24 +489,12 @@ impl Locks {
             .inner
             .read(ino)
             .map_err(|e| crate::errno::errno_of(&e))?;
-        Ok(match Inner::conflict(&t, &self.inner.field(owner), &req) {
-            Some(l) => LockInfo {
-                start: l.start,
-                end: l.end,
-                typ: if l.write {
-                    libc::F_WRLCK
-                } else {
-                    libc::F_RDLCK
-                },
-                pid: l.pid,
-            },
-            None => LockInfo {
-                start,
-                end,
-                typ: libc::F_UNLCK,
-                pid: 0,
-            },
-        })
+        Ok(LockInfo::reported(
+            start,
+            end,
+            Inner::conflict(&t, &self.inner.field(owner), &req)
+                .map(|l| (l.start, l.end, l.write, l.pid)),
+        ))
     }
 
     /// `F_SETLK`: sets or clears a record lock without waiting (EAGAIN on

@@ -2436,24 +2436,11 @@ impl Fs {
             .locks
             .as_ref()
             .and_then(|t| t.conflict(Family::Posix, &req));
-        Ok(match conflict {
-            Some(l) => LockInfo {
-                start: l.start,
-                end: l.end,
-                typ: if l.write {
-                    libc::F_WRLCK
-                } else {
-                    libc::F_RDLCK
-                },
-                pid: l.pid,
-            },
-            None => LockInfo {
-                start,
-                end,
-                typ: libc::F_UNLCK,
-                pid: 0,
-            },
-        })
+        Ok(LockInfo::reported(
+            start,
+            end,
+            conflict.map(|l| (l.start, l.end, l.write, l.pid)),
+        ))
     }
 
     /// `F_SETLK`: sets or clears a record lock without waiting (`EAGAIN` on conflict).

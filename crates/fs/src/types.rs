@@ -386,6 +386,27 @@ pub struct LockInfo {
     pub pid: u32,
 }
 
+impl LockInfo {
+    /// What `F_GETLK` reports for `[start, end]`: the first conflicting
+    /// lock `(start, end, write, pid)`, or `F_UNLCK` over the range asked.
+    pub fn reported(start: u64, end: u64, conflict: Option<(u64, u64, bool, u32)>) -> LockInfo {
+        match conflict {
+            Some((start, end, write, pid)) => LockInfo {
+                start,
+                end,
+                typ: if write { libc::F_WRLCK } else { libc::F_RDLCK },
+                pid,
+            },
+            None => LockInfo {
+                start,
+                end,
+                typ: libc::F_UNLCK,
+                pid: 0,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod clock_tests {
     use super::Timespec;
