@@ -46,6 +46,7 @@ pub mod pool;
 pub mod record;
 pub mod session;
 pub mod slot;
+pub mod space;
 pub mod topology;
 pub mod volume;
 

@@ -45,6 +45,7 @@ use crate::namespace::{MetaSet, Scripts};
 use crate::pool::Pool;
 use crate::record::{Kind, Record};
 use crate::session::{Reaped, Session, Stop};
+use crate::space::{Room, Space};
 
 type Fres<T> = memfs_fs::Result<T>;
 
@@ -115,6 +116,8 @@ struct Inner {
     /// Sessions this mount had before its lease was lost.
     old_sids: Mutex<Vec<u64>>,
     session: Arc<Session>,
+    /// The cluster's memory, for statfs.
+    space: Space,
     opts: VolumeOptions,
 }
 
@@ -294,6 +297,7 @@ impl Volume {
             on_change: RwLock::new(None),
             old_sids: Mutex::default(),
             session: session.clone(),
+            space: Space::new(urls, opts.timeout),
             opts: opts.clone(),
             h: h.clone(),
         });
@@ -1489,6 +1493,9 @@ impl Volume {
 
     /// Files from the volume's counters; space as the cluster's (not
     /// measured: a large round figure, so that df shows room).
+    /// Space is the cluster's memory (crate::space); files are inode
+    /// numbers, 2^32 of them. Unknown room (a cluster never reached) reads
+    /// as 2^50 bytes, all free, rather than failing `df`.
     pub fn statfs(&self) -> StatFs {
         let i = &self.inner;
         let used: u64 =
@@ -1501,12 +1508,17 @@ impl Volume {
                 })
                 .unwrap_or(0);
         let bsize = i.h.block_size;
-        let blocks = (1u64 << 50) / u64::from(bsize);
+        let room = i.space.room().unwrap_or(Room {
+            total: 1 << 50,
+            used: 0,
+        });
+        let blocks = room.total / u64::from(bsize);
+        let bfree = room.free() / u64::from(bsize);
         let files = 1u64 << 32;
         StatFs {
             blocks,
-            bfree: blocks,
-            bavail: blocks,
+            bfree,
+            bavail: bfree,
             files,
             ffree: files.saturating_sub(used),
             bsize,

@@ -22,6 +22,7 @@ use memfs_cluster::keys::Keys;
 use memfs_cluster::local::{LocalCluster, Options};
 use memfs_cluster::record::{self, Kind};
 use memfs_cluster::slot::key_slot;
+use memfs_cluster::space::Space;
 use memfs_cluster::topology::connect;
 use memfs_cluster::{Admin, CreateOptions, Error};
 
@@ -42,6 +43,10 @@ const CASES: &[Case] = &[
     ("delete_removes_every_key", delete_removes_every_key),
     ("live_sessions_hold_a_volume", live_sessions_hold_a_volume),
     ("a_killed_replica_restarts", a_killed_replica_restarts),
+    (
+        "space_is_the_masters_together",
+        space_is_the_masters_together,
+    ),
 ];
 
 fn main() {
@@ -515,4 +520,35 @@ fn a_panic_leaves_nothing() {
     let (pids, dirs) = seen.into_inner().unwrap();
     assert_eq!(pids.len(), 3);
     assert_gone(&pids, &dirs);
+}
+
+/// statfs's room: every master's `maxmemory` (256 MiB each here), what
+/// they use counted, a value written on one master seen in `used`.
+fn space_is_the_masters_together(c: &mut LocalCluster) {
+    let masters = c.masters().unwrap().len() as u64;
+    assert_eq!(masters, 3);
+    let fresh = Space::new(&c.urls(), T)
+        .room()
+        .expect("the cluster answers");
+    assert_eq!(fresh.total, masters * 256 * 1024 * 1024);
+    assert!(fresh.used > 0 && fresh.used < fresh.total, "{fresh:?}");
+    let mut con = cluster_con(c);
+    let value = vec![7u8; 4 << 20];
+    let _: () = redis::cmd("SET")
+        .arg("space-test")
+        .arg(&value)
+        .query(&mut con)
+        .unwrap();
+    // A new Space, so the answer is not the one kept for a second.
+    let after = Space::new(&c.urls(), T).room().unwrap();
+    let _: () = redis::cmd("DEL").arg("space-test").query(&mut con).unwrap();
+    assert!(
+        after.used >= fresh.used + (4 << 20),
+        "4 MiB written, used {} -> {}",
+        fresh.used,
+        after.used
+    );
+    assert_eq!(after.free(), after.total - after.used);
+    let gone = Space::new(&["redis://127.0.0.1:1".to_string()], T);
+    assert_eq!(gone.room(), None, "no cluster, no figure, no hang");
 }
