@@ -1111,15 +1111,7 @@ impl Volume {
         rdev: u32,
         umask: u32,
     ) -> Fres<Attr> {
-        let mode = if mode & libc::S_IFMT == 0 {
-            mode | libc::S_IFREG
-        } else {
-            mode
-        };
-        let kind = match FileType::from_mode(mode) {
-            Some(FileType::Directory | FileType::Symlink) | None => return Err(Errno::EINVAL),
-            Some(t) => kind_of(t),
-        };
+        let kind = kind_of(FileType::of_mknod(mode)?);
         check_new_name(name)?;
         let mut r = self.inner.new_record(kind, mode, umask, ctx);
         if matches!(kind, Kind::Char | Kind::Block) {

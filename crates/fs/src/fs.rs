@@ -996,15 +996,9 @@ impl Fs {
         rdev: u32,
         umask: u32,
     ) -> Result<Attr> {
-        let mode = if mode & libc::S_IFMT == 0 {
-            mode | libc::S_IFREG
-        } else {
-            mode
-        };
-        match FileType::from_mode(mode) {
-            Some(FileType::Directory | FileType::Symlink) | None => Err(Errno::EINVAL),
-            Some(_) => self.make_node(ctx, parent, name, mode, rdev, None, true, umask),
-        }
+        let t = FileType::of_mknod(mode)?;
+        let mode = t.mode_bits() | (mode & !libc::S_IFMT);
+        self.make_node(ctx, parent, name, mode, rdev, None, true, umask)
     }
 
     pub fn mkdir(&self, ctx: Ctx, parent: u64, name: &[u8], mode: u32) -> Result<Attr> {

@@ -46,6 +46,19 @@ impl FileType {
         })
     }
 
+    /// The type mknod(2) makes of `mode`: no type bits mean a regular file
+    /// (as Linux does); a directory, a symlink or an unknown type is EINVAL
+    /// (they have calls of their own). The engine and a volume both ask here.
+    pub fn of_mknod(mode: u32) -> Result<FileType, crate::Errno> {
+        if mode & libc::S_IFMT == 0 {
+            return Ok(FileType::RegularFile);
+        }
+        match FileType::from_mode(mode) {
+            Some(FileType::Directory | FileType::Symlink) | None => Err(crate::Errno::EINVAL),
+            Some(t) => Ok(t),
+        }
+    }
+
     pub fn mode_bits(self) -> u32 {
         match self {
             FileType::RegularFile => libc::S_IFREG,
