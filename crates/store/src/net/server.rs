@@ -852,13 +852,7 @@ fn read_timeout(
 fn handle(sh: &Shared, ss: &mut Session, ty: u8, body: &[u8]) -> Next {
     let lim = sh.cfg.limits;
     if ss.role.is_none() && ty != op::HELLO {
-        send_error(
-            sh,
-            &mut ss.out,
-            ErrorCode::HandshakeRequired,
-            "the first frame must be HELLO",
-        );
-        return Next::Close;
+        return handshake_required(sh, ss);
     }
     let frame = match p::parse(ty, body, ss.kw, &lim) {
         Ok(f) => f,
@@ -959,6 +953,17 @@ fn refuse(sh: &Shared, ss: &mut Session, role: Role, replica: bool, ty: u8) {
     }
 }
 
+/// A session's first frame was not HELLO: it is told so and closed.
+fn handshake_required(sh: &Shared, ss: &mut Session) -> Next {
+    send_error(
+        sh,
+        &mut ss.out,
+        ErrorCode::HandshakeRequired,
+        "the first frame must be HELLO",
+    );
+    Next::Close
+}
+
 /// The handshake: the session's first frame, which must be HELLO, fixes its
 /// key width and role once the key width and credentials check out.
 fn hello(sh: &Shared, ss: &mut Session, store: &Store, frame: Frame) -> Next {
@@ -970,13 +975,7 @@ fn hello(sh: &Shared, ss: &mut Session, store: &Store, frame: Frame) -> Next {
         token,
     } = frame
     else {
-        send_error(
-            sh,
-            &mut ss.out,
-            ErrorCode::HandshakeRequired,
-            "the first frame must be HELLO",
-        );
-        return Next::Close;
+        return handshake_required(sh, ss);
     };
     let kw = store.key_width();
     if key_width != 0 && key_width as usize != kw {
