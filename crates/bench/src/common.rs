@@ -828,6 +828,17 @@ pub fn durable_args(data: &Path, mode: &str) -> Vec<String> {
     ]
 }
 
+/// Formats ops/s compactly: 1.23M, 45.6k, 789.
+pub fn human(ops: f64) -> String {
+    if ops >= 1e6 {
+        format!("{:.2}M", ops / 1e6)
+    } else if ops >= 1e3 {
+        format!("{:.1}k", ops / 1e3)
+    } else {
+        format!("{ops:.0}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

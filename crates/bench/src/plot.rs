@@ -31,10 +31,10 @@ struct BarChart {
 }
 
 /// A grid of cells coloured by log value.
-struct HeatMap {
-    title: String,
+pub struct HeatMap {
+    pub title: String,
     /// (column = waiters, row = entities, value)
-    cells: Vec<(u32, u32, f64)>,
+    pub cells: Vec<(u32, u32, f64)>,
 }
 
 const PALETTE: [RGBColor; 6] = [
@@ -212,7 +212,10 @@ fn bar_slot(c: &BarChart, ci: usize, gi: usize) -> (f64, f64) {
     (x, x + width * 0.95)
 }
 
-fn draw_heat<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, h: &HeatMap) -> anyhow::Result<()>
+pub fn draw_heat<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    h: &HeatMap,
+) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
 {
@@ -263,7 +266,7 @@ where
     chart
         .draw_series(h.cells.iter().map(|&(w, e, v)| {
             Text::new(
-                crate::benchmarks::lock_engine::human(v),
+                crate::common::human(v),
                 (w as i32, e as i32 + 1),
                 ("sans-serif", 13).into_font().color(&BLACK),
             )

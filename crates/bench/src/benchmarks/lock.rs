@@ -139,7 +139,6 @@ fn matrix(args: &Args, spawn: &dyn Fn(&str) -> Command) -> anyhow::Result<()> {
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     bench::write_json(&json, &command, &machine(), &results)
         .with_context(|| format!("writing {}", json.display()))?;
-    crate::common::register_plot_font()?;
     let maps = bench::heat_maps(&results, &args.out.join(mode))?;
     println!(
         "wrote {}, {} and {} heat maps under {}",

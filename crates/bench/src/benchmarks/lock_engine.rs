@@ -367,17 +367,6 @@ pub fn run_matrix(
     Ok(all)
 }
 
-/// Formats ops/s compactly: 1.23M, 45.6k, 789.
-pub fn human(ops: f64) -> String {
-    if ops >= 1e6 {
-        format!("{:.2}M", ops / 1e6)
-    } else if ops >= 1e3 {
-        format!("{:.1}k", ops / 1e3)
-    } else {
-        format!("{ops:.0}")
-    }
-}
-
 impl Measurement {
     /// Operations per CPU second of the workers: steadier than ops/s when
     /// the machine is shared (waiters that sleep use no CPU).
@@ -437,7 +426,7 @@ pub fn matrix_table(results: &[Measurement], per_cpu: bool) -> String {
                         } else {
                             m.ops_per_sec
                         };
-                        s += &format!(" {} |", human(v));
+                        s += &format!(" {} |", crate::common::human(v));
                     }
                     None => s += " |",
                 }
@@ -451,6 +440,7 @@ pub fn matrix_table(results: &[Measurement], per_cpu: bool) -> String {
 /// Writes one SVG heat map per (file system, algorithm) into `out`; returns
 /// the files written.
 pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, BenchError> {
+    crate::common::register_plot_font().map_err(|e| BenchError::Plot(e.to_string()))?;
     std::fs::create_dir_all(out)?;
     let mut written = Vec::new();
     let mut groups: Vec<(String, String)> = Vec::new();
@@ -472,64 +462,19 @@ pub fn heat_maps(results: &[Measurement], out: &Path) -> Result<Vec<PathBuf>, Be
     Ok(written)
 }
 
-/// One heat map: `alg` on `fs`, ops/s by waiters and entities, into `file`.
+/// One heat map: `alg` on `fs`, ops/s by waiters and entities, into `file`
+/// (drawn as the report draws its own, crate::plot).
 fn heat_map(cells: &[&Measurement], fs: &str, alg: &str, file: &Path) -> Result<(), BenchError> {
     use plotters::prelude::*;
-    let max_w = cells.iter().map(|m| m.waiters).max().unwrap_or(1) as i32;
-    let max_e = cells.iter().map(|m| m.entities).max().unwrap_or(1) as i32;
-    let lo = cells
-        .iter()
-        .map(|m| m.ops_per_sec.max(1.0).ln())
-        .fold(f64::INFINITY, f64::min);
-    let hi = cells
-        .iter()
-        .map(|m| m.ops_per_sec.max(1.0).ln())
-        .fold(f64::NEG_INFINITY, f64::max);
+    let h = crate::plot::HeatMap {
+        title: format!("{alg} on {fs}: ops/s (log colour)"),
+        cells: cells
+            .iter()
+            .map(|m| (m.waiters as u32, m.entities as u32, m.ops_per_sec))
+            .collect(),
+    };
     let root = SVGBackend::new(file, (720, 640)).into_drawing_area();
-    let p = |e: String| BenchError::Plot(e);
-    root.fill(&WHITE).map_err(|e| p(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{alg} on {fs}: ops/s (log colour)"),
-            ("sans-serif", 22),
-        )
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(50)
-        .build_cartesian_2d(1i32..max_w + 1, 1i32..max_e + 1)
-        .map_err(|e| p(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .disable_mesh()
-        .x_desc("waiters (processes)")
-        .y_desc("entities per lock")
-        .x_labels(max_w as usize)
-        .y_labels(max_e as usize)
-        .draw()
-        .map_err(|e| p(e.to_string()))?;
-    chart
-        .draw_series(cells.iter().map(|m| {
-            let t = if hi > lo {
-                (m.ops_per_sec.max(1.0).ln() - lo) / (hi - lo)
-            } else {
-                1.0
-            };
-            let c = HSLColor((1.0 - t) * 0.7, 0.85, 0.5);
-            let (x, y) = (m.waiters as i32, m.entities as i32);
-            Rectangle::new([(x, y), (x + 1, y + 1)], c.filled())
-        }))
-        .map_err(|e| p(e.to_string()))?;
-    chart
-        .draw_series(cells.iter().map(|m| {
-            Text::new(
-                human(m.ops_per_sec),
-                (m.waiters as i32, m.entities as i32 + 1),
-                ("sans-serif", 13).into_font().color(&BLACK),
-            )
-        }))
-        .map_err(|e| p(e.to_string()))?;
-    root.present().map_err(|e| p(e.to_string()))?;
-    Ok(())
+    crate::plot::draw_heat(root, &h).map_err(|e| BenchError::Plot(e.to_string()))
 }
 
 /// Writes the machine-readable results: the command, the machine and every cell.
@@ -544,4 +489,43 @@ pub fn write_json(
         serde_json::to_string_pretty(&body).map_err(|e| BenchError::Worker(e.to_string()))?;
     std::fs::write(path, text)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(alg: &str, fs: &str, waiters: usize, entities: usize, ops: f64) -> Measurement {
+        Measurement {
+            algorithm: alg.into(),
+            file_system: fs.into(),
+            dir: PathBuf::from("/tmp"),
+            entities,
+            waiters,
+            uncontended: false,
+            seconds: 1.0,
+            ops: ops as u64,
+            ops_per_sec: ops,
+            cpu_seconds: 1.0,
+        }
+    }
+
+    #[test]
+    fn one_heat_map_per_algorithm_and_file_system_with_every_cell_labelled() {
+        let dir = tempfile::tempdir().unwrap();
+        let results = [
+            cell("mkdir", "tmpfs", 1, 1, 1_500_000.0),
+            cell("mkdir", "tmpfs", 2, 1, 45_600.0),
+            cell("mkdir", "memfs", 1, 1, 789.0),
+            cell(BASELINE, "tmpfs", 1, 1, 9e6),
+        ];
+        let files = heat_maps(&results, dir.path()).unwrap();
+        assert_eq!(files.len(), 2, "the baseline gets no map: {files:?}");
+        let svg = std::fs::read_to_string(dir.path().join("lock-mkdir-tmpfs.svg")).unwrap();
+        assert!(svg.contains("<svg"), "not an SVG");
+        for label in ["1.50M", "45.6k", "mkdir on tmpfs"] {
+            assert!(svg.contains(label), "{label} missing");
+        }
+        assert!(!svg.contains("789"), "memfs's cell on tmpfs's map");
+    }
 }
