@@ -89,13 +89,14 @@ pub fn receive(at: &At<'_>, inp: &mut dyn Read) -> anyhow::Result<ReceiveReport>
             .with_context(|| format!("creating volume {}", at.volume))?;
     }
     let written = write(at, &seeds, &fs);
-    if written.is_err() && !existed {
-        if let Err(e) = admin.delete(at.volume, false) {
-            eprintln!(
-                "memfs receive: the half-written volume {} is left: {e}",
-                at.volume
-            );
-        }
+    if written.is_err()
+        && !existed
+        && let Err(e) = admin.delete(at.volume, false)
+    {
+        eprintln!(
+            "memfs receive: the half-written volume {} is left: {e}",
+            at.volume
+        );
     }
     let w = written?;
     eprintln!(

@@ -145,7 +145,31 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
     let src = t.path().join("src");
     source(&src);
     let want = dump_of(&src, "s1");
-    assert!(want.iter().any(|l| l.starts_with("/sparse ")), "{want:?}");
+    // The tree is what the comparisons below are about.
+    let rdev = libc::makedev(1, 3) as u32;
+    for line in [
+        "/d/hard = /d/big".to_string(),
+        "/private Directory 700 1000:1000 n2 ".into(),
+        "/private/s RegularFile 4750 1000:1000 n1 s1 m1000000000.123 ".into(),
+        "/fifo NamedPipe 644 ".into(),
+        "/null CharDevice 666 ".into(),
+        "/link Symlink ".into(),
+        format!("/sparse RegularFile 644 0:0 n1 s{} ", (10 << 20) + 4),
+    ] {
+        assert!(
+            want.iter().any(|l| l.starts_with(&line)),
+            "{line}: {want:#?}"
+        );
+    }
+    assert!(
+        want.iter().any(|l| l.contains(&format!(" r{rdev}"))),
+        "{want:#?}"
+    );
+    assert!(
+        want.iter().any(|l| l.contains("x[user.color=blue]")),
+        "{want:#?}"
+    );
+    assert!(want.iter().any(|l| l.ends_with(" p2")), "{want:#?}");
 
     // Data directory → a volume that does not exist yet: created.
     let into_v1 = ["receive", "--cluster", &spec, "--volume", "v1"];
