@@ -10,9 +10,9 @@
 //! --volume V | memfs receive --data-dir D2`; the canonical dumps (paths,
 //! types, modes, owners, link counts, sizes, mtimes and ctimes, rdev,
 //! targets, xattrs, the hash and page count of each file's data) of S, of
-//! the volume and of D2 are equal. Then the refusals: a non-empty volume,
-//! a truncated and a damaged stream, an incremental stream; each changes
-//! nothing.
+//! the volume and of D2 are equal, and D2 takes further commits. Then the
+//! refusals: a non-empty volume, a truncated and a damaged stream, an
+//! incremental stream, a tree with an inode flag; each changes nothing.
 
 mod common;
 
@@ -216,9 +216,21 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
     let dst2 = t.path().join("dst2");
     ok(receive_file(&["receive", "--data-dir", s(&dst2)], &file));
     assert_eq!(dump_of(&dst2, "back"), want);
-    // The received directory is a data directory like any other.
+    // The received directory is a data directory like any other: its
+    // journal goes on after the stream's commit, and keeps what it is given.
     let list = ok(memfs(["snapshot", "list", "--data-dir", s(&dst2)]));
     assert!(list.contains("back"), "{list}");
+    {
+        let (d, _) = DurableFs::open(&dst2, materialize_config(), opts()).unwrap();
+        d.fs()
+            .write_file(Ctx::ROOT, ROOT_INO, "/new", b"after")
+            .unwrap();
+        d.fs().settle().unwrap();
+        d.close().unwrap();
+        let (d, _) = DurableFs::open(&dst2, materialize_config(), opts()).unwrap();
+        assert_eq!(d.fs().read_file(ROOT_INO, "/new").unwrap(), b"after");
+        d.close().unwrap();
+    }
 
     // A non-empty volume is refused, and keeps what it had.
     let e = failed(receive_file(&into_v1, &file));
@@ -277,6 +289,33 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
         "v1",
     ]));
     assert!(e.contains("cannot be used with"), "{e}");
+
+    // What a volume does not keep (here an inode flag) is refused before
+    // anything is written: no volume is created.
+    let odd = t.path().join("odd");
+    {
+        let (d, _) = DurableFs::open(&odd, materialize_config(), opts()).unwrap();
+        let ino = d
+            .fs()
+            .write_file(Ctx::ROOT, ROOT_INO, "/f", b"x")
+            .unwrap()
+            .ino;
+        d.fs()
+            .set_flags(Ctx::ROOT, ino, memfs_fs::FS_NODUMP_FL)
+            .unwrap();
+        d.fs().settle().unwrap();
+        d.snapshot_create("f").unwrap();
+        d.close().unwrap();
+    }
+    let (l, r) = pipe(
+        &["send", "f", "--data-dir", s(&odd)],
+        &["receive", "--cluster", &spec, "--volume", "v4"],
+    );
+    ok(l);
+    let e = failed(r);
+    assert!(e.contains("inode flags"), "{e}");
+    let vols = ok(memfs(["volume", "list", "--cluster", &spec]));
+    assert_eq!(vols, "v1\nv3\n");
 
     // The empty volume takes the stream afterwards.
     ok(receive_file(&into_v3, &file));
