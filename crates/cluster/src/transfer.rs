@@ -93,7 +93,9 @@ pub struct Written {
 /// volume's block maps stay holes, and so do pages of zeros inside blocks
 /// (a block is 64 KiB, a page 4 KiB: a page of zeros reads as a hole, as
 /// it does on the engine). Fails with [`TransferError::Changed`] when the
-/// volume's feed reports a change by another mount during the walk.
+/// volume's feed reports a change by another mount during the walk (for
+/// which it takes the volume's [`Volume::on_change`] callback: a volume
+/// opened for the copy, not one a mount serves).
 pub fn volume_to_fs(vol: &Volume) -> Result<Fs> {
     let changed = Arc::new(AtomicBool::new(false));
     let seen = changed.clone();
