@@ -317,6 +317,9 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
     let vols = ok(memfs(["volume", "list", "--cluster", &spec]));
     assert_eq!(vols, "v1\nv3\n");
 
+    let e = failed(memfs(["send", "--cluster", &spec, "--volume", "none"]));
+    assert!(e.contains("no volume \"none\""), "{e}");
+
     // The empty volume takes the stream afterwards.
     ok(receive_file(&into_v3, &file));
     assert_eq!(volume_dump(&urls, "v3"), want);
