@@ -661,40 +661,76 @@ fn check_tree(dir: &Path, base: Option<memfs_journal::CheckpointRef>) -> anyhow:
 }
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["data_dir", "cluster"])))]
 pub struct SendArgs {
-    /// The snapshot to send.
-    pub name: String,
+    /// The snapshot to send; with --cluster, the snapshot name the stream
+    /// gives the volume's tree (default: the volume's name).
+    pub name: Option<String>,
     /// Send only the changes since this older snapshot (the receiver's latest).
-    #[arg(long, value_name = "BASE")]
+    #[arg(long, value_name = "BASE", conflicts_with = "cluster")]
     pub from: Option<String>,
     /// The data directory (not mounted).
     #[arg(long, value_name = "PATH")]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub volume: VolumeAt,
+    /// Write the stream to FILE instead of standard output.
+    #[arg(short = 'o', long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+/// A volume as the source or the target of a stream.
+#[derive(clap::Args, Debug)]
+pub struct VolumeAt {
+    /// Send or receive a volume of this Redis Cluster instead of a data
+    /// directory: redis://HOST:PORT[,HOST:PORT...] (with --volume).
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "volume",
+        conflicts_with = "data_dir"
+    )]
+    pub cluster: Option<String>,
+    /// The volume: sent whole (always a full stream); received into if it
+    /// is empty, created if it does not exist.
+    #[arg(long, value_name = "NAME", requires = "cluster")]
+    pub volume: Option<String>,
+}
+
+impl VolumeAt {
+    fn at(&self) -> Option<crate::volume_send::At<'_>> {
+        match (&self.cluster, &self.volume) {
+            (Some(cluster), Some(volume)) => Some(crate::volume_send::At { cluster, volume }),
+            _ => None,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["data_dir", "cluster"])))]
 pub struct ReceiveArgs {
     /// The data directory to rebuild into (not mounted): new or empty for a
     /// full stream, holding BASE as its latest snapshot for an incremental one.
     #[arg(long, value_name = "PATH")]
-    pub data_dir: PathBuf,
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub volume: VolumeAt,
 }
 
 fn mib_per_s(bytes: u64, t: std::time::Duration) -> f64 {
     bytes as f64 / (1 << 20) as f64 / t.as_secs_f64().max(1e-9)
 }
 
-/// `memfs send NAME [--from BASE] --data-dir D > FILE`: the stream goes to
-/// stdout (never a terminal), the summary to stderr.
-pub fn run_send(a: SendArgs) -> anyhow::Result<()> {
+/// Where the stream goes: `-o FILE`, or stdout (never a terminal).
+fn stream_out(a: &SendArgs, example: &str) -> anyhow::Result<std::fs::File> {
     use std::os::fd::AsFd;
-    check_dir(&a.data_dir)?;
+    if let Some(p) = &a.output {
+        return std::fs::File::create(p).with_context(|| format!("creating {}", p.display()));
+    }
     let stdout = std::io::stdout();
     if stdout.is_terminal() {
         bail!(
-            "memfs send writes a binary stream: redirect it to a file or a pipe (memfs send {} --data-dir {} > FILE)",
-            a.name,
-            a.data_dir.display()
+            "memfs send writes a binary stream: redirect it to a file or a pipe, or give -o FILE ({example} > FILE)"
         );
     }
     // Straight to the descriptor: Stdout is line-buffered, which would cut
@@ -703,16 +739,42 @@ pub fn run_send(a: SendArgs) -> anyhow::Result<()> {
         .as_fd()
         .try_clone_to_owned()
         .context("duplicating stdout")?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(fd));
+    Ok(std::fs::File::from(fd))
+}
+
+/// `memfs send NAME [--from BASE] --data-dir D > FILE`, or `memfs send
+/// [NAME] --cluster URL --volume V > FILE`: the stream goes to stdout (or
+/// `-o FILE`), the summary to stderr.
+pub fn run_send(a: SendArgs) -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
-    let r = durable::send::send(&a.data_dir, &a.name, a.from.as_deref(), &mut out)?;
-    out.flush().context("writing the stream")?;
+    let r = if let Some(at) = a.volume.at() {
+        let example = format!("memfs send --cluster {} --volume {}", at.cluster, at.volume);
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, stream_out(&a, &example)?);
+        let r = crate::volume_send::send(&at, a.name.as_deref(), &mut out)?;
+        out.flush().context("writing the stream")?;
+        r
+    } else {
+        let (Some(dir), Some(name)) = (&a.data_dir, &a.name) else {
+            bail!(
+                "memfs send NAME --data-dir D: name the snapshot to send (memfs snapshot list --data-dir D shows them)"
+            );
+        };
+        check_dir(dir)?;
+        let example = format!("memfs send {name} --data-dir {}", dir.display());
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, stream_out(&a, &example)?);
+        let r = durable::send::send(dir, name, a.from.as_deref(), &mut out)?;
+        out.flush().context("writing the stream")?;
+        r
+    };
     let t = t0.elapsed();
     let what = match &r.header.base {
         Some((b, bc, _)) => format!(
             "changes from snapshot {b} (commit {bc}) to {} (commit {}): {} commits",
             r.header.name, r.header.commit, r.records
         ),
+        None if a.volume.at().is_some() => {
+            format!("{} as snapshot {}", r.header.source, r.header.name)
+        }
         None => format!("snapshot {} (commit {})", r.header.name, r.header.commit),
     };
     eprintln!(
@@ -734,14 +796,29 @@ fn stall_before_commit_point() {
     }
 }
 
-/// `memfs receive --data-dir D2 < FILE`.
+/// What `memfs receive` rebuilds a stream in.
+enum Target<'a> {
+    Dir(&'a Path),
+    Volume(crate::volume_send::At<'a>),
+}
+
+/// `memfs receive --data-dir D2 < FILE`, or `memfs receive --cluster URL
+/// --volume V < FILE`.
 pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
     use std::os::fd::AsFd;
+    let target = match (a.data_dir.as_deref(), a.volume.at()) {
+        (Some(d), _) => Target::Dir(d),
+        (None, Some(at)) => Target::Volume(at),
+        (None, None) => bail!("memfs receive: give --data-dir D or --cluster URL --volume V"),
+    };
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
+        let args = match &target {
+            Target::Dir(d) => format!("--data-dir {}", d.display()),
+            Target::Volume(at) => format!("--cluster {} --volume {}", at.cluster, at.volume),
+        };
         bail!(
-            "memfs receive reads a stream from memfs send on its standard input (memfs receive --data-dir {} < FILE)",
-            a.data_dir.display()
+            "memfs receive reads a stream from memfs send on its standard input (memfs receive {args} < FILE)"
         );
     }
     let fd = stdin
@@ -752,12 +829,21 @@ pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
     // up to 1 MiB straight into its frame buffer); a BufReader would copy
     // every byte once more.
     let mut inp = std::fs::File::from(fd);
-    let opts = durable::send::ReceiveOptions {
-        before_commit_point: std::env::var_os("MEMFS_TEST_RECEIVE_STALL")
-            .map(|_| stall_before_commit_point as fn()),
-    };
     let t0 = std::time::Instant::now();
-    let r = durable::send::receive(&a.data_dir, &mut inp, opts)?;
+    let (r, into) = match target {
+        Target::Dir(dir) => {
+            let opts = durable::send::ReceiveOptions {
+                before_commit_point: std::env::var_os("MEMFS_TEST_RECEIVE_STALL")
+                    .map(|_| stall_before_commit_point as fn()),
+            };
+            let r = durable::send::receive(dir, &mut inp, opts)?;
+            (r, dir.display().to_string())
+        }
+        Target::Volume(at) => {
+            let r = crate::volume_send::receive(&at, &mut inp)?;
+            (r, format!("volume {}", at.volume))
+        }
+    };
     let t = t0.elapsed();
     let what = match &r.header.base {
         Some((b, _, _)) => format!(
@@ -771,8 +857,7 @@ pub fn run_receive(a: ReceiveArgs) -> anyhow::Result<()> {
         None => "not computed (the stream carries none to compare)".into(),
     };
     eprintln!(
-        "received {what} into {}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {tree}",
-        a.data_dir.display(),
+        "received {what} into {into}; {} MiB in {:.2} s ({:.0} MiB/s); tree: {tree}",
         r.bytes >> 20,
         t.as_secs_f64(),
         mib_per_s(r.bytes, t),

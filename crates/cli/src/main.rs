@@ -33,6 +33,7 @@ mod shell;
 mod store_cmd;
 mod volume_cmd;
 mod volume_mount;
+mod volume_send;
 
 #[derive(Parser)]
 #[command(
@@ -78,9 +79,11 @@ enum Command {
     Log(durable_cmd::LogArgs),
     /// Bring a data directory back to an earlier commit or snapshot.
     Rollback(durable_cmd::RollbackArgs),
-    /// Write a snapshot of an unmounted data directory (or the changes since BASE) as a stream on stdout.
+    /// Write a snapshot of an unmounted data directory (or the changes since BASE), or a whole
+    /// volume (--cluster URL --volume V), as a stream on stdout (or -o FILE).
     Send(durable_cmd::SendArgs),
-    /// Rebuild a stream from memfs send in an unmounted data directory (read from stdin).
+    /// Rebuild a stream from memfs send in an unmounted data directory, or a full stream in a new
+    /// or empty volume (--cluster URL --volume V); read from stdin.
     Receive(durable_cmd::ReceiveArgs),
     /// Check a data directory (journal, checkpoint, tree); --repair cuts damage.
     Fsck(durable_cmd::FsckArgs),

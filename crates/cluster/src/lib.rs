@@ -13,7 +13,9 @@
 //! - [`admin`]: [`Admin`], volume administration (`create`, `list`,
 //!   `status`, `delete`) against a cluster's URLs;
 //! - [`keys`], [`slot`], [`topology`]: key names, hash slots, and which
-//!   master serves what.
+//!   master serves what;
+//! - [`transfer`]: a volume's whole tree read into a `memfs_fs::Fs`, and
+//!   an `Fs` written into an empty volume (`memfs send`/`receive`).
 //!
 //! What it promises: no panic on bad input or a failing cluster (errors are
 //! [`Error`], saying what to do where there is something to do); every
@@ -48,9 +50,11 @@ pub mod session;
 pub mod slot;
 pub mod space;
 pub mod topology;
+pub mod transfer;
 pub mod volume;
 
 pub use admin::{Admin, CreateOptions};
 pub use error::{Error, Result};
 pub use local::LocalCluster;
+pub use transfer::{TransferError, Written, fs_to_volume, volume_to_fs};
 pub use volume::{Change, Volume, VolumeOptions, VolumeStatus};

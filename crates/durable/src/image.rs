@@ -227,6 +227,12 @@ pub(crate) fn read_image(fs: &Fs, r: &mut (dyn Read + Send)) -> Result<ImageInfo
         .map_err(|e| format!("cannot start the read-ahead thread: {e}"))?
 }
 
+/// [`read_image`] from a reader that cannot cross threads (a stream's
+/// frames), parsed on this thread without the read-ahead.
+pub(crate) fn read_image_here(fs: &Fs, r: &mut dyn Read) -> Result<ImageInfo, String> {
+    read_image_into(Some(fs), r)
+}
+
 /// Bytes a read-ahead block holds.
 const AHEAD_BLOCK: usize = 256 * 1024;
 /// Blocks read ahead and not yet parsed, at most: a bound on the memory

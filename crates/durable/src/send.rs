@@ -20,6 +20,12 @@
 //! committed. Every frame carries a CRC32C and the trailer a CRC32C of the
 //! whole stream, so a truncated or damaged stream is refused.
 //!
+//! A tree already in memory (a volume read into an [`Fs`] by
+//! `memfs_cluster::transfer`) goes out through [`send_tree`], as a full
+//! stream of the same format, and [`receive_tree`] reads a full stream back
+//! into a new [`Fs`], handed over only once every check passed: the caller
+//! (a volume) is changed only then.
+//!
 //! Receive validates everything first; only then does it change the
 //! receiving directory, in one crash-safe step:
 //! - full: the stream's image is written as it arrives, as the new
@@ -779,11 +785,17 @@ fn send_checkpoint(dir: &Path, header: StreamHeader, out: &mut dyn Write) -> Res
 /// A full stream of the snapshot's tree rebuilt in memory, written as an
 /// image.
 fn send_rebuilt(dir: &Path, header: StreamHeader, out: &mut dyn Write) -> Result<SendReport> {
+    let fs = materialize(dir, header.commit, materialize_config())?;
+    write_tree(&fs, header, out)
+}
+
+/// A full stream of `fs` (a tree nobody changes meanwhile) as an image at
+/// the header's commit, with the tree's [`TreeSum`] in the trailer.
+fn write_tree(fs: &Fs, header: StreamHeader, out: &mut dyn Write) -> Result<SendReport> {
     let commit = header.commit;
-    let fs = materialize(dir, commit, materialize_config())?;
-    let tree = tree_sum(&fs);
+    let tree = tree_sum(fs);
     let mut w = FrameWriter::new(out, &header).map_err(write_err)?;
-    let (nodes, pages) = image::write_nodes(&fs, commit, &mut w).map_err(write_err)?;
+    let (nodes, pages) = image::write_nodes(fs, commit, &mut w).map_err(write_err)?;
     let info = ImageInfo {
         commit,
         required_end: commit,
@@ -1555,6 +1567,87 @@ fn append_records(
     Ok(())
 }
 
+/// The commit a stream of a tree without history (a volume) carries: a
+/// data directory receiving it starts with its snapshot at this commit, and
+/// its journal continues after it. Not 0, which a data directory's first
+/// commit never is.
+pub const TREE_COMMIT: u64 = 1;
+
+/// Writes a full stream of `fs`, a tree already in memory that nobody
+/// changes meanwhile (a volume read into an [`Fs`]), as snapshot `name` at
+/// commit [`TREE_COMMIT`]. `source` says where it came from, for people
+/// (the header's informational field). The same format as [`send`] of a
+/// data directory, so `memfs receive --data-dir` takes it as it is.
+/// Refuses a tree whose names and link counts do not add up.
+pub fn send_tree(fs: &Fs, name: &str, source: &str, out: &mut dyn Write) -> Result<SendReport> {
+    check_snapshot_name(name)?;
+    // A tree read from a volume while another mount changed it may not add
+    // up; the receiver would refuse it, so it is refused here, first.
+    let problems = crate::check::FsCheck::check_consistency(fs);
+    if let Some(p) = problems.first() {
+        return Err(invalid(format!(
+            "refused to send {source}: its tree is inconsistent ({} problems; the first: {p})",
+            problems.len()
+        )));
+    }
+    let header = StreamHeader {
+        name: name.into(),
+        commit: TREE_COMMIT,
+        base: None,
+        time_ns: now_ns(),
+        source: source.into(),
+    };
+    let r = write_tree(fs, header, out)?;
+    debug_assert!(r.tree.nodes >= 1, "a tree has its root");
+    Ok(r)
+}
+
+/// Reads a whole full stream from `input` into a new tree in memory and
+/// hands it over only once everything is checked: every frame's CRC32C and
+/// the stream's, the image's structure and counts, the tree's link counts
+/// and names, and its [`TreeSum`] against the sender's when the stream
+/// carries one (a stream copied from a checkpoint does not). Refuses an
+/// incremental stream: it needs its base, and a tree in memory has none.
+pub fn receive_tree(input: &mut dyn Read) -> Result<(Fs, ReceiveReport)> {
+    let (mut r, header) = FrameReader::open(input)?;
+    if let Some((base, _, _)) = &header.base {
+        return Err(invalid(format!(
+            "refused the stream: it is incremental (the changes since snapshot {base:?}), and only a full stream can be received here: send it without --from"
+        )));
+    }
+    let fs = Fs::new(materialize_config());
+    let info = image::read_image_here(&fs, &mut r).map_err(stream_err)?;
+    let trailer = r.finish()?;
+    if info.commit != header.commit || info.required_end != header.commit {
+        return Err(invalid(format!(
+            "refused the stream: its image is at commit {} but its header says {}",
+            info.commit, header.commit
+        )));
+    }
+    fs.finish_rebuild(header.commit);
+    let problems = crate::check::FsCheck::check_consistency(&fs);
+    if let Some(p) = problems.first() {
+        return Err(invalid(format!(
+            "refused the stream: its tree is inconsistent ({} problems; the first: {p})",
+            problems.len()
+        )));
+    }
+    let tree = if trailer.tree.nodes != 0 {
+        let t = tree_sum(&fs);
+        check_tree(t, &trailer)?;
+        Some(t)
+    } else {
+        None
+    };
+    let report = ReceiveReport {
+        header,
+        bytes: r.data_bytes,
+        records: 0,
+        tree,
+    };
+    Ok((fs, report))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1589,5 +1682,56 @@ mod tests {
             Ok((mut r, _)) => r.read_to_end(&mut Vec::new()).unwrap_err().to_string(),
         };
         assert!(err.contains("damaged"), "{err}");
+    }
+
+    fn small_tree() -> Fs {
+        use memfs_fs::Ctx;
+        let fs = Fs::new(materialize_config());
+        let c = Ctx::ROOT;
+        fs.mkdir_all(c, ROOT_INO, "/d/e", 0o700).unwrap();
+        fs.write_file(c, ROOT_INO, "/d/f", b"contents").unwrap();
+        let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        fs.write_file(c, ROOT_INO, "/big", &big).unwrap();
+        fs
+    }
+
+    #[test]
+    fn a_tree_round_trips_and_damage_or_an_increment_is_refused() {
+        let fs = small_tree();
+        let mut out = Vec::new();
+        let sent = send_tree(&fs, "vol", "test", &mut out).unwrap();
+        assert_eq!(sent.header.commit, TREE_COMMIT);
+        let (back, got) = receive_tree(&mut &out[..]).unwrap();
+        assert_eq!(got.tree, Some(sent.tree));
+        assert_eq!(tree_sum(&back), tree_sum(&fs));
+        assert_eq!(got.header.name, "vol");
+
+        let cut = &out[..out.len() - 10];
+        let e = receive_tree(&mut &cut[..]).err().unwrap().to_string();
+        assert!(e.contains("truncated"), "{e}");
+        let mut bad = out.clone();
+        let at = bad.len() / 2;
+        bad[at] ^= 0x40;
+        let e = receive_tree(&mut &bad[..]).err().unwrap().to_string();
+        assert!(e.contains("damaged"), "{e}");
+        let e = send_tree(&fs, "-bad", "test", &mut Vec::new())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("bad snapshot name"), "{e}");
+
+        // An incremental stream's header alone is enough to be refused.
+        let h = StreamHeader {
+            name: "b".into(),
+            commit: 3,
+            base: Some(("a".into(), 2, TreeSum::default())),
+            time_ns: 1,
+            source: "/x".into(),
+        };
+        let mut inc = Vec::new();
+        let w = FrameWriter::new(&mut inc, &h).unwrap();
+        w.finish(1, TreeSum::default()).unwrap();
+        let e = receive_tree(&mut &inc[..]).err().unwrap().to_string();
+        assert!(e.contains("incremental"), "{e}");
     }
 }
