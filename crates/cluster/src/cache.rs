@@ -25,7 +25,9 @@
 //! before its script must still be the current one after it, and is then
 //! moved on by one, so that a fill that read the old value (whenever it
 //! began) is refused, and what the script returned is stored; if anything
-//! else moved the epoch meanwhile, what the change touched is dropped.
+//! else moved the epoch meanwhile, what the change touched is forgotten
+//! (in a complete directory the name is marked unknown, so the rest of the
+//! directory still answers, and the listing goes).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -53,11 +55,21 @@ pub struct Listing {
     pub bytes: u64,
 }
 
+/// What the cache holds of one name in a directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Node(u64),
+    Absent,
+    /// Not known, in a complete directory (a store of it was refused): the
+    /// rest of the directory is still held whole, this name is asked for.
+    Unknown,
+}
+
 #[derive(Default)]
 struct Shard {
     recs: HashMap<u64, Record>,
-    /// parent → name → the child's ino, or `None`: known absent.
-    ents: HashMap<u64, HashMap<Vec<u8>, Option<u64>>>,
+    /// parent → name → what it is.
+    ents: HashMap<u64, HashMap<Vec<u8>, Slot>>,
     lists: HashMap<u64, Arc<Listing>>,
     /// Directories whose every entry is in `ents` (module doc).
     complete: HashSet<u64>,
@@ -76,6 +88,19 @@ impl Shard {
         }
         self.lists.remove(&parent);
         self.complete.remove(&parent);
+    }
+
+    /// A store of `name` in `parent` was refused: a complete directory
+    /// stays so with the name unknown, any other forgets the name.
+    fn unknown(&mut self, parent: u64, name: &[u8]) {
+        let Some(m) = self.ents.get_mut(&parent) else {
+            return;
+        };
+        if self.complete.contains(&parent) {
+            m.insert(name.to_vec(), Slot::Unknown);
+        } else {
+            m.remove(name);
+        }
     }
 
     fn drop_dir(&mut self, ino: u64) {
@@ -198,7 +223,9 @@ impl Cache {
     pub fn ent(&self, parent: u64, name: &[u8]) -> Option<Option<u64>> {
         let s = self.shard(parent);
         let e = match s.ents.get(&parent).and_then(|m| m.get(name)) {
-            Some(e) => Some(*e),
+            Some(Slot::Node(ino)) => Some(Some(*ino)),
+            Some(Slot::Absent) => Some(None),
+            Some(Slot::Unknown) => None,
             None if s.complete.contains(&parent) => Some(None),
             None => None,
         };
@@ -214,8 +241,9 @@ impl Cache {
 
     /// After this mount's change whose script ran since `epoch` was taken:
     /// the epoch to store what the script returned with, or one that
-    /// stores nothing (so drops what the change touched) when anything else
-    /// moved the epoch meanwhile. Either way the epoch moves on, so a fill
+    /// stores nothing (so forgets what the change touched, a name in a
+    /// complete directory becoming unknown) when anything else moved the
+    /// epoch meanwhile. Either way the epoch moves on, so a fill
     /// that read the value before the change is refused.
     pub fn changed(&self, epoch: u64) -> u64 {
         match self
@@ -234,11 +262,12 @@ impl Cache {
     /// as its script returned it: `now` is the name's node and type code,
     /// `None` when the name is gone. `epoch` is [`Cache::changed`]'s: the
     /// directory stays complete and its listing is edited; when refused,
-    /// the name, the listing and the completeness go.
+    /// the name is unknown and the listing goes.
     pub fn own_ent(&self, epoch: u64, parent: u64, name: &[u8], off: u64, now: Option<(u64, u8)>) {
         let mut s = self.shard(parent);
         if self.epoch() != epoch {
-            s.drop_name(parent, name);
+            s.unknown(parent, name);
+            s.lists.remove(&parent);
             return;
         }
         self.admit(&mut s, OVERHEAD + name.len() as u64);
@@ -246,13 +275,13 @@ impl Cache {
         let m = s.ents.entry(parent).or_default();
         match now {
             Some((ino, _)) => {
-                m.insert(name.to_vec(), Some(ino));
+                m.insert(name.to_vec(), Slot::Node(ino));
             }
             None if complete => {
                 m.remove(name);
             }
             None => {
-                m.insert(name.to_vec(), None);
+                m.insert(name.to_vec(), Slot::Absent);
             }
         }
         if let Some(l) = s.lists.get_mut(&parent)
@@ -271,7 +300,7 @@ impl Cache {
             return;
         }
         self.admit(&mut s, 2 * OVERHEAD + 2);
-        let ents = HashMap::from([(b"..".to_vec(), Some(parent))]);
+        let ents = HashMap::from([(b"..".to_vec(), Slot::Node(parent))]);
         s.ents.insert(ino, ents);
         let l = Listing {
             parent,
@@ -287,11 +316,12 @@ impl Cache {
     pub fn moved_dir(&self, epoch: u64, ino: u64, parent: u64) {
         let mut s = self.shard(ino);
         if self.epoch() != epoch {
-            s.drop_name(ino, b"..");
+            s.unknown(ino, b"..");
+            s.lists.remove(&ino);
             return;
         }
         if let Some(m) = s.ents.get_mut(&ino) {
-            m.insert(b"..".to_vec(), Some(parent));
+            m.insert(b"..".to_vec(), Slot::Node(parent));
         }
         if let Some(l) = s.lists.get_mut(&ino) {
             Arc::make_mut(l).parent = parent;
@@ -301,15 +331,15 @@ impl Cache {
     pub fn put_ent(&self, epoch: u64, parent: u64, name: &[u8], ino: Option<u64>) {
         let mut s = self.shard(parent);
         if self.epoch() != epoch {
-            if let Some(m) = s.ents.get_mut(&parent) {
-                m.remove(name);
-            }
-            // Without the name the directory is no longer held whole.
-            s.complete.remove(&parent);
+            s.unknown(parent, name);
             return;
         }
         self.admit(&mut s, OVERHEAD + name.len() as u64);
-        s.ents.entry(parent).or_default().insert(name.to_vec(), ino);
+        let slot = ino.map_or(Slot::Absent, Slot::Node);
+        s.ents
+            .entry(parent)
+            .or_default()
+            .insert(name.to_vec(), slot);
     }
 
     pub fn list(&self, ino: u64) -> Option<Arc<Listing>> {
@@ -328,13 +358,13 @@ impl Cache {
             return;
         }
         self.admit(&mut s, 2 * (OVERHEAD + l.bytes));
-        let mut ents: HashMap<Vec<u8>, Option<u64>> = l
+        let mut ents: HashMap<Vec<u8>, Slot> = l
             .entries
             .iter()
-            .map(|(_, name, child, _)| (name.clone(), Some(*child)))
+            .map(|(_, name, child, _)| (name.clone(), Slot::Node(*child)))
             .collect();
         if l.parent != ino {
-            ents.insert(b"..".to_vec(), Some(l.parent));
+            ents.insert(b"..".to_vec(), Slot::Node(l.parent));
         }
         s.ents.insert(ino, ents);
         s.lists.insert(ino, l);
@@ -424,12 +454,22 @@ mod tests {
         c.own_ent(c.changed(c.epoch()), 7, b"w", 50, None);
         assert_eq!(c.ent(7, b"w"), Some(None));
         assert_eq!(c.list(7).unwrap().entries.len(), 1);
-        // Another change moved the epoch during this mount's own.
+        // Another change moved the epoch during this mount's own: that
+        // name is unknown, the rest of the directory still held whole.
         let before = c.epoch();
         c.forget_rec(3);
         c.own_ent(c.changed(before), 7, b"y", 200, Some((10, 1)));
-        assert_eq!(c.ent(7, b"y"), None, "dropped, and no longer complete");
-        assert!(c.list(7).is_none() && !c.is_complete(7));
+        assert_eq!(c.ent(7, b"y"), None, "the refused name is asked for");
+        assert_eq!(c.ent(7, b"v"), Some(None), "the others still answered");
+        assert!(c.list(7).is_none() && c.is_complete(7));
+        let before = c.epoch();
+        c.forget_rec(3);
+        c.put_ent(before, 7, b"v", Some(11));
+        assert_eq!(c.ent(7, b"v"), None, "a refused fill: unknown too");
+        c.put_ent(c.epoch(), 7, b"y", Some(10));
+        assert_eq!(c.ent(7, b"y"), Some(Some(10)), "known again once read");
+        c.forget_dir(7);
+        assert!(!c.is_complete(7));
         // A listing makes it complete; the feed's report ends it.
         let l = Listing {
             parent: 1,
