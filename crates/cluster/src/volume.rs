@@ -925,9 +925,15 @@ impl Inner {
                 truncated,
                 nothing,
             };
-            self.cache.forget_rec(ino);
             let e = self.cache.epoch();
-            r = self.ns.setattr(&self.h, ino, &s).map_err(err)?;
+            r = match self.ns.setattr(&self.h, ino, &s) {
+                Ok(r) => r,
+                Err(x) => {
+                    self.cache.forget_rec(ino);
+                    return Err(err(x));
+                }
+            };
+            let e = self.cache.changed(e);
             self.cache.put_rec(e, ino, r.clone());
         }
         Ok(self.attr(ino, &r))
