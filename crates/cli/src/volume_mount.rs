@@ -236,6 +236,10 @@ fn status_lines(s: &VolumeStatus) -> Vec<String> {
             s.cache_misses
         ),
         format!("block size: {}", bytes(s.block_size.into())),
+        format!(
+            "calls:      {} namespace scripts, {} data path calls (since the mount)",
+            s.scripts, s.data_calls
+        ),
     ]
 }
 

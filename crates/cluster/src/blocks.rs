@@ -123,6 +123,7 @@ pub fn retry<R>(
     let deadline = Instant::now() + h.pool.timeout();
     let mut pause = Duration::from_millis(50);
     loop {
+        h.count_data();
         match h.pool.with(&mut f) {
             Err(Error::Redis(e)) if transient(&e) && Instant::now() + pause < deadline => {
                 tracing::debug!(error = %e, "cluster call failed, trying again");

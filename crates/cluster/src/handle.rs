@@ -1,5 +1,7 @@
 //! What every part of a mounted volume needs to reach it: the connection
-//! pool, the volume's keys, its block size and this mount's session id.
+//! pool, the volume's keys, its block size and this mount's session id;
+//! and the count of the calls it made, by kind ([`Calls`]), which `memfs
+//! status` shows and the tests and the benchmark read per operation.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -18,6 +20,29 @@ pub struct Handle {
     /// This mount's session: 0 until registered, a new one after the
     /// lease was lost and won again.
     sid: AtomicU64,
+    calls: Calls,
+}
+
+/// Round trips this mount made, by kind. Relaxed counters: a count, not a
+/// synchronisation; one uncontended atomic add per call, beside a network
+/// round trip.
+#[derive(Default)]
+struct Calls {
+    scripts: AtomicU64,
+    data: AtomicU64,
+}
+
+/// [`Handle::calls`]: what the counters hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CallCounts {
+    /// Namespace scripts (crate::namespace: lookup, getattr, create,
+    /// unlink, rename, readdir, ...) on the metadata master. The lease's
+    /// renewals (crate::session) are not counted: they come every lease/4
+    /// whatever the mount does.
+    pub scripts: u64,
+    /// Calls of the data path (crate::blocks `retry`): block reads and
+    /// writes (one pipeline per master is one), block maps, commits, locks.
+    pub data: u64,
 }
 
 impl Handle {
@@ -28,6 +53,25 @@ impl Handle {
             keys,
             block_size,
             sid: AtomicU64::new(0),
+            calls: Calls::default(),
+        }
+    }
+
+    /// One namespace script is about to be sent.
+    pub fn count_script(&self) {
+        self.calls.scripts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One call of the data path is about to be sent.
+    pub fn count_data(&self) {
+        self.calls.data.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> CallCounts {
+        CallCounts {
+            scripts: self.calls.scripts.load(Ordering::Relaxed),
+            data: self.calls.data.load(Ordering::Relaxed),
         }
     }
 

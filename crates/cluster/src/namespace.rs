@@ -242,8 +242,9 @@ return {pr, ino, nr, freed}
 "#;
 
 /// rename: ARGV parent, name, newparent, newname, noreplace, exchange, held
-/// → `{{ino, record or nil, ...}, freed block map values}`; `{{}, {}}`
-/// when the two names are one node's (nothing to do).
+/// → `{{ino, record or nil, ...}, freed block map values, the moved node's
+/// ino, the replaced (or exchanged) node's ino or 0}`; `{{}, {}}` when the
+/// two names are one node's (nothing to do).
 const RENAME: &str = r#"
 local parent, name = tonumber(ARGV[4]), ARGV[5]
 local newparent, newname = tonumber(ARGV[6]), ARGV[7]
@@ -348,7 +349,7 @@ end
 local victim = tino or 0
 feed('op', 'rename', 'ino', sino, 'parent', parent, 'name', name,
   'parent2', newparent, 'name2', newname, 'ino2', victim)
-return {out, freed}
+return {out, freed, sino, victim}
 "#;
 
 /// setattr of mode, owner, times: ARGV ino, then `Meta`'s fields (see
@@ -539,6 +540,11 @@ pub struct Removed {
 pub struct Renamed {
     pub recs: Vec<(u64, Option<Record>)>,
     pub freed: Vec<Vec<u8>>,
+    /// The node that moved (0 when nothing changed: the two names were one
+    /// node's).
+    pub src: u64,
+    /// The node the new name had (replaced, or exchanged), 0 for none.
+    pub victim: u64,
 }
 
 /// The parts of a setattr the metadata script applies (times as 8 bytes
@@ -581,7 +587,7 @@ impl Scripts {
 
     /// `(ino, record)` of `name` in `parent`, `None` if there is none.
     pub fn lookup(&self, h: &Handle, parent: u64, name: &[u8]) -> Result<Option<(u64, Record)>> {
-        let v: Value = run(h, &self.lookup, |i| {
+        let v: Value = call(h, &self.lookup, |i| {
             i.arg(parent).arg(name);
         })?;
         let a = array(v)?;
@@ -594,7 +600,7 @@ impl Scripts {
 
     /// The records of `inos`, `None` for those that are gone.
     pub fn records(&self, h: &Handle, inos: &[u64]) -> Result<Vec<Option<Record>>> {
-        let v: Value = run(h, &self.records, |i| {
+        let v: Value = call(h, &self.records, |i| {
             for ino in inos {
                 i.arg(*ino);
             }
@@ -616,7 +622,7 @@ impl Scripts {
         open_existing: bool,
         op: &str,
     ) -> Result<Made> {
-        let v: Value = run(h, &self.make, |i| {
+        let v: Value = call(h, &self.make, |i| {
             i.arg(parent)
                 .arg(name)
                 .arg(record::to_vec(r))
@@ -636,7 +642,7 @@ impl Scripts {
 
     /// A new link `parent/name` to `ino`: `(record, parent record)`.
     pub fn link(&self, h: &Handle, ino: u64, parent: u64, name: &[u8]) -> Result<(Record, Record)> {
-        let v: Value = run(h, &self.link, |i| {
+        let v: Value = call(h, &self.link, |i| {
             i.arg(ino).arg(parent).arg(name);
         })?;
         let a = array(v)?;
@@ -653,7 +659,7 @@ impl Scripts {
         want_dir: bool,
         held: u64,
     ) -> Result<Removed> {
-        let v: Value = run(h, &self.remove, |i| {
+        let v: Value = call(h, &self.remove, |i| {
             i.arg(parent)
                 .arg(name)
                 .arg(if want_dir { "1" } else { "0" })
@@ -681,7 +687,7 @@ impl Scripts {
         held: u64,
     ) -> Result<Renamed> {
         let flag = |b: bool| if b { "1" } else { "0" };
-        let v: Value = run(h, &self.rename, |i| {
+        let v: Value = call(h, &self.rename, |i| {
             i.arg(parent)
                 .arg(name)
                 .arg(newparent)
@@ -695,8 +701,11 @@ impl Scripts {
             Some(v) => array(v.clone())?,
             None => Vec::new(),
         };
+        let num = |i: usize| a.get(i).map_or(Ok(0), |v| int(Some(v)));
         let mut out = Renamed {
             freed: bytes_list(a.get(1))?,
+            src: num(2)?,
+            victim: num(3)?,
             ..Renamed::default()
         };
         for p in pairs.chunks(2) {
@@ -707,7 +716,7 @@ impl Scripts {
 
     pub fn setattr(&self, h: &Handle, ino: u64, s: &MetaSet) -> Result<Record> {
         let flag = |b: bool| if b { "1" } else { "0" };
-        let v: Value = run(h, &self.setattr, |i| {
+        let v: Value = call(h, &self.setattr, |i| {
             i.arg(ino)
                 .arg(flag(s.mode.is_some()))
                 .arg(s.mode.unwrap_or(0))
@@ -736,27 +745,27 @@ impl Scripts {
         value: &[u8],
         mode: u8,
     ) -> Result<Record> {
-        let v: Value = run(h, &self.setxattr, |i| {
+        let v: Value = call(h, &self.setxattr, |i| {
             i.arg(ino).arg(name).arg(value).arg(mode);
         })?;
         rec(Some(&v))
     }
 
     pub fn removexattr(&self, h: &Handle, ino: u64, name: &[u8]) -> Result<Record> {
-        let v: Value = run(h, &self.removexattr, |i| {
+        let v: Value = call(h, &self.removexattr, |i| {
             i.arg(ino).arg(name);
         })?;
         rec(Some(&v))
     }
 
     pub fn getxattr(&self, h: &Handle, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
-        run(h, &self.getxattr, |i| {
+        call(h, &self.getxattr, |i| {
             i.arg(ino).arg(name);
         })
     }
 
     pub fn listxattr(&self, h: &Handle, ino: u64) -> Result<Vec<Vec<u8>>> {
-        run(h, &self.listxattr, |i| {
+        call(h, &self.listxattr, |i| {
             i.arg(ino);
         })
     }
@@ -764,7 +773,7 @@ impl Scripts {
     /// Directory `ino`'s record and entries `(name, ino, type code)`, `..`
     /// included.
     pub fn list(&self, h: &Handle, ino: u64) -> Result<(Record, Vec<RawEntry>)> {
-        let v: Value = run(h, &self.list, |i| {
+        let v: Value = call(h, &self.list, |i| {
             i.arg(ino);
         })?;
         let a = array(v)?;
@@ -781,14 +790,25 @@ impl Scripts {
     /// Holds (`hold`) or releases this session's open of orphan `ino`;
     /// returns the freed block map values.
     pub fn hold(&self, h: &Handle, ino: u64, hold: bool, grace_ms: u64) -> Result<Vec<Vec<u8>>> {
-        let v: Value = run(h, &self.hold, |i| {
+        let v: Value = call(h, &self.hold, |i| {
             i.arg(ino).arg(if hold { "1" } else { "0" }).arg(grace_ms);
         })?;
         bytes_list(Some(&v))
     }
 }
 
-/// Invokes `s` with the common arguments and those `args` adds.
+/// [`run`], counted as one of the namespace's scripts ([`Handle::calls`]).
+fn call<T: redis::FromRedisValue>(
+    h: &Handle,
+    s: &Script,
+    args: impl FnOnce(&mut redis::ScriptInvocation<'_>),
+) -> Result<T> {
+    h.count_script();
+    run(h, s, args)
+}
+
+/// Invokes `s` with the common arguments and those `args` adds (not
+/// counted: the session's scripts use it directly).
 pub fn run<T: redis::FromRedisValue>(
     h: &Handle,
     s: &Script,

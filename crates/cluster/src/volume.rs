@@ -41,7 +41,7 @@ use crate::feed::{self, Sink};
 use crate::handle::{Handle, now_ns};
 use crate::keys::Keys;
 use crate::locks::Locks;
-use crate::namespace::{MetaSet, Scripts};
+use crate::namespace::{MetaSet, Renamed, Scripts};
 use crate::pool::Pool;
 use crate::record::{Kind, Record};
 use crate::session::{Reaped, Session, Stop};
@@ -97,6 +97,10 @@ pub struct VolumeStatus {
     pub cache_hits: u64,
     pub cache_misses: u64,
     pub block_size: u32,
+    /// Namespace scripts this mount sent (crate::handle::CallCounts).
+    pub scripts: u64,
+    /// Calls of its data path.
+    pub data_calls: u64,
 }
 
 type Callback = Box<dyn Fn(Change) + Send + Sync>;
@@ -335,6 +339,7 @@ impl Volume {
         let i = &self.inner;
         let (hits, misses) = i.cache.hits();
         let (dh, dm) = i.data.hits();
+        let calls = i.h.calls();
         VolumeStatus {
             volume: i.h.keys.name().to_string(),
             seeds: i.h.pool.seeds().to_vec(),
@@ -345,6 +350,8 @@ impl Volume {
             cache_hits: hits + dh,
             cache_misses: misses + dm,
             block_size: i.h.block_size,
+            scripts: calls.scripts,
+            data_calls: calls.data,
         }
     }
 
@@ -682,23 +689,28 @@ impl Inner {
         open_existing: bool,
         op: &str,
     ) -> Fres<(Attr, bool)> {
-        self.cache.forget_ent(parent, name);
         let e = self.cache.epoch();
-        let m = self
+        let owner = (ctx.uid, ctx.gid);
+        let m = match self
             .ns
-            .make(
-                &self.h,
-                parent,
-                name,
-                r,
-                (ctx.uid, ctx.gid),
-                open_existing,
-                op,
-            )
-            .map_err(err)?;
-        self.cache.put_ent(e, parent, name, Some(m.ino));
+            .make(&self.h, parent, name, r, owner, open_existing, op)
+        {
+            Ok(m) => m,
+            Err(x) => {
+                // The cache may have called the name free when another
+                // mount had just taken it (within the feed's lag).
+                self.cache.forget_ent(parent, name);
+                return Err(err(x));
+            }
+        };
+        let e = self.cache.changed(e);
+        let now = Some((m.ino, m.rec.kind as u8));
+        self.cache.own_ent(e, parent, name, name_offset(name), now);
         self.cache.put_rec(e, m.ino, m.rec.clone());
         self.cache.put_rec(e, parent, m.parent);
+        if m.created && m.rec.kind == Kind::Dir {
+            self.cache.new_dir(e, m.ino, parent);
+        }
         Ok((self.attr(m.ino, &m.rec), m.created))
     }
 
@@ -728,13 +740,16 @@ impl Inner {
             return Err(Errno::EISDIR);
         }
         let held = self.held_target(parent, name);
-        self.cache.forget_ent(parent, name);
         let e = self.cache.epoch();
-        let r = self
-            .ns
-            .remove(&self.h, parent, name, want_dir, held)
-            .map_err(err)?;
-        self.cache.put_ent(e, parent, name, None);
+        let r = match self.ns.remove(&self.h, parent, name, want_dir, held) {
+            Ok(r) => r,
+            Err(x) => {
+                self.cache.forget_ent(parent, name);
+                return Err(err(x));
+            }
+        };
+        let e = self.cache.changed(e);
+        self.cache.own_ent(e, parent, name, name_offset(name), None);
         self.cache.put_rec(e, parent, r.parent);
         match r.rec {
             Some(rec) => {
@@ -780,28 +795,32 @@ impl Inner {
         } else {
             self.held_target(newparent, newname)
         };
-        self.cache.forget_ent(parent, name);
-        self.cache.forget_ent(newparent, newname);
         let e = self.cache.epoch();
-        let r = self
-            .ns
-            .rename(
-                &self.h,
-                parent,
-                name,
-                newparent,
-                newname,
-                flags.noreplace,
-                flags.exchange,
-                held,
-            )
-            .map_err(err)?;
+        let r = self.ns.rename(
+            &self.h,
+            parent,
+            name,
+            newparent,
+            newname,
+            flags.noreplace,
+            flags.exchange,
+            held,
+        );
+        let r = match r {
+            Ok(r) => r,
+            Err(x) => {
+                self.cache.forget_ent(parent, name);
+                self.cache.forget_ent(newparent, newname);
+                return Err(err(x));
+            }
+        };
         // Stores first: a forget bumps the epoch, which would refuse them.
+        let e = self.cache.changed(e);
+        if r.src != 0 {
+            self.renamed(e, &r, (parent, name), (newparent, newname), flags.exchange);
+        }
         let mut gone = Vec::new();
         for (ino, rec) in r.recs {
-            // A moved directory's `..` changed (dropped without a bump: a
-            // fill that read it began before the forgets above).
-            self.cache.drop_ent(ino, b"..");
             match rec {
                 Some(rec) => {
                     if rec.nlink == 0 && ino == held {
@@ -819,6 +838,39 @@ impl Inner {
             self.data.free_blocks(&r.freed);
         }
         Ok(())
+    }
+
+    /// The entries rename `r` changed, from `from` to `to` (`e` is
+    /// `Cache::changed`'s): the two names, and a moved directory's `..`.
+    fn renamed(&self, e: u64, r: &Renamed, from: (u64, &[u8]), to: (u64, &[u8]), exchange: bool) {
+        let kind = |ino: u64| {
+            r.recs
+                .iter()
+                .find(|x| x.0 == ino)
+                .and_then(|x| x.1.as_ref())
+                .map(|r| r.kind)
+        };
+        let (src, victim) = (kind(r.src), kind(r.victim));
+        let Some(sk) = src.filter(|_| !exchange || victim.is_some()) else {
+            // The script returns both records: a reply without is not
+            // trusted for the names.
+            self.cache.forget_ent(from.0, from.1);
+            self.cache.forget_ent(to.0, to.1);
+            return;
+        };
+        let left = victim.filter(|_| exchange).map(|k| (r.victim, k as u8));
+        self.cache
+            .own_ent(e, from.0, from.1, name_offset(from.1), left);
+        let now = Some((r.src, sk as u8));
+        self.cache.own_ent(e, to.0, to.1, name_offset(to.1), now);
+        if from.0 != to.0 {
+            if sk == Kind::Dir {
+                self.cache.moved_dir(e, r.src, to.0);
+            }
+            if exchange && victim == Some(Kind::Dir) {
+                self.cache.moved_dir(e, r.victim, from.0);
+            }
+        }
     }
 
     fn setattr(
@@ -877,9 +929,15 @@ impl Inner {
                 truncated,
                 nothing,
             };
-            self.cache.forget_rec(ino);
             let e = self.cache.epoch();
-            r = self.ns.setattr(&self.h, ino, &s).map_err(err)?;
+            r = match self.ns.setattr(&self.h, ino, &s) {
+                Ok(r) => r,
+                Err(x) => {
+                    self.cache.forget_rec(ino);
+                    return Err(err(x));
+                }
+            };
+            let e = self.cache.changed(e);
             self.cache.put_rec(e, ino, r.clone());
         }
         Ok(self.attr(ino, &r))

@@ -56,6 +56,15 @@ const CASES: &[Case] = &[
         "modes_and_owners_match_the_engine",
         modes_and_owners_match_the_engine,
     ),
+    ("one_script_per_change", one_script_per_change),
+    (
+        "another_mounts_change_ends_completeness",
+        another_mounts_change_ends_completeness,
+    ),
+    (
+        "threads_keep_a_directory_complete",
+        threads_keep_a_directory_complete,
+    ),
 ];
 
 fn main() {
@@ -1016,4 +1025,180 @@ fn modes_and_owners_match_the_engine(c: &LocalCluster) {
         "a subdirectory of a setgid directory"
     );
     assert!(want[2..].iter().all(|w| w.0 & 0o4000 == 0), "{want:?}");
+}
+
+/// Namespace scripts `f` sent on `v`.
+fn scripts(v: &Volume, f: impl FnOnce()) -> u64 {
+    let before = v.status().scripts;
+    f();
+    v.status().scripts - before
+}
+
+/// What the kernel sends for a create, an unlink, a mkdir and a rename
+/// (a LOOKUP of each name first) costs one script each in a directory this
+/// mount made (issue 37): its negative lookups are answered here.
+fn one_script_per_change(c: &LocalCluster) {
+    let name = new_volume(c, "calls");
+    let v = mount(c, &name);
+    let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0o022).unwrap();
+    let e = v.mkdir_umask(R, ROOT_INO, b"e", 0o755, 0o022).unwrap();
+    let mut files = Vec::new();
+    for i in 0..5 {
+        let n = format!("f{i}");
+        let n = n.as_bytes();
+        let cost = scripts(&v, || {
+            assert_eq!(v.lookup(d.ino, n), Err(Errno::ENOENT));
+            let (a, created) = v.create_umask(R, d.ino, n, 0o644, true, 0).unwrap();
+            assert!(created);
+            v.release(a.ino);
+            files.push(a.ino);
+        });
+        assert_eq!(cost, 1, "create {i}: lookup and create");
+    }
+    let sub = scripts(&v, || {
+        assert_eq!(v.lookup(d.ino, b"sub"), Err(Errno::ENOENT));
+        v.mkdir_umask(R, d.ino, b"sub", 0o755, 0).unwrap();
+    });
+    assert_eq!(sub, 1, "mkdir: lookup and mkdir");
+    let sub = v.lookup(d.ino, b"sub").unwrap();
+    let cost = scripts(&v, || {
+        assert_eq!(v.lookup(sub.ino, b"x"), Err(Errno::ENOENT));
+        assert_eq!(v.lookup(sub.ino, b"..").unwrap().ino, d.ino);
+    });
+    assert_eq!(cost, 0, "a new directory is complete and empty");
+    let cost = scripts(&v, || {
+        assert_eq!(v.lookup(d.ino, b"f0").unwrap().ino, files[0]);
+        v.unlink(d.ino, b"f0").unwrap();
+        assert_eq!(v.lookup(d.ino, b"f0"), Err(Errno::ENOENT));
+    });
+    assert_eq!(cost, 1, "unlink: lookup and unlink");
+    renames_cost_one(&v, d.ino, e.ino, &files, sub.ino);
+    // The cache agrees with the cluster: a fresh mount sees the same.
+    let w = mount(c, &name);
+    for dir in [d.ino, e.ino, sub.ino] {
+        assert_eq!(names(&v, dir), names(&w, dir), "dir {dir}");
+        for n in names(&w, dir).iter().filter(|n| n.as_slice() != b".") {
+            let here = v.lookup(dir, n).map(|a| a.ino);
+            assert_eq!(here, w.lookup(dir, n).map(|a| a.ino), "{n:?} in {dir}");
+        }
+    }
+    let cost = scripts(&v, || {
+        names(&v, d.ino);
+    });
+    assert_eq!(cost, 0, "listings edited, not dropped, by this mount");
+}
+
+fn renames_cost_one(v: &Volume, d: u64, e: u64, files: &[u64], sub: u64) {
+    let plain = RenameFlags::default();
+    let cost = scripts(v, || {
+        assert_eq!(v.lookup(d, b"f1").unwrap().ino, files[1]);
+        assert_eq!(v.lookup(d, b"g1"), Err(Errno::ENOENT));
+        v.rename(d, b"f1", d, b"g1", plain).unwrap();
+    });
+    assert_eq!(cost, 1, "rename in one directory");
+    let cost = scripts(v, || {
+        assert_eq!(v.lookup(e, b"f2"), Err(Errno::ENOENT));
+        v.rename(d, b"f2", e, b"f2", plain).unwrap();
+    });
+    assert_eq!(cost, 1, "rename across directories");
+    let cost = scripts(v, || {
+        v.rename(d, b"f3", d, b"f4", plain).unwrap();
+        v.rename(d, b"sub", e, b"sub", plain).unwrap();
+        let ex = RenameFlags {
+            exchange: true,
+            ..plain
+        };
+        v.rename(d, b"g1", e, b"f2", ex).unwrap();
+    });
+    assert_eq!(cost, 3, "a replacing rename, a directory's, an exchange");
+    let cost = scripts(v, || {
+        assert_eq!(v.lookup(d, b"f1"), Err(Errno::ENOENT));
+        assert_eq!(v.lookup(d, b"g1").unwrap().ino, files[2]);
+        assert_eq!(v.lookup(e, b"f2").unwrap().ino, files[1]);
+        assert_eq!(v.lookup(d, b"f4").unwrap().ino, files[3]);
+        assert_eq!(v.lookup(d, b"f3"), Err(Errno::ENOENT));
+        assert_eq!(v.lookup(d, b"sub"), Err(Errno::ENOENT));
+        assert_eq!(v.lookup(e, b"sub").unwrap().ino, sub);
+        assert_eq!(v.lookup(sub, b"..").unwrap().ino, e);
+    });
+    assert_eq!(cost, 0, "every name after the renames, from the cache");
+    assert_eq!(
+        v.getattr(files[4]),
+        Err(Errno::ENOENT),
+        "replaced and freed"
+    );
+}
+
+/// A directory this mount holds whole stops answering negative lookups
+/// itself once another mount changed it, and a listing makes it whole
+/// again.
+fn another_mounts_change_ends_completeness(c: &LocalCluster) {
+    let name = new_volume(c, "complete");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let d = a.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let cost = scripts(&a, || {
+        assert_eq!(a.lookup(d.ino, b"x"), Err(Errno::ENOENT));
+    });
+    assert_eq!(cost, 0, "answered by the complete directory");
+    assert_eq!(b.lookup(ROOT_INO, b"d").unwrap().ino, d.ino);
+    let (x, _) = b.create_umask(R, d.ino, b"x", 0o644, true, 0).unwrap();
+    b.release(x.ino);
+    wait_until("A to see B's x", || {
+        a.lookup(d.ino, b"x").map(|n| n.ino) == Ok(x.ino)
+    });
+    let cost = scripts(&a, || {
+        assert_eq!(a.lookup(d.ino, b"y"), Err(Errno::ENOENT));
+    });
+    assert_eq!(cost, 1, "no longer complete: the cluster is asked");
+    let cost = scripts(&a, || {
+        assert!(names(&a, d.ino).contains(&b"x".to_vec()));
+        assert_eq!(a.lookup(d.ino, b"z"), Err(Errno::ENOENT));
+        assert_eq!(a.lookup(d.ino, b"x").unwrap().ino, x.ino);
+    });
+    assert_eq!(cost, 1, "a listing makes it complete again");
+}
+
+/// This mount's threads changing one complete directory at once: a store
+/// refused by another thread's change leaves that name unknown (asked for
+/// again), never the directory's other names, nor a wrong answer.
+fn threads_keep_a_directory_complete(c: &LocalCluster) {
+    let name = new_volume(c, "threads");
+    let v = mount(c, &name);
+    let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0).unwrap();
+    let made: Vec<Vec<(Vec<u8>, u64)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let v = &v;
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for i in 0..50 {
+                        let n = format!("t{t}-{i}").into_bytes();
+                        let (a, _) = v.create_umask(R, d.ino, &n, 0o644, true, 0).unwrap();
+                        v.release(a.ino);
+                        if i % 5 == 0 {
+                            v.unlink(d.ino, &n).unwrap();
+                        } else {
+                            out.push((n, a.ino));
+                        }
+                    }
+                    out
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let cost = scripts(&v, || {
+        assert_eq!(v.lookup(d.ino, b"never"), Err(Errno::ENOENT));
+    });
+    assert_eq!(cost, 0, "still complete after the threads' changes");
+    for (n, ino) in made.iter().flatten() {
+        assert_eq!(v.lookup(d.ino, n).map(|a| a.ino), Ok(*ino), "{n:?}");
+    }
+    for t in 0..4 {
+        let gone = format!("t{t}-5").into_bytes();
+        assert_eq!(v.lookup(d.ino, &gone), Err(Errno::ENOENT));
+    }
+    let w = mount(c, &name);
+    assert_eq!(names(&v, d.ino), names(&w, d.ino));
+    assert_eq!(names(&w, d.ino).len(), 2 + 4 * 40);
 }

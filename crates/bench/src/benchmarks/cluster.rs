@@ -292,6 +292,7 @@ fn measure(
     vols.extend(second.as_ref());
     let meta = metadata_runs(args, &vols, &local)?;
     let dirs = dirs_runs(args, &first, &local)?;
+    let calls = calls_per_op(&first, args.dirs)?;
     drop(second);
     let fio = if args.no_fio {
         None
@@ -305,6 +306,7 @@ fn measure(
     figures.extend(bytes.figures());
     figures.extend(metadata_figures(&meta, &floor));
     figures.extend(dirs_figures(&dirs, &floor));
+    figures.extend(calls_figures(&calls));
     if let Some(fio) = &fio {
         figures.extend(fio.figures(&floor));
     }
@@ -858,6 +860,75 @@ fn dirs_once(root: &Path, n: usize) -> anyhow::Result<[f64; 2]> {
     let rates = timed?;
     removed.with_context(|| format!("cannot remove {}", top.display()))?;
     Ok(rates)
+}
+
+// ---------------------------------------------------------------------
+// Calls per operation: counted by the mount, not timed.
+
+const CALL_OPS: [&str; 4] = ["create", "unlink", "mkdir", "rename"];
+
+/// The namespace scripts the volume mount sent, from its own counter
+/// (`memfs status M`: "calls: N namespace scripts, ...").
+fn scripts_of(mount: &Path) -> anyhow::Result<u64> {
+    let exe = std::env::current_exe().context("cannot find the memfs executable")?;
+    let out = Command::new(exe)
+        .arg("status")
+        .arg(mount)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("memfs status")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("calls:"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no call count in memfs status {}:\n{text}", mount.display()))
+}
+
+/// Namespace scripts per create (with its close), unlink, mkdir and
+/// rename of `n` names each, in a directory the mount made: what the
+/// kernel's calls cost beyond the local engine (which sends none).
+/// Deterministic on one thread: it is a count.
+fn calls_per_op(vol: &Target, n: usize) -> anyhow::Result<[f64; 4]> {
+    let top = vol.path().join("cluster-calls");
+    std::fs::create_dir(&top).with_context(|| format!("mkdir {}", top.display()))?;
+    let counted: anyhow::Result<[f64; 4]> = (|| {
+        let p = |k: &str, i: usize| top.join(format!("{k}{i}"));
+        let mut out = [0.0; 4];
+        let ops: [&dyn Fn(usize) -> std::io::Result<()>; 4] = [
+            &|i| std::fs::File::create_new(p("f", i)).map(drop),
+            &|i| std::fs::remove_file(p("f", i)),
+            &|i| std::fs::create_dir(p("d", i)),
+            &|i| std::fs::rename(p("d", i), p("r", i)),
+        ];
+        for (o, op) in ops.iter().enumerate() {
+            let before = scripts_of(vol.path())?;
+            for i in 0..n {
+                op(i).with_context(|| format!("{} {i} in {}", CALL_OPS[o], top.display()))?;
+            }
+            let sent = scripts_of(vol.path())?.saturating_sub(before);
+            out[o] = sent as f64 / n.max(1) as f64;
+        }
+        Ok(out)
+    })();
+    let removed = std::fs::remove_dir_all(&top);
+    let calls = counted?;
+    removed.with_context(|| format!("cannot remove {}", top.display()))?;
+    Ok(calls)
+}
+
+/// `cluster.calls.OP`: namespace scripts per operation; the issue's target
+/// is one beyond the local mount, which sends none.
+fn calls_figures(calls: &[f64; 4]) -> Vec<Figure> {
+    CALL_OPS
+        .iter()
+        .zip(calls)
+        .map(|(op, &c)| {
+            Figure::new(format!("cluster.calls.{op}"), "scripts/op", c)
+                .lower_is_better()
+                .target(Some(1.0))
+        })
+        .collect()
 }
 
 fn dirs_figures(runs: &DirRuns, floor: &Floor) -> Vec<Figure> {
