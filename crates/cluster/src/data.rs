@@ -627,7 +627,7 @@ impl Data {
         // new blocks as replaced.
         let ours = |id: u64| {
             new.first()
-                .is_some_and(|n| id >= n.1.id && id <= n.1.id + new.len() as u64 - 1)
+                .is_some_and(|n| (n.1.id..n.1.id + new.len() as u64).contains(&id))
         };
         let freed: Vec<u64> = old.iter().map(|e| e.id).filter(|&id| !ours(id)).collect();
         let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
