@@ -17,7 +17,9 @@
 //!   cluster calls so that its flushes are ordered); nothing global is held
 //!   across a cluster call.
 //! - The mount's dirty bytes are bounded ([`DIRTY_LIMIT`]): a write that
-//!   would pass the bound first flushes the file with the most dirty bytes.
+//!   would pass the bound first flushes the file with the most dirty bytes,
+//!   or, while another thread is flushing that one, goes on up to twice
+//!   the bound (so that one flush does not stop every writer).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -318,7 +320,12 @@ impl Data {
             if total == 0 || total + len as u64 <= limit {
                 break;
             }
-            self.flush_largest()?;
+            // While another thread flushes the largest file, writes go on
+            // up to twice the bound rather than wait for it.
+            let wait = total + len as u64 > 2 * limit;
+            if !self.flush_largest(wait)? {
+                break;
+            }
         }
         let f = self.file(ino);
         let mut st = f.st.lock();
@@ -531,17 +538,28 @@ impl Data {
     }
 
     /// Flushes the file with the most dirty bytes (the mount's bound).
-    fn flush_largest(&self) -> Result<()> {
+    /// Unless `wait`, only if no other thread is flushing it already:
+    /// returns whether it flushed.
+    fn flush_largest(&self, wait: bool) -> Result<bool> {
         let largest = self
             .files
             .lock()
             .iter()
             .max_by_key(|(_, f)| f.dirty_bytes.load(Ordering::Acquire))
-            .map(|(&ino, _)| ino);
-        if let Some(ino) = largest {
-            self.flush(ino)?;
-        }
-        Ok(())
+            .map(|(&ino, f)| (ino, f.clone()));
+        let Some((ino, f)) = largest else {
+            return Ok(false);
+        };
+        let _order = if wait {
+            f.order.lock()
+        } else {
+            match f.order.try_lock() {
+                Some(g) => g,
+                None => return Ok(false),
+            }
+        };
+        self.flush_ordered(ino, &f)?;
+        Ok(true)
     }
 
     /// Writes `st`'s dirty blocks as new blocks, then runs the commit
