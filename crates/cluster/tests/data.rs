@@ -1181,6 +1181,23 @@ fn diag_data_path(c: &mut LocalCluster) {
             .unwrap();
         assert_eq!(n, MIB);
     });
+    // Commands the masters ran for one 1 MiB write and flush over written
+    // blocks, and for one uncached 1 MiB read: counts, not times.
+    let before = command_counts(c);
+    d.write(ino, 0, &mib, size).unwrap();
+    d.flush(ino).unwrap();
+    let flush_cmds = command_counts(c);
+    let fresh = Data::new(mount_with(c, &name, bs), 0);
+    fresh.read_with(ino, 0, MIB, size, |p| p.len()).unwrap();
+    let read_cmds = command_counts(c);
+    println!(
+        "commands for a 1 MiB write + flush: {:?}",
+        delta(&before, &flush_cmds)
+    );
+    println!(
+        "commands for an uncached 1 MiB read: {:?}",
+        delta(&flush_cmds, &read_cmds)
+    );
     println!("loaded machine, medians of {N}, µs per MiB:");
     println!("  raw SET 1 MiB {raw_set:.0}, GET 1 MiB {raw_get:.0}");
     println!("  pipeline 16 x 64 KiB: SET {pipe_set:.0}, GET {pipe_get:.0}");
@@ -1195,4 +1212,42 @@ fn diag_data_path(c: &mut LocalCluster) {
         uncached / pipe_get,
         uncached / raw_get
     );
+}
+
+/// `INFO commandstats` calls per command, summed over the masters.
+fn command_counts(c: &LocalCluster) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for m in c.masters().unwrap() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut connect(&c.addr(m), T).unwrap())
+            .unwrap();
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            *out.entry(name.to_string()).or_default() += calls;
+        }
+    }
+    out
+}
+
+/// What `after` counts beyond `before`, leaving out INFO itself.
+fn delta(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(k, &v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(k, n)| *n > 0 && k != "info")
+        .collect()
 }
