@@ -305,8 +305,10 @@ impl Blocks {
 
     /// Writes new blocks (ids never written before), then caches them. On
     /// a failure (OOM: ENOSPC) deletes what may have been written, so that
-    /// nothing is left that no map names.
-    pub fn put_many(&self, blocks: &[(u64, Block)]) -> Result<()> {
+    /// nothing is left that no map names. `free`: blocks no map names any
+    /// more, unlinked in the same pipeline (best effort, as [`Blocks::delete`]).
+    pub fn put_many(&self, blocks: &[(u64, Block)], free: &[u64]) -> Result<()> {
+        self.uncache(free);
         let mut start = 0;
         while start < blocks.len() {
             let mut end = start;
@@ -316,6 +318,7 @@ impl Blocks {
                 end += 1;
             }
             let batch = &blocks[start..end];
+            let unlink = if start == 0 { free } else { &[] };
             let r = retry(&self.h, |c| {
                 let mut p = cluster_pipe();
                 for (id, b) in batch {
@@ -324,10 +327,14 @@ impl Blocks {
                         .arg(&b[..])
                         .ignore();
                 }
+                for &id in unlink {
+                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                }
                 p.exec(c)
             });
             if let Err(e) = r {
-                let ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
+                let mut ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
+                ids.extend_from_slice(free);
                 self.delete(&ids);
                 return Err(pipeline_error(e));
             }
@@ -343,12 +350,7 @@ impl Blocks {
     /// Deletes blocks no map names any more. Best effort: a failure is
     /// logged and leaves garbage for the cleaner, never a wrong file.
     pub fn delete(&self, ids: &[u64]) {
-        {
-            let mut cache = self.cache.lock();
-            for &id in ids {
-                cache.remove(id);
-            }
-        }
+        self.uncache(ids);
         for chunk in ids.chunks(PIPELINE_GETS * 4) {
             let r = retry(&self.h, |c| {
                 let mut p = cluster_pipe();
@@ -360,6 +362,17 @@ impl Blocks {
             if let Err(e) = r {
                 tracing::warn!(error = %e, blocks = chunk.len(), "could not free blocks");
             }
+        }
+    }
+
+    /// Drops blocks from the cache (no map names them any more).
+    pub fn uncache(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut cache = self.cache.lock();
+        for &id in ids {
+            cache.remove(id);
         }
     }
 

@@ -360,6 +360,7 @@ impl Volume {
                 first_err.get_or_insert(e);
             }
         }
+        i.data.free_pending();
         let held: Vec<u64> = i.held.lock().drain().collect();
         for ino in held {
             i.release_hold(ino);

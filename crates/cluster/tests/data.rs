@@ -653,8 +653,18 @@ fn a_stale_map_is_read_again(c: &mut LocalCluster) {
     d2.flush(ino).unwrap();
     assert_eq!(read(&d1, ino, 0, 5000, 5000), vec![1u8; 5000]);
     let before = block_keys(c, &name);
+    d2.write(ino, 0, &[2u8; 5000], 5000).unwrap();
+    d2.flush(ino).unwrap();
+    // The replaced blocks go out in the next flush's pipeline.
+    assert_eq!(block_keys(c, &name), before + 2, "two replaced, queued");
     d2.write(ino, 0, &[3u8; 5000], 5000).unwrap();
     d2.flush(ino).unwrap();
+    assert_eq!(
+        block_keys(c, &name),
+        before + 2,
+        "the queued blocks were freed with the next flush, its own queued"
+    );
+    d2.free_pending();
     assert_eq!(
         block_keys(c, &name),
         before,
