@@ -321,8 +321,8 @@ fn watch_changes<T: Tree>(fs: &T, notify: notify::Notifications) {
             Change::Entry { parent, name } => notify::Inval::Entry { parent, name },
             Change::All => {
                 // No notification drops a whole mount's caches: they expire
-                // within the entry and attribute timeouts, and opens keep
-                // no pages (Tree::SHARED).
+                // within the entry and attribute timeouts, and no open keeps
+                // pages until the tree checked the file afresh (Tree::open).
                 tracing::info!("the tree lost track of other mounts' changes");
                 notify::Inval::Inode {
                     ino: memfs_fs::ROOT_INO,

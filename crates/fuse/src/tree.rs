@@ -36,7 +36,8 @@ pub enum Change {
     Entry { parent: u64, name: Vec<u8> },
     /// Anything may have changed (the tree lost track of the others'
     /// changes): what the kernel caches expires within the mount's entry
-    /// and attribute timeouts, and no open keeps pages.
+    /// and attribute timeouts, and no open keeps pages until the tree
+    /// checked the file afresh ([`Tree::open`]).
     All,
 }
 
