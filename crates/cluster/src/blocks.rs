@@ -433,25 +433,46 @@ impl Blocks {
         let ms = u64::try_from(self.h.pool.timeout().as_millis() * 3 / 4)
             .unwrap_or(u64::MAX)
             .max(1);
-        let got = retry(&self.h, |c| {
-            let mut acked = Vec::new();
-            for k in per_master.values() {
-                let marker = format!("{k}:w");
-                self.marker.key(&marker).invoke::<i64>(c)?;
-                let route = Route::new(key_slot(marker.as_bytes()), SlotAddr::Master);
-                let info = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let v = c.route_command(redis::cmd("WAIT").arg(1).arg(ms), info)?;
-                acked.push(((*k).clone(), v));
-            }
-            Ok(acked)
-        })?;
-        for (k, v) in got {
+        // The masters wait at once, one thread each: an fsync costs one
+        // marker and one WAIT of latency, not that for every master.
+        let keys: Vec<&String> = per_master.into_values().collect();
+        let got: Vec<Result<Value>> = if let [k] = keys[..] {
+            vec![self.wait_one(k, ms)]
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = keys
+                    .iter()
+                    .map(|&k| s.spawn(move || self.wait_one(k, ms)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Protocol("a WAIT thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        for (k, v) in keys.into_iter().zip(got) {
+            let v = v?;
             if !matches!(v, Value::Int(n) if n >= 1) {
                 tracing::warn!(key = %k, reply = ?v, "no replica acknowledged within {ms} ms");
                 return Err(Error::Errno(memfs_fs::Errno::EIO));
             }
         }
         Ok(())
+    }
+
+    /// The marker in the slot of `k`, then `WAIT 1` on the master that
+    /// took it, on one connection (module doc).
+    fn wait_one(&self, k: &str, ms: u64) -> Result<Value> {
+        retry(&self.h, |c| {
+            let marker = format!("{k}:w");
+            self.marker.key(&marker).invoke::<i64>(c)?;
+            let route = Route::new(key_slot(marker.as_bytes()), SlotAddr::Master);
+            let info = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            c.route_command(redis::cmd("WAIT").arg(1).arg(ms), info)
+        })
     }
 }
 
