@@ -58,6 +58,10 @@ const CASES: &[Case] = &[
         "closed_on_one_is_read_whole_on_the_other",
         closed_is_read_whole,
     ),
+    (
+        "pages_stay_cached_across_opens_until_another_mount_writes",
+        pages_stay_cached,
+    ),
     ("a_rename_is_seen_on_the_other_mount", a_rename_is_seen),
     (
         "o_excl_creates_have_one_winner",
@@ -365,6 +369,66 @@ fn closed_is_read_whole(c: &mut LocalCluster) {
         let got = std::fs::read(b.p(&name)).unwrap();
         assert!(got == data2, "{name}: B read stale data after A's rewrite");
     }
+    a.unmount();
+    b.unmount();
+}
+
+/// Pages of `path` in this kernel's page cache, and pages of the file:
+/// an open (this one's), then `mincore` of a mapping of it.
+fn resident(path: &Path) -> (usize, usize) {
+    let f = std::fs::File::open(path).unwrap();
+    let len = f.metadata().unwrap().len() as usize;
+    let pages = len.div_ceil(4096);
+    let mut v = vec![0u8; pages];
+    // SAFETY: a read-only mapping of `len` bytes of an open file, unmapped
+    // before it returns; `v` has one byte per page, as mincore writes.
+    let r = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap {}", path.display());
+        let r = libc::mincore(p, len, v.as_mut_ptr());
+        libc::munmap(p, len);
+        r
+    };
+    assert_eq!(r, 0, "mincore: {}", std::io::Error::last_os_error());
+    (v.iter().filter(|&&b| b & 1 != 0).count(), pages)
+}
+
+/// An open keeps the pages read on this mount while no other mount wrote
+/// the file (FOPEN_KEEP_CACHE from `Tree::open`), and drops them once one
+/// did, so the next read is the new bytes.
+fn pages_stay_cached(c: &mut LocalCluster) {
+    volume(c, "pages");
+    let a = mount(c, "pages", &[]);
+    let b = mount(c, "pages", &[]);
+    let data = pattern(7, 256 << 10);
+    std::fs::write(a.p("f"), &data).unwrap();
+    poll_within("f on B", VISIBLE_WITHIN, || b.p("f").exists());
+    // Until A's feed entries have reached B (their invalidations drop B's
+    // pages and records), an open may find nothing to compare with; once
+    // they have, the open after a read keeps what the read brought in.
+    let kept_after_a_read = |want: &[u8]| {
+        poll_within("B's pages kept across an open", VISIBLE_WITHIN, || {
+            assert!(
+                std::fs::read(b.p("f")).unwrap() == want,
+                "B read stale data"
+            );
+            let (kept, pages) = resident(&b.p("f"));
+            kept == pages
+        })
+    };
+    kept_after_a_read(&data);
+    let data2 = pattern(8, 256 << 10);
+    std::fs::write(a.p("f"), &data2).unwrap();
+    let (kept, _) = resident(&b.p("f"));
+    assert_eq!(kept, 0, "an open after A's rewrite kept stale pages");
+    kept_after_a_read(&data2);
     a.unmount();
     b.unmount();
 }

@@ -36,6 +36,10 @@ use crate::topology::Topology;
 const PIPELINE_BYTES: usize = 16 << 20;
 /// Blocks asked for per pipeline of `GET`s.
 const PIPELINE_GETS: usize = 256;
+/// Block ids a mount reserves ahead in one `HINCRBY`, so that most flushes
+/// cost no round trip for their ids (unused ones are skipped, never
+/// reused).
+const RESERVE_AHEAD: u64 = 1024;
 
 /// Written and deleted in one step on a master before `WAIT`: replicated,
 /// and leaves no key. `allow-oom`: an fsync of what is already written
@@ -45,6 +49,13 @@ redis.call('SET', KEYS[1], '1')
 redis.call('DEL', KEYS[1])
 return 1
 ";
+
+/// A block's bytes, shared without copying: a block fetched from the
+/// cluster keeps the buffer the reply was read into, and a dirty block
+/// becomes the cached block of its new id when it is committed. Writers
+/// change a dirty block through `Arc::make_mut`, which copies it only while
+/// a read still holds it.
+pub type Block = Arc<Vec<u8>>;
 
 /// A block as a block map names it: its id and the bytes of it that count
 /// (bytes past `len` read as zeros, even if the stored block is longer:
@@ -150,7 +161,7 @@ fn pipeline_error(e: Error) -> Error {
 
 /// The least recently used blocks, bounded in bytes.
 struct Lru {
-    blocks: HashMap<u64, (Arc<[u8]>, u64)>,
+    blocks: HashMap<u64, (Block, u64)>,
     by_age: BTreeMap<u64, u64>,
     tick: u64,
     bytes: u64,
@@ -158,7 +169,7 @@ struct Lru {
 }
 
 impl Lru {
-    fn get(&mut self, id: u64) -> Option<Arc<[u8]>> {
+    fn get(&mut self, id: u64) -> Option<Block> {
         let (b, t) = self.blocks.get_mut(&id)?;
         self.by_age.remove(t);
         self.tick += 1;
@@ -167,7 +178,7 @@ impl Lru {
         Some(b.clone())
     }
 
-    fn insert(&mut self, id: u64, b: Arc<[u8]>) {
+    fn insert(&mut self, id: u64, b: Block) {
         let len = b.len() as u64;
         if len > self.limit || self.blocks.contains_key(&id) {
             return;
@@ -200,6 +211,8 @@ pub struct Blocks {
     misses: AtomicU64,
     topology: RwLock<Option<Arc<Topology>>>,
     marker: Script,
+    /// Ids reserved and not handed out yet: `[next, end)`.
+    ids: Mutex<(u64, u64)>,
 }
 
 impl Blocks {
@@ -217,6 +230,7 @@ impl Blocks {
             misses: AtomicU64::new(0),
             topology: RwLock::new(None),
             marker: Script::new(MARKER),
+            ids: Mutex::new((0, 0)),
         }
     }
 
@@ -232,25 +246,35 @@ impl Blocks {
         )
     }
 
-    /// `n` new block ids: the first of them.
+    /// `n` new block ids, in one range: the first of them. From the ids
+    /// this mount reserved ahead, or a new range of at least
+    /// [`RESERVE_AHEAD`] (what is left of the old one is skipped).
     pub fn reserve(&self, n: u64) -> Result<u64> {
-        let next = self.h.keys.next();
-        // Retried: a second HINCRBY after a lost reply only wastes ids.
-        let last: u64 = retry(&self.h, |c| {
-            redis::cmd("HINCRBY")
-                .arg(&next)
-                .arg("block")
-                .arg(n)
-                .query(c)
-        })?;
-        Ok(last + 1 - n)
+        let mut ids = self.ids.lock();
+        if ids.1 - ids.0 < n {
+            let want = n.max(RESERVE_AHEAD);
+            let next = self.h.keys.next();
+            // Retried: a second HINCRBY after a lost reply only wastes ids.
+            let last: u64 = retry(&self.h, |c| {
+                redis::cmd("HINCRBY")
+                    .arg(&next)
+                    .arg("block")
+                    .arg(want)
+                    .query(c)
+            })?;
+            *ids = (last + 1 - want, last + 1);
+        }
+        let first = ids.0;
+        ids.0 += n;
+        debug_assert!(ids.0 <= ids.1 && first > 0, "ids {first}+{n} of {ids:?}");
+        Ok(first)
     }
 
     /// The blocks `ids`, from the cache or the cluster; `None` for a block
     /// the cluster does not have (replaced and freed by another mount: the
     /// map that named it is stale).
-    pub fn get_many(&self, ids: &[u64]) -> Result<Vec<Option<Arc<[u8]>>>> {
-        let mut out: Vec<Option<Arc<[u8]>>> = {
+    pub fn get_many(&self, ids: &[u64]) -> Result<Vec<Option<Block>>> {
+        let mut out: Vec<Option<Block>> = {
             let mut cache = self.cache.lock();
             ids.iter().map(|&id| cache.get(id)).collect()
         };
@@ -271,7 +295,7 @@ impl Blocks {
             let mut cache = self.cache.lock();
             for (&i, b) in chunk.iter().zip(got) {
                 if let Some(b) = b {
-                    let b: Arc<[u8]> = b.into();
+                    let b: Block = Arc::new(b);
                     cache.insert(ids[i], b.clone());
                     out[i] = Some(b);
                 }
@@ -282,8 +306,10 @@ impl Blocks {
 
     /// Writes new blocks (ids never written before), then caches them. On
     /// a failure (OOM: ENOSPC) deletes what may have been written, so that
-    /// nothing is left that no map names.
-    pub fn put_many(&self, blocks: &[(u64, Arc<[u8]>)]) -> Result<()> {
+    /// nothing is left that no map names. `free`: blocks no map names any
+    /// more, unlinked in the same pipeline (best effort, as [`Blocks::delete`]).
+    pub fn put_many(&self, blocks: &[(u64, Block)], free: &[u64]) -> Result<()> {
+        self.uncache(free);
         let mut start = 0;
         while start < blocks.len() {
             let mut end = start;
@@ -293,6 +319,7 @@ impl Blocks {
                 end += 1;
             }
             let batch = &blocks[start..end];
+            let unlink = if start == 0 { free } else { &[] };
             let r = retry(&self.h, |c| {
                 let mut p = cluster_pipe();
                 for (id, b) in batch {
@@ -301,10 +328,14 @@ impl Blocks {
                         .arg(&b[..])
                         .ignore();
                 }
+                for &id in unlink {
+                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                }
                 p.exec(c)
             });
             if let Err(e) = r {
-                let ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
+                let mut ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
+                ids.extend_from_slice(free);
                 self.delete(&ids);
                 return Err(pipeline_error(e));
             }
@@ -320,12 +351,7 @@ impl Blocks {
     /// Deletes blocks no map names any more. Best effort: a failure is
     /// logged and leaves garbage for the cleaner, never a wrong file.
     pub fn delete(&self, ids: &[u64]) {
-        {
-            let mut cache = self.cache.lock();
-            for &id in ids {
-                cache.remove(id);
-            }
-        }
+        self.uncache(ids);
         for chunk in ids.chunks(PIPELINE_GETS * 4) {
             let r = retry(&self.h, |c| {
                 let mut p = cluster_pipe();
@@ -337,6 +363,17 @@ impl Blocks {
             if let Err(e) = r {
                 tracing::warn!(error = %e, blocks = chunk.len(), "could not free blocks");
             }
+        }
+    }
+
+    /// Drops blocks from the cache (no map names them any more).
+    pub fn uncache(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut cache = self.cache.lock();
+        for &id in ids {
+            cache.remove(id);
         }
     }
 
@@ -397,25 +434,46 @@ impl Blocks {
         let ms = u64::try_from(self.h.pool.timeout().as_millis() * 3 / 4)
             .unwrap_or(u64::MAX)
             .max(1);
-        let got = retry(&self.h, |c| {
-            let mut acked = Vec::new();
-            for k in per_master.values() {
-                let marker = format!("{k}:w");
-                self.marker.key(&marker).invoke::<i64>(c)?;
-                let route = Route::new(key_slot(marker.as_bytes()), SlotAddr::Master);
-                let info = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let v = c.route_command(redis::cmd("WAIT").arg(1).arg(ms), info)?;
-                acked.push(((*k).clone(), v));
-            }
-            Ok(acked)
-        })?;
-        for (k, v) in got {
+        // The masters wait at once, one thread each: an fsync costs one
+        // marker and one WAIT of latency, not that for every master.
+        let keys: Vec<&String> = per_master.into_values().collect();
+        let got: Vec<Result<Value>> = if let [k] = keys[..] {
+            vec![self.wait_one(k, ms)]
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = keys
+                    .iter()
+                    .map(|&k| s.spawn(move || self.wait_one(k, ms)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Protocol("a WAIT thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            })
+        };
+        for (k, v) in keys.into_iter().zip(got) {
+            let v = v?;
             if !matches!(v, Value::Int(n) if n >= 1) {
                 tracing::warn!(key = %k, reply = ?v, "no replica acknowledged within {ms} ms");
                 return Err(Error::Errno(memfs_fs::Errno::EIO));
             }
         }
         Ok(())
+    }
+
+    /// The marker in the slot of `k`, then `WAIT 1` on the master that
+    /// took it, on one connection (module doc).
+    fn wait_one(&self, k: &str, ms: u64) -> Result<Value> {
+        retry(&self.h, |c| {
+            let marker = format!("{k}:w");
+            self.marker.key(&marker).invoke::<i64>(c)?;
+            let route = Route::new(key_slot(marker.as_bytes()), SlotAddr::Master);
+            let info = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            c.route_command(redis::cmd("WAIT").arg(1).arg(ms), info)
+        })
     }
 }
 
@@ -443,14 +501,14 @@ mod tests {
             bytes: 0,
             limit: 10,
         };
-        l.insert(1, vec![0; 4].into());
-        l.insert(2, vec![0; 4].into());
+        l.insert(1, Arc::new(vec![0; 4]));
+        l.insert(2, Arc::new(vec![0; 4]));
         assert!(l.get(1).is_some());
-        l.insert(3, vec![0; 4].into());
+        l.insert(3, Arc::new(vec![0; 4]));
         assert_eq!(l.bytes, 8);
         assert!(l.get(2).is_none(), "the least recently used went first");
         assert!(l.get(1).is_some() && l.get(3).is_some());
-        l.insert(4, vec![0; 11].into());
+        l.insert(4, Arc::new(vec![0; 11]));
         assert!(l.get(4).is_none(), "a block over the bound is not kept");
     }
 }

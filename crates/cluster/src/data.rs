@@ -17,7 +17,9 @@
 //!   cluster calls so that its flushes are ordered); nothing global is held
 //!   across a cluster call.
 //! - The mount's dirty bytes are bounded ([`DIRTY_LIMIT`]): a write that
-//!   would pass the bound first flushes the file with the most dirty bytes.
+//!   would pass the bound first flushes the file with the most dirty bytes,
+//!   or, while another thread is flushing that one, goes on up to twice
+//!   the bound (so that one flush does not stop every writer).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,7 +29,7 @@ use memfs_fs::{Errno, FallocateMode};
 use parking_lot::Mutex;
 use redis::Script;
 
-use crate::blocks::{Blocks, Entry, map_field, map_key, retry};
+use crate::blocks::{Block, Blocks, Entry, map_field, map_key, retry};
 use crate::error::{Error, Result};
 use crate::handle::{Handle, now_ns};
 use crate::keys::Keys;
@@ -39,10 +41,21 @@ use crate::slot::key_slot;
 pub const DIRTY_LIMIT: u64 = 64 << 20;
 /// Times a read refetches a stale block map before it gives up (EIO).
 const STALE_RETRIES: usize = 3;
+/// Replaced blocks a mount queues at most before it unlinks them by
+/// themselves; below that they go out in the pipeline of the next flush's
+/// blocks (one round trip less per flush).
+const FREE_BATCH: usize = 1024;
 /// Bytes a copy_range moves per read and write.
 const COPY_CHUNK: u64 = 1 << 20;
 /// The largest file (as the engine's `MAX_FILE_SIZE`).
 const MAX_SIZE: u64 = i64::MAX as u64;
+/// What a read hands out for holes and for bytes past a block's length,
+/// a slice at a time, instead of zero-filling a buffer.
+static ZEROS: [u8; 65536] = [0; 65536];
+/// Slices a read hands its caller at most: the adapter gathers them into
+/// one `writev` of the reply, which takes at most `UIO_MAXIOV` (1024). A
+/// read that would need more is copied into one buffer first.
+const MAX_SLICES: usize = 512;
 
 /// Commits a file's data change (see the module doc), atomically.
 /// KEYS: {V}:meta, the block map, the record's group.
@@ -141,7 +154,7 @@ struct FileState {
     /// The committed block map as last read or written; None: read it.
     map: Option<BTreeMap<u64, Entry>>,
     /// Dirty blocks: index → the block's bytes (its length is the block's).
-    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty: BTreeMap<u64, Block>,
     /// The size with the dirty data, while there is some.
     size: u64,
     /// When the dirty data was last written (ns).
@@ -149,9 +162,16 @@ struct FileState {
     /// A key in each slot that took a block or a script of this file since
     /// its last acknowledged sync, by slot.
     unsynced: BTreeMap<u16, String>,
+    /// `Data::losses` + 1 when an open last checked the file
+    /// ([`Data::pages_current`]); 0: never.
+    checked: u64,
 }
 
 struct File {
+    /// Held across a commit's cluster calls (lock order: this, then
+    /// `st`), so that the commits of one file are ordered; `st` is held
+    /// across them only by truncate and fallocate.
+    order: Mutex<()>,
     st: Mutex<FileState>,
     /// The bytes in `st.dirty`, readable without its lock.
     dirty_bytes: AtomicU64,
@@ -165,6 +185,11 @@ pub struct Data {
     dirty_total: AtomicU64,
     /// [`DIRTY_LIMIT`] unless a test set another.
     dirty_limit: AtomicU64,
+    /// Times this mount lost track of the others' changes
+    /// ([`Data::invalidate_all`]): what it checked before may be stale.
+    losses: AtomicU64,
+    /// Blocks replaced by this mount's commits, not unlinked yet.
+    to_free: Mutex<Vec<u64>>,
     commit: Script,
     record: Script,
 }
@@ -181,6 +206,8 @@ impl Data {
             files: Mutex::new(HashMap::new()),
             dirty_total: AtomicU64::new(0),
             dirty_limit: AtomicU64::new(DIRTY_LIMIT),
+            losses: AtomicU64::new(0),
+            to_free: Mutex::new(Vec::new()),
             commit: Script::new(&crate::lua::script(COMMIT)),
             record: Script::new(&crate::lua::read_script(RECORD)),
         }
@@ -196,6 +223,7 @@ impl Data {
             .entry(ino)
             .or_insert_with(|| {
                 Arc::new(File {
+                    order: Mutex::new(()),
                     st: Mutex::new(FileState::default()),
                     dirty_bytes: AtomicU64::new(0),
                 })
@@ -250,7 +278,7 @@ impl Data {
         ino: u64,
         st: &mut FileState,
         idxs: &[u64],
-    ) -> Result<Vec<Option<Arc<[u8]>>>> {
+    ) -> Result<Vec<Option<(Block, usize)>>> {
         for _ in 0..STALE_RETRIES {
             let map = self.map(ino, st)?;
             let entries: Vec<Option<Entry>> = idxs.iter().map(|i| map.get(i).copied()).collect();
@@ -264,7 +292,7 @@ impl Data {
                         let e = (*e)?;
                         let b = got.next()?;
                         let len = (e.len as usize).min(b.len());
-                        Some(if len == b.len() { b } else { b[..len].into() })
+                        Some((b, len))
                     })
                     .collect());
             }
@@ -280,18 +308,31 @@ impl Data {
     /// new local size. Flushes by itself when the mount's dirty bytes pass
     /// a bound.
     pub fn write(&self, ino: u64, off: u64, data: &[u8], size: u64) -> Result<u64> {
+        self.write_parts(ino, off, &[data], size)
+    }
+
+    /// [`Data::write`] of the bytes of `parts`, one after the other (the
+    /// kernel's pages of a write): each byte is copied once, into its
+    /// dirty block, and a whole block is never zero-filled first.
+    pub fn write_parts(&self, ino: u64, off: u64, parts: &[&[u8]], size: u64) -> Result<u64> {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
         let end = off
-            .checked_add(data.len() as u64)
+            .checked_add(len as u64)
             .filter(|&e| e <= MAX_SIZE)
             .ok_or(errno(Errno::EFBIG))?;
         let limit = self.dirty_limit.load(Ordering::Relaxed);
         // A few rounds at most: other writers may be filling it again.
         for _ in 0..4 {
             let total = self.dirty_total.load(Ordering::Acquire);
-            if total == 0 || total + data.len() as u64 <= limit {
+            if total == 0 || total + len as u64 <= limit {
                 break;
             }
-            self.flush_largest()?;
+            // While another thread flushes the largest file, writes go on
+            // up to twice the bound rather than wait for it.
+            let wait = total + len as u64 > 2 * limit;
+            if !self.flush_largest(wait)? {
+                break;
+            }
         }
         let f = self.file(ino);
         let mut st = f.st.lock();
@@ -300,23 +341,37 @@ impl Data {
         } else {
             st.size = st.size.max(size);
         }
-        if data.is_empty() {
+        if len == 0 {
             return Ok(st.size);
         }
         let bs = self.bs();
         let (first, last) = (off / bs, (end - 1) / bs);
         self.load_partial(ino, &mut st, off, end)?;
+        let mut src = Parts::new(parts);
         for idx in first..=last {
             let bstart = idx * bs;
-            let a = off.max(bstart) - bstart;
-            let b = end.min(bstart + bs) - bstart;
-            let src = &data[(bstart + a - off) as usize..(bstart + b - off) as usize];
-            let blk = st.dirty.entry(idx).or_default();
-            if blk.len() < b as usize {
-                blk.resize(b as usize, 0);
+            let a = (off.max(bstart) - bstart) as usize;
+            let b = (end.min(bstart + bs) - bstart) as usize;
+            match st.dirty.get_mut(&idx) {
+                Some(blk) => {
+                    let blk = Arc::make_mut(blk);
+                    if blk.len() < b {
+                        blk.resize(b, 0);
+                    }
+                    src.copy_to(&mut blk[a..b]);
+                }
+                None => {
+                    // load_partial put every block the write covers only in
+                    // part: this one it covers whole.
+                    debug_assert!(a == 0 && b as u64 == bs, "a partial block not loaded");
+                    let mut blk = Vec::with_capacity(b);
+                    blk.resize(a, 0);
+                    src.extend(&mut blk, b - a);
+                    st.dirty.insert(idx, Arc::new(blk));
+                }
             }
-            blk[a as usize..b as usize].copy_from_slice(src);
         }
+        debug_assert!(src.done(), "every byte of the write placed");
         st.size = st.size.max(end);
         st.mtime = now_ns();
         self.account(&f, &st);
@@ -342,16 +397,18 @@ impl Data {
         for (idx, b) in need.into_iter().zip(got) {
             // Bytes past the size read as zeros: keep none of them.
             let keep = st.size.saturating_sub(idx * bs).min(bs) as usize;
-            let mut v = b.map(|b| b.to_vec()).unwrap_or_default();
-            v.truncate(keep);
-            st.dirty.insert(idx, v);
+            let v = b.map_or_else(Vec::new, |(b, len)| b[..len.min(keep)].to_vec());
+            st.dirty.insert(idx, Arc::new(v));
         }
         Ok(())
     }
 
     /// The bytes of `[off, off+len)` clipped to `size` (dirty data of this
     /// mount first, then cached blocks, then the cluster), holes and bytes
-    /// past a block's length read as zeros.
+    /// past a block's length read as zeros. `f` gets them as slices of the
+    /// blocks themselves (and of a static run of zeros): nothing is copied
+    /// or zero-filled on the way, unless a read would need more than
+    /// [`MAX_SLICES`] of them.
     pub fn read_with<R>(
         &self,
         ino: u64,
@@ -364,15 +421,42 @@ impl Data {
         if off >= end {
             return Ok(f(&[]));
         }
-        let buf = self.read_range(ino, off, end)?;
-        Ok(f(&[&buf[..]]))
+        let got = self.gather(ino, off, end)?;
+        let bs = self.bs();
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(got.len() + 1);
+        for (idx, b, valid) in &got {
+            let bstart = idx * bs;
+            let (a, z) = (off.max(bstart), end.min(bstart + bs));
+            let data_end = z.min(bstart + *valid as u64);
+            if a < data_end {
+                slices.push(&b[(a - bstart) as usize..(data_end - bstart) as usize]);
+            }
+            push_zeros(&mut slices, z - a.max(data_end));
+        }
+        debug_assert_eq!(
+            slices.iter().map(|s| s.len() as u64).sum::<u64>(),
+            end - off,
+            "a read hands out exactly the bytes asked for"
+        );
+        if slices.len() > MAX_SLICES {
+            return Ok(f(&[&slices.concat()]));
+        }
+        Ok(f(&slices))
     }
 
-    /// `[off, end)` of `ino`. The file's lock is held only to look at its
-    /// map and copy its dirty blocks: the blocks are fetched without it, so
-    /// reads of one file run in parallel and do not wait for its flush. A
-    /// block gone meanwhile (freed by a flush) makes it look again.
+    /// `[off, end)` of `ino` in one buffer (copy_range).
     fn read_range(&self, ino: u64, off: u64, end: u64) -> Result<Vec<u8>> {
+        let len = usize::try_from(end - off).map_err(|_| errno(Errno::EINVAL))?;
+        self.read_with(ino, off, len, end, |parts| parts.concat())
+    }
+
+    /// The blocks of `[off, end)` of `ino`, each with the bytes of it that
+    /// count; an index that is absent is a hole. The file's lock is held
+    /// only to look at its map and take its dirty blocks (shared, not
+    /// copied): the blocks are fetched without it, so reads of one file
+    /// run in parallel and do not wait for its flush. A block gone
+    /// meanwhile (freed by a flush) makes it look again.
+    fn gather(&self, ino: u64, off: u64, end: u64) -> Result<Vec<(u64, Block, usize)>> {
         let bs = self.bs();
         let (first, last) = (off / bs, (end - 1) / bs);
         let file = self.file(ino);
@@ -389,7 +473,7 @@ impl Data {
                         .map(|(&i, &e)| (i, e))
                         .collect()
                 });
-                let dirty: Vec<(u64, Vec<u8>)> = st
+                let dirty: Vec<(u64, Block)> = st
                     .dirty
                     .range(first..=last)
                     .map(|(&i, b)| (i, b.clone()))
@@ -403,23 +487,20 @@ impl Data {
                 file.st.lock().map = None;
                 continue;
             }
-            let mut buf = vec![0u8; (end - off) as usize];
-            let mut put = |idx: u64, b: &[u8]| {
-                let bstart = idx * bs;
-                let a = off.max(bstart);
-                let z = end.min(bstart + b.len() as u64);
-                if a < z {
-                    buf[(a - off) as usize..(z - off) as usize]
-                        .copy_from_slice(&b[(a - bstart) as usize..(z - bstart) as usize]);
-                }
-            };
-            for ((idx, e), b) in entries.iter().zip(got.iter().flatten()) {
-                put(*idx, &b[..(e.len as usize).min(b.len())]);
-            }
-            for (idx, b) in &dirty {
-                put(*idx, b);
-            }
-            return Ok(buf);
+            let mut out: Vec<(u64, Block, usize)> = entries
+                .iter()
+                .zip(got.into_iter().flatten())
+                .map(|((idx, e), b)| {
+                    let valid = (e.len as usize).min(b.len());
+                    (*idx, b, valid)
+                })
+                .collect();
+            out.extend(dirty.into_iter().map(|(idx, b)| {
+                let valid = b.len();
+                (idx, b, valid)
+            }));
+            out.sort_unstable_by_key(|(idx, _, _)| *idx);
+            return Ok(with_holes(out, first, last));
         }
         tracing::warn!(ino, "block map names blocks the cluster does not have");
         Err(errno(Errno::EIO))
@@ -439,38 +520,58 @@ impl Data {
         let Some(f) = self.existing(ino) else {
             return Ok(None);
         };
-        let mut st = f.st.lock();
-        if st.dirty.is_empty() {
-            return Ok(None);
-        }
-        let size = st.size;
-        let r = self.commit(
-            ino,
-            &f,
-            &mut st,
-            "write",
-            SizeRule::Max(size),
-            Cut::default(),
-        )?;
-        Ok(Some(r))
+        let _order = f.order.lock();
+        self.flush_ordered(ino, &f)
+    }
+
+    /// [`Data::flush`] with `f.order` held. The file's state is locked only
+    /// to take its dirty blocks (shared, not copied) and, after the script,
+    /// to put the new map entries in: reads and writes of the file go on
+    /// while its blocks travel. A block written again meanwhile stays dirty.
+    fn flush_ordered(&self, ino: u64, f: &File) -> Result<Option<Record>> {
+        let (taken, size) = {
+            let st = f.st.lock();
+            if st.dirty.is_empty() {
+                return Ok(None);
+            }
+            (taken(&st), st.size)
+        };
+        let new = self.put_new(&taken)?;
+        let rule = SizeRule::Max(size);
+        let (rec, old) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
+        let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default());
+        self.free_later(freed);
+        Ok(Some(rec))
     }
 
     /// Flushes the file with the most dirty bytes (the mount's bound).
-    fn flush_largest(&self) -> Result<()> {
+    /// Unless `wait`, only if no other thread is flushing it already:
+    /// returns whether it flushed.
+    fn flush_largest(&self, wait: bool) -> Result<bool> {
         let largest = self
             .files
             .lock()
             .iter()
             .max_by_key(|(_, f)| f.dirty_bytes.load(Ordering::Acquire))
-            .map(|(&ino, _)| ino);
-        if let Some(ino) = largest {
-            self.flush(ino)?;
-        }
-        Ok(())
+            .map(|(&ino, f)| (ino, f.clone()));
+        let Some((ino, f)) = largest else {
+            return Ok(false);
+        };
+        let _order = if wait {
+            f.order.lock()
+        } else {
+            match f.order.try_lock() {
+                Some(g) => g,
+                None => return Ok(false),
+            }
+        };
+        self.flush_ordered(ino, &f)?;
+        Ok(true)
     }
 
     /// Writes `st`'s dirty blocks as new blocks, then runs the commit
-    /// script with `op`, `rule` and `cut`, then frees what it replaced.
+    /// script with `op`, `rule` and `cut`, then frees what it replaced;
+    /// `st` held throughout (and `f.order`, by the caller).
     fn commit(
         &self,
         ino: u64,
@@ -480,50 +581,117 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
     ) -> Result<Record> {
-        let n = st.dirty.len() as u64;
-        let mut new: Vec<(u64, Entry, Arc<[u8]>)> = Vec::with_capacity(st.dirty.len());
-        if n > 0 {
-            let first = self.blocks.reserve(n)?;
-            for (i, (&idx, b)) in st.dirty.iter().enumerate() {
+        let new = self.put_new(&taken(st))?;
+        let (rec, old) = self.commit_script(ino, op, rule, cut, &new)?;
+        let freed = self.after_commit(f, st, &new, &old, cut);
+        debug_assert!(
+            st.dirty.is_empty(),
+            "a commit under the lock takes every dirty block"
+        );
+        self.free_later(freed);
+        Ok(rec)
+    }
+
+    /// Writes dirty blocks as new blocks (new ids): their index, map entry
+    /// and bytes.
+    fn put_new(&self, taken: &[(u64, Block)]) -> Result<Vec<(u64, Entry, Block)>> {
+        if taken.is_empty() {
+            return Ok(Vec::new());
+        }
+        let first = self.blocks.reserve(taken.len() as u64)?;
+        let new: Vec<(u64, Entry, Block)> = taken
+            .iter()
+            .enumerate()
+            .map(|(i, (idx, b))| {
                 let e = Entry {
                     id: first + i as u64,
                     len: b.len() as u32,
                 };
-                new.push((idx, e, b.as_slice().into()));
+                (*idx, e, b.clone())
+            })
+            .collect();
+        let puts: Vec<(u64, Block)> = new.iter().map(|(_, e, b)| (e.id, b.clone())).collect();
+        let free = std::mem::take(&mut *self.to_free.lock());
+        self.blocks.put_many(&puts, &free)?;
+        Ok(new)
+    }
+
+    /// Queues blocks a commit replaced, for the next flush's pipeline;
+    /// unlinks the queue now once it is long.
+    fn free_later(&self, ids: Vec<u64>) {
+        self.blocks.uncache(&ids);
+        let batch = {
+            let mut q = self.to_free.lock();
+            q.extend(ids);
+            if q.len() < FREE_BATCH {
+                return;
             }
-            let puts: Vec<(u64, Arc<[u8]>)> =
-                new.iter().map(|(_, e, b)| (e.id, b.clone())).collect();
-            self.blocks.put_many(&puts)?;
-        }
+            std::mem::take(&mut *q)
+        };
+        self.blocks.delete(&batch);
+    }
+
+    /// Unlinks every block queued by [`Data::free_later`] (the mount's
+    /// close).
+    pub fn free_pending(&self) {
+        let q = std::mem::take(&mut *self.to_free.lock());
+        self.blocks.delete(&q);
+    }
+
+    /// The commit script over the blocks `new` wrote; on a failure that
+    /// left the map as it was, the new blocks are deleted again.
+    fn commit_script(
+        &self,
+        ino: u64,
+        op: &str,
+        rule: SizeRule,
+        cut: Cut,
+        new: &[(u64, Entry, Block)],
+    ) -> Result<(Record, Vec<Entry>)> {
         let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
-        let (rec, old) = match self.run_commit(ino, op, rule, cut, &pairs) {
-            Ok(r) => r,
-            Err(e) => {
+        self.run_commit(ino, op, rule, cut, &pairs)
+            .inspect_err(|e| {
                 // The script refuses before it writes, and a lost reply is
                 // a transport error: then the map may name the new blocks.
-                if !matches!(&e, Error::Redis(r) if crate::blocks::transient(r) || r.is_timeout()) {
-                    self.blocks.delete(&puts_ids(&new));
+                if !matches!(e, Error::Redis(r) if crate::blocks::transient(r) || r.is_timeout()) {
+                    self.blocks.delete(&puts_ids(new));
                 }
-                return Err(e);
-            }
+            })
+    }
+
+    /// What a commit of `new` did, on this mount's state of the file: the
+    /// cached map, the dirty blocks it wrote (a block written again since
+    /// it was taken stays dirty), the keys to sync. Returns the ids of the
+    /// blocks it replaced, to free.
+    fn after_commit(
+        &self,
+        f: &File,
+        st: &mut FileState,
+        new: &[(u64, Entry, Block)],
+        old: &[Entry],
+        cut: Cut,
+    ) -> Vec<u64> {
+        // Ids are reserved in one range: a retried script reports our own
+        // new blocks as replaced.
+        let ours = |id: u64| {
+            new.first()
+                .is_some_and(|n| (n.1.id..n.1.id + new.len() as u64).contains(&id))
         };
-        let ours: Vec<u64> = puts_ids(&new);
-        // A retried script reports our own new blocks as replaced.
-        let freed: Vec<u64> = old
-            .iter()
-            .map(|e| e.id)
-            .filter(|id| !ours.contains(id))
-            .collect();
+        let freed: Vec<u64> = old.iter().map(|e| e.id).filter(|&id| !ours(id)).collect();
+        let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
         self.apply_locally(st, &pairs, cut);
-        st.dirty.clear();
+        for (idx, _, b) in new {
+            if st.dirty.get(idx).is_some_and(|d| Arc::ptr_eq(d, b)) {
+                st.dirty.remove(idx);
+            }
+        }
         self.account(f, st);
         let mut touched = vec![self.h.keys.meta()];
         touched.extend(pairs.iter().map(|&(_, e)| self.h.keys.block(e.id)));
         for k in touched {
             st.unsynced.entry(key_slot(k.as_bytes())).or_insert(k);
         }
-        self.blocks.delete(&freed);
-        Ok(rec)
+        freed
     }
 
     fn run_commit(
@@ -599,23 +767,12 @@ impl Data {
     /// a replica.
     pub fn sync(&self, ino: u64) -> Result<Option<Record>> {
         let f = self.file(ino);
-        let mut st = f.st.lock();
-        let rec = if st.dirty.is_empty() {
-            None
-        } else {
-            let size = st.size;
-            Some(self.commit(
-                ino,
-                &f,
-                &mut st,
-                "write",
-                SizeRule::Max(size),
-                Cut::default(),
-            )?)
-        };
-        let keys: Vec<String> = st.unsynced.values().cloned().collect();
+        let _order = f.order.lock();
+        let rec = self.flush_ordered(ino, &f)?;
+        // Only commits add keys, and they wait for `order`.
+        let keys: Vec<String> = f.st.lock().unsynced.values().cloned().collect();
         self.blocks.wait_replicas(&keys)?;
-        st.unsynced.clear();
+        f.st.lock().unsynced.clear();
         Ok(rec)
     }
 
@@ -628,6 +785,7 @@ impl Data {
         }
         let bs = self.bs();
         let f = self.file(ino);
+        let _order = f.order.lock();
         let mut st = f.st.lock();
         // Dirty blocks wholly past the end go; the boundary one is cut.
         let keep_from = size.div_ceil(bs);
@@ -636,7 +794,7 @@ impl Data {
         if tail != 0
             && let Some(b) = st.dirty.get_mut(&(size / bs))
         {
-            b.truncate(tail);
+            Arc::make_mut(b).truncate(tail);
         }
         st.size = size;
         let cut = Cut {
@@ -656,11 +814,27 @@ impl Data {
     }
 
     pub fn invalidate_all(&self) {
+        self.losses.fetch_add(1, Ordering::AcqRel);
         let all: Vec<Arc<File>> = self.files.lock().values().cloned().collect();
         for f in all {
             let mut st = f.st.lock();
             st.map = None;
         }
+    }
+
+    /// An open of `ino` found its record `unchanged` since this mount last
+    /// knew it: whether the pages of it that the kernel may hold from this
+    /// mount are still the file's. They are if, besides, an earlier open
+    /// here checked the file since this mount last lost track of the
+    /// others' changes (the feed, whose every entry invalidates the
+    /// kernel's pages of what it names, covered the time between).
+    pub fn pages_current(&self, ino: u64, unchanged: bool) -> bool {
+        let f = self.file(ino);
+        let mut st = f.st.lock();
+        let now = self.losses.load(Ordering::Acquire) + 1;
+        let current = unchanged && st.checked == now;
+        st.checked = now;
+        current
     }
 
     /// The node is gone: drop all state for it (its dirty data included).
@@ -758,6 +932,7 @@ impl Data {
             return Err(errno(Errno::EOPNOTSUPP));
         }
         let f = self.file(ino);
+        let _order = f.order.lock();
         let mut st = f.st.lock();
         if st.dirty.is_empty() {
             st.size = size;
@@ -811,7 +986,7 @@ impl Data {
             let a = (off.max(bstart) - bstart) as usize;
             let z = ((end.min(bstart + bs) - bstart) as usize).min(b.len());
             if a < z {
-                b[a..z].fill(0);
+                Arc::make_mut(b)[a..z].fill(0);
             }
         }
         Ok(whole)
@@ -890,6 +1065,96 @@ impl Data {
     }
 }
 
-fn puts_ids(new: &[(u64, Entry, Arc<[u8]>)]) -> Vec<u64> {
+/// `blocks` (sorted by index, within `[first, last]`) with every index
+/// between that has none as an empty block: a hole.
+fn with_holes(blocks: Vec<(u64, Block, usize)>, first: u64, last: u64) -> Vec<(u64, Block, usize)> {
+    if blocks.len() as u64 == last - first + 1 {
+        return blocks;
+    }
+    let empty: Block = Arc::new(Vec::new());
+    let mut out = Vec::with_capacity((last - first + 1) as usize);
+    let mut it = blocks.into_iter().peekable();
+    for idx in first..=last {
+        match it.next_if(|b| b.0 == idx) {
+            Some(b) => out.push(b),
+            None => out.push((idx, empty.clone(), 0)),
+        }
+    }
+    out
+}
+
+/// Appends `n` zero bytes to `slices`, as slices of [`ZEROS`].
+fn push_zeros(slices: &mut Vec<&[u8]>, mut n: u64) {
+    while n > 0 {
+        let k = n.min(ZEROS.len() as u64);
+        slices.push(&ZEROS[..k as usize]);
+        n -= k;
+    }
+}
+
+/// A cursor over the bytes of a write given as parts.
+struct Parts<'a> {
+    parts: &'a [&'a [u8]],
+    /// The part being read, and the offset in it.
+    at: (usize, usize),
+}
+
+impl<'a> Parts<'a> {
+    fn new(parts: &'a [&'a [u8]]) -> Parts<'a> {
+        Parts { parts, at: (0, 0) }
+    }
+
+    /// The next bytes, at most `n`, within one part.
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        while let Some(p) = self.parts.get(self.at.0) {
+            if self.at.1 < p.len() {
+                let k = n.min(p.len() - self.at.1);
+                let s = &p[self.at.1..self.at.1 + k];
+                self.at.1 += k;
+                return s;
+            }
+            self.at = (self.at.0 + 1, 0);
+        }
+        &[]
+    }
+
+    /// Fills `dst` with the next bytes.
+    fn copy_to(&mut self, dst: &mut [u8]) {
+        let mut done = 0;
+        while done < dst.len() {
+            let s = self.take(dst.len() - done);
+            assert!(!s.is_empty(), "a write's parts ran out");
+            dst[done..done + s.len()].copy_from_slice(s);
+            done += s.len();
+        }
+    }
+
+    /// Appends the next `n` bytes to `dst`.
+    fn extend(&mut self, dst: &mut Vec<u8>, n: usize) {
+        let mut done = 0;
+        while done < n {
+            let s = self.take(n - done);
+            assert!(!s.is_empty(), "a write's parts ran out");
+            dst.extend_from_slice(s);
+            done += s.len();
+        }
+    }
+
+    /// Whether every byte was taken.
+    fn done(&self) -> bool {
+        let rest = self.parts.get(self.at.0..).unwrap_or_default();
+        rest.iter().enumerate().all(|(i, p)| {
+            let from = if i == 0 { self.at.1 } else { 0 };
+            p.len() <= from
+        })
+    }
+}
+
+/// The dirty blocks of `st`, shared, for a commit.
+fn taken(st: &FileState) -> Vec<(u64, Block)> {
+    st.dirty.iter().map(|(&i, b)| (i, b.clone())).collect()
+}
+
+fn puts_ids(new: &[(u64, Entry, Block)]) -> Vec<u64> {
     new.iter().map(|(_, e, _)| e.id).collect()
 }

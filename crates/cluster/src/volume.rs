@@ -371,6 +371,7 @@ impl Volume {
                 first_err.get_or_insert(e);
             }
         }
+        i.data.free_pending();
         let held: Vec<u64> = i.held.lock().drain().collect();
         for ino in held {
             i.release_hold(ino);
@@ -559,28 +560,47 @@ impl Inner {
     /// arrived yet (the feed's lag is small, not zero). One round trip; a
     /// file already open here is kept current by the feed, and costs none.
     /// A changed record drops the file's block map here and its attributes
-    /// and pages in the kernel.
-    fn revalidate(&self, ino: u64) -> Fres<Record> {
-        let cached = self.rec(ino)?;
+    /// and pages in the kernel. A record this mount did not have cached
+    /// cannot be compared: the map is dropped too.
+    ///
+    /// Returns the record and whether the kernel's pages of the file from
+    /// this mount are still current (the open may keep them:
+    /// [`Data::pages_current`]): when the record is unchanged, or the file
+    /// is kept current by the feed (open here) or has writes of this mount
+    /// only.
+    fn revalidate(&self, ino: u64) -> Fres<(Record, bool)> {
+        let cached = self.cache.rec(ino);
         let open_here = self.opens.lock().contains_key(&ino);
-        if cached.kind != Kind::File || open_here || self.data.dirty(ino).is_some() {
-            return Ok(cached);
+        if let Some(r) = &cached
+            && (r.kind != Kind::File || open_here || self.data.dirty(ino).is_some())
+        {
+            let current = r.kind != Kind::File || self.data.pages_current(ino, true);
+            return Ok((r.clone(), current));
         }
+        self.fit_cache();
         let e = self.cache.epoch();
         let mut recs = self.ns.records(&self.h, &[ino]).map_err(err)?;
         let fresh = recs.pop().flatten().ok_or(Errno::ENOENT)?;
-        if fresh == cached {
+        if fresh.kind != Kind::File {
             self.cache.put_rec(e, ino, fresh.clone());
-            return Ok(fresh);
+            return Ok((fresh, true));
         }
+        let unchanged = cached.as_ref() == Some(&fresh) || open_here;
+        if unchanged {
+            self.cache.put_rec(e, ino, fresh.clone());
+            return Ok((fresh, self.data.pages_current(ino, true)));
+        }
+        self.data.pages_current(ino, false);
         // Not stored: forgetting moves the epoch on, and the next read of
         // the record fetches it after whatever the feed brings meanwhile.
         self.data.invalidate(ino);
         self.cache.forget_rec(ino);
-        if let Some(f) = self.on_change.read().as_ref() {
+        if cached.is_some()
+            && let Some(f) = self.on_change.read().as_ref()
+        {
             f(Change::Inode(ino));
         }
-        Ok(fresh)
+        Ok((fresh, false))
     }
 
     /// The attributes of `ino` with record `r`, this mount's unwritten
@@ -981,29 +1001,30 @@ impl Inner {
         kill_suidgid: bool,
         ino: u64,
         off: u64,
-        data: &[u8],
+        parts: &[&[u8]],
         append: bool,
     ) -> Fres<usize> {
         let r = self.file(ino, Errno::EINVAL)?;
         let size = self.size_of(ino, &r);
         let off = if append { size } else { off };
-        if off.saturating_add(data.len() as u64) > MAX_FILE_SIZE {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        if off.saturating_add(len as u64) > MAX_FILE_SIZE {
             return Err(Errno::EFBIG);
         }
-        if data.is_empty() {
+        if len == 0 {
             return Ok(0);
         }
         if kill_suidgid {
             self.kill_suidgid(ctx, in_group, ino, &r)?;
         }
-        let new = self.data.write(ino, off, data, size).map_err(err)?;
+        let new = self.data.write_parts(ino, off, parts, size).map_err(err)?;
         let now = now_ns();
         self.cache.update_rec(ino, |r| {
             r.size = r.size.max(new);
             r.mtime = now;
             r.ctime = now;
         });
-        Ok(data.len())
+        Ok(len)
     }
 
     fn listing(&self, ino: u64) -> Fres<(Arc<Listing>, Record)> {
@@ -1233,7 +1254,7 @@ impl Volume {
         if !created {
             return self
                 .open_file(attr.ino, libc::O_RDWR)
-                .map(|()| (attr, false));
+                .map(|_| (attr, false));
         }
         *self.inner.opens.lock().entry(attr.ino).or_default() += 1;
         Ok((attr, true))
@@ -1295,9 +1316,12 @@ impl Volume {
 
     /// `Tree::open` (named apart from [`Volume::open`], the constructor the
     /// contract names: Rust has one namespace for inherent methods).
-    pub fn open_file(&self, ino: u64, flags: i32) -> Fres<()> {
+    ///
+    /// Returns whether the kernel's pages of `ino` from this mount are still
+    /// the file's (`Tree::open`: the open may keep them).
+    pub fn open_file(&self, ino: u64, flags: i32) -> Fres<bool> {
         let i = &self.inner;
-        let r = i.revalidate(ino)?;
+        let (r, current) = i.revalidate(ino)?;
         let acc = flags & libc::O_ACCMODE;
         let trunc = flags & libc::O_TRUNC != 0;
         if r.kind == Kind::Dir && (acc != libc::O_RDONLY || trunc) {
@@ -1310,7 +1334,7 @@ impl Volume {
             i.cache.put_rec(e, ino, r);
         }
         *i.opens.lock().entry(ino).or_default() += 1;
-        Ok(())
+        Ok(current)
     }
 
     pub fn release(&self, ino: u64) {
@@ -1382,7 +1406,7 @@ impl Volume {
         append: bool,
     ) -> Fres<usize> {
         self.inner
-            .write(ctx, in_group, kill_suidgid, ino, off, data, append)
+            .write(ctx, in_group, kill_suidgid, ino, off, &[data], append)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1397,19 +1421,30 @@ impl Volume {
         pages: &mut [Option<Box<[u8; PAGE_SIZE]>>],
         append: bool,
     ) -> Fres<usize> {
-        let start = (off % PAGE_SIZE as u64) as usize;
-        let mut buf = Vec::with_capacity(start + len);
+        // The pages go to the dirty blocks as they are: one copy per byte.
+        static ZERO_PAGE: [u8; PAGE_SIZE] = [0; PAGE_SIZE];
+        let mut skip = (off % PAGE_SIZE as u64) as usize;
+        let mut left = len;
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(pages.len() + 1);
         for p in pages.iter() {
-            match p {
-                Some(p) => buf.extend_from_slice(&p[..]),
-                None => buf.resize(buf.len() + PAGE_SIZE, 0),
-            }
-            if buf.len() >= start + len {
+            if left == 0 {
                 break;
             }
+            let page: &[u8] = p.as_deref().map_or(&ZERO_PAGE[..], |p| &p[..]);
+            let s = &page[skip..];
+            skip = 0;
+            let k = s.len().min(left);
+            parts.push(&s[..k]);
+            left -= k;
         }
-        buf.resize(start + len, 0);
-        self.write_as(ctx, in_group, kill_suidgid, ino, off, &buf[start..], append)
+        // Pages short of `len` (never sent so) read as zeros, as before.
+        while left > 0 {
+            let k = left.min(PAGE_SIZE);
+            parts.push(&ZERO_PAGE[..k]);
+            left -= k;
+        }
+        self.inner
+            .write(ctx, in_group, kill_suidgid, ino, off, &parts, append)
     }
 
     pub fn fsync(&self, ino: u64) -> Fres<()> {

@@ -42,6 +42,14 @@ const CASES: &[Case] = &[
     ("sparse_files_and_truncate", sparse_files_and_truncate),
     ("fallocate_modes", fallocate_modes),
     ("copy_range_copies", copy_range_copies),
+    (
+        "reads_share_blocks_and_writes_take_parts",
+        reads_share_blocks_and_writes_take_parts,
+    ),
+    (
+        "pages_stay_current_until_a_change_or_a_loss",
+        pages_stay_current_until_a_change_or_a_loss,
+    ),
     ("close_to_open_across_mounts", close_to_open_across_mounts),
     ("a_stale_map_is_read_again", a_stale_map_is_read_again),
     ("the_dirty_bound_flushes", the_dirty_bound_flushes),
@@ -70,8 +78,19 @@ const CASES: &[Case] = &[
     ),
 ];
 
+/// Not tests: run only when named in full (`-- diag_data_path`), they
+/// print where the time of the data path goes and assert nothing of it.
+const DIAGNOSTICS: &[Case] = &[("diag_data_path", diag_data_path)];
+
 fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if let Some(&(name, diag)) = DIAGNOSTICS.iter().find(|d| filter.as_deref() == Some(d.0)) {
+        let mut cluster = LocalCluster::start(Options::default()).expect("a local cluster");
+        let ok = catch_unwind(AssertUnwindSafe(|| diag(&mut cluster))).is_ok();
+        drop(cluster);
+        println!("{name}: {}", if ok { "done" } else { "FAILED" });
+        std::process::exit(i32::from(!ok));
+    }
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let (mut passed, mut failed) = (0, 0);
     let mut record = |name: &str, ok: bool| {
@@ -122,9 +141,14 @@ static VOLUMES: AtomicUsize = AtomicUsize::new(0);
 
 /// A new volume with small blocks.
 fn volume(c: &LocalCluster) -> String {
+    volume_with(c, BS)
+}
+
+/// A new volume with blocks of `bs` bytes.
+fn volume_with(c: &LocalCluster, bs: u32) -> String {
     let name = format!("d{}", VOLUMES.fetch_add(1, Ordering::SeqCst));
     let opts = CreateOptions {
-        block_size: BS,
+        block_size: bs,
         ..CreateOptions::default()
     };
     Admin::with_timeout(&c.urls(), T)
@@ -138,9 +162,14 @@ fn volume(c: &LocalCluster) -> String {
 /// it (a counter, then a lease deadline an hour ahead by the server's
 /// clock).
 fn mount(c: &LocalCluster, name: &str) -> Arc<Handle> {
+    mount_with(c, name, BS)
+}
+
+/// [`mount`] of a volume whose blocks are `bs` bytes.
+fn mount_with(c: &LocalCluster, name: &str, bs: u32) -> Arc<Handle> {
     let pool = Pool::connect(&c.urls(), T).unwrap();
     let keys = Keys::new(name).unwrap();
-    let h = Handle::new(pool, keys, BS);
+    let h = Handle::new(pool, keys, bs);
     let sid: u64 = h
         .pool
         .with(|con| {
@@ -352,6 +381,83 @@ fn random_writes_match_a_model(c: &mut LocalCluster) {
     assert!(d.cached_bytes() <= 1 << 20);
 }
 
+/// A read hands out the blocks themselves (the same memory twice, one
+/// slice a block, zeros for a hole); a write given in parts (the kernel's
+/// pages) lands as the same bytes as one buffer would, across blocks.
+fn reads_share_blocks_and_writes_take_parts(c: &mut LocalCluster) {
+    let name = volume(c);
+    let h = mount(c, &name);
+    let d = Data::new(h.clone(), 1 << 20);
+    let ino = file(&h);
+    let bs = BS as usize;
+    let data: Vec<u8> = (0..3 * bs + 100).map(|i| (i % 253) as u8).collect();
+    // Parts of odd lengths that straddle the block boundaries.
+    let cuts = [0, 1, 700, bs - 3, bs + 5, 2 * bs, 3 * bs + 99, data.len()];
+    let parts: Vec<&[u8]> = cuts.windows(2).map(|w| &data[w[0]..w[1]]).collect();
+    let off = 10;
+    let size = d.write_parts(ino, off, &parts, 0).unwrap();
+    assert_eq!(size, off + data.len() as u64);
+    assert_eq!(read(&d, ino, off, data.len(), size), data);
+    // A hole of two blocks, then the data: committed, then read twice.
+    let far = 6 * BS as u64;
+    let size = d.write(ino, far, &data[..bs], size).unwrap();
+    d.flush(ino).unwrap();
+    let shape = |d: &Data| {
+        d.read_with(ino, 0, far as usize + bs, size, |p| {
+            p.iter()
+                .map(|s| (s.as_ptr() as usize, s.len()))
+                .collect::<Vec<_>>()
+        })
+        .unwrap()
+    };
+    let (a, b) = (shape(&d), shape(&d));
+    assert_eq!(a, b, "two reads of cached blocks hand out the same memory");
+    assert_eq!(a.iter().map(|s| s.1).sum::<usize>(), far as usize + bs);
+    assert!(a.len() >= 7, "one slice a block at least: {a:?}");
+    let got = read(&d, ino, 0, far as usize + bs, size);
+    assert_eq!(&got[off as usize..off as usize + data.len()], &data[..]);
+    assert!(
+        got[off as usize + data.len()..far as usize]
+            .iter()
+            .all(|&x| x == 0)
+    );
+    assert_eq!(&got[far as usize..], &data[..bs]);
+    // A write into a block a read still holds changes what it hands out
+    // next, never what the read held.
+    d.read_with(ino, far, bs, size, |held| {
+        let before = held.concat();
+        d.write(ino, far, b"new", size).unwrap();
+        assert_eq!(held.concat(), before, "a held block never changes");
+    })
+    .unwrap();
+    assert_eq!(read(&d, ino, far, 3, size), b"new");
+}
+
+/// The kernel's pages of a file stay current from one open to the next
+/// only while the record is unchanged and the mount kept track of the
+/// feed since an earlier open checked the file.
+fn pages_stay_current_until_a_change_or_a_loss(c: &mut LocalCluster) {
+    let name = volume(c);
+    let d = Data::new(mount(c, &name), 0);
+    let (ino, other) = (7, 8);
+    assert!(
+        !d.pages_current(ino, true),
+        "the first open: nothing checked"
+    );
+    assert!(d.pages_current(ino, true), "unchanged since that open");
+    assert!(!d.pages_current(ino, false), "the record changed");
+    assert!(d.pages_current(ino, true));
+    assert!(
+        !d.pages_current(other, true),
+        "files are checked one by one"
+    );
+    d.invalidate_all();
+    assert!(!d.pages_current(ino, true), "the mount lost the feed");
+    assert!(d.pages_current(ino, true));
+    d.forget(ino);
+    assert!(!d.pages_current(ino, true), "a forgotten file starts over");
+}
+
 /// A hole reads as zeros, SEEK_DATA and SEEK_HOLE find the blocks, and a
 /// file truncated down then extended reads zeros past the cut.
 fn sparse_files_and_truncate(c: &mut LocalCluster) {
@@ -547,8 +653,18 @@ fn a_stale_map_is_read_again(c: &mut LocalCluster) {
     d2.flush(ino).unwrap();
     assert_eq!(read(&d1, ino, 0, 5000, 5000), vec![1u8; 5000]);
     let before = block_keys(c, &name);
+    d2.write(ino, 0, &[2u8; 5000], 5000).unwrap();
+    d2.flush(ino).unwrap();
+    // The replaced blocks go out in the next flush's pipeline.
+    assert_eq!(block_keys(c, &name), before + 2, "two replaced, queued");
     d2.write(ino, 0, &[3u8; 5000], 5000).unwrap();
     d2.flush(ino).unwrap();
+    assert_eq!(
+        block_keys(c, &name),
+        before + 2,
+        "the queued blocks were freed with the next flush, its own queued"
+    );
+    d2.free_pending();
     assert_eq!(
         block_keys(c, &name),
         before,
@@ -946,4 +1062,202 @@ fn sync_without_replicas_does_not_wait() {
     let ino = file(&h);
     d.write(ino, 0, b"no replica", 0).unwrap();
     assert_eq!(d.sync(ino).unwrap().unwrap().size, 10);
+}
+
+// ---- diagnostics --------------------------------------------------------------------
+
+/// The median of `n` runs of `f`, in µs.
+fn median_us(n: usize, mut f: impl FnMut(usize)) -> f64 {
+    let mut t: Vec<f64> = (0..n)
+        .map(|i| {
+            let s = Instant::now();
+            f(i);
+            s.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[n / 2]
+}
+
+/// Where 1 MiB reads and writes of the data layer spend their time, beside
+/// raw SET and GET of 1 MiB (one key) and of 16 blocks of 64 KiB (one
+/// cluster pipeline) on the same pool. On a shared machine only the ratios
+/// of one run mean anything: this finds hot spots, it records no figure.
+fn diag_data_path(c: &mut LocalCluster) {
+    const MIB: usize = 1 << 20;
+    const N: usize = 16;
+    let bs = 65536u32;
+    let name = volume_with(c, bs);
+    let h = mount_with(c, &name, bs);
+    let mib = vec![0x5au8; MIB];
+    let blk = vec![0xa5u8; bs as usize];
+    let raw_set = median_us(N, |i| {
+        h.pool
+            .with(|con| {
+                redis::cmd("SET")
+                    .arg(format!("raw{i}"))
+                    .arg(&mib[..])
+                    .exec(con)
+            })
+            .unwrap()
+    });
+    let raw_get = median_us(N, |i| {
+        let v: Vec<u8> = h
+            .pool
+            .with(|con| redis::cmd("GET").arg(format!("raw{i}")).query(con))
+            .unwrap();
+        assert_eq!(v.len(), MIB);
+    });
+    let pipe_set = median_us(N, |i| {
+        h.pool
+            .with(|con| {
+                let mut p = redis::cluster::cluster_pipe();
+                for j in 0..16 {
+                    p.cmd("SET").arg(format!("p{i}.{j}")).arg(&blk[..]).ignore();
+                }
+                p.exec(con)
+            })
+            .unwrap()
+    });
+    let pipe_get = median_us(N, |i| {
+        let v: Vec<Vec<u8>> = h
+            .pool
+            .with(|con| {
+                let mut p = redis::cluster::cluster_pipe();
+                for j in 0..16 {
+                    p.cmd("GET").arg(format!("p{i}.{j}"));
+                }
+                p.query(con)
+            })
+            .unwrap();
+        assert_eq!(v.len(), 16);
+    });
+    // The same on connections with TCP_NODELAY (the pool's have Nagle on).
+    let client = redis::cluster::ClusterClientBuilder::new(c.urls())
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+        .build()
+        .unwrap();
+    let mut nd = client.get_connection().unwrap();
+    let nd_set = median_us(N, |i| {
+        redis::cmd("SET")
+            .arg(format!("raw{i}"))
+            .arg(&mib[..])
+            .exec(&mut nd)
+            .unwrap()
+    });
+    let nd_pipe_set = median_us(N, |i| {
+        let mut p = redis::cluster::cluster_pipe();
+        for j in 0..16 {
+            p.cmd("SET").arg(format!("p{i}.{j}")).arg(&blk[..]).ignore();
+        }
+        p.exec(&mut nd).unwrap()
+    });
+    let nd_pipe_get = median_us(N, |i| {
+        let mut p = redis::cluster::cluster_pipe();
+        for j in 0..16 {
+            p.cmd("GET").arg(format!("p{i}.{j}"));
+        }
+        let v: Vec<Vec<u8>> = p.query(&mut nd).unwrap();
+        assert_eq!(v.len(), 16);
+    });
+    let d = Data::new(h.clone(), 1 << 30);
+    let ino = file(&h);
+    let mut size = 0;
+    let write = median_us(N, |i| {
+        size = d.write(ino, (i * MIB) as u64, &mib, size).unwrap();
+    });
+    let flush = median_us(N, |i| {
+        d.write(ino, (i * MIB) as u64, &mib, size).unwrap();
+        d.flush(ino).unwrap();
+    });
+    let sync = median_us(N, |i| {
+        d.write(ino, (i * MIB) as u64, &mib, size).unwrap();
+        d.sync(ino).unwrap();
+    });
+    let cached = median_us(N, |i| {
+        let n = d
+            .read_with(ino, (i * MIB) as u64, MIB, size, |p| {
+                p.iter().map(|s| s.len()).sum::<usize>()
+            })
+            .unwrap();
+        assert_eq!(n, MIB);
+    });
+    let cold = Data::new(mount_with(c, &name, bs), 0);
+    let uncached = median_us(N, |i| {
+        let n = cold
+            .read_with(ino, (i * MIB) as u64, MIB, size, |p| {
+                p.iter().map(|s| s.len()).sum::<usize>()
+            })
+            .unwrap();
+        assert_eq!(n, MIB);
+    });
+    // Commands the masters ran for one 1 MiB write and flush over written
+    // blocks, and for one uncached 1 MiB read: counts, not times.
+    let before = command_counts(c);
+    d.write(ino, 0, &mib, size).unwrap();
+    d.flush(ino).unwrap();
+    let flush_cmds = command_counts(c);
+    let fresh = Data::new(mount_with(c, &name, bs), 0);
+    fresh.read_with(ino, 0, MIB, size, |p| p.len()).unwrap();
+    let read_cmds = command_counts(c);
+    println!(
+        "commands for a 1 MiB write + flush: {:?}",
+        delta(&before, &flush_cmds)
+    );
+    println!(
+        "commands for an uncached 1 MiB read: {:?}",
+        delta(&flush_cmds, &read_cmds)
+    );
+    println!("loaded machine, medians of {N}, µs per MiB:");
+    println!("  raw SET 1 MiB {raw_set:.0}, GET 1 MiB {raw_get:.0}");
+    println!("  pipeline 16 x 64 KiB: SET {pipe_set:.0}, GET {pipe_get:.0}");
+    println!(
+        "  TCP_NODELAY: SET 1 MiB {nd_set:.0}, pipeline SET {nd_pipe_set:.0}, GET {nd_pipe_get:.0}"
+    );
+    println!("  Data::write (buffered) {write:.0}, write+flush {flush:.0}, write+sync {sync:.0}");
+    println!("  Data::read_with cached {cached:.0}, uncached {uncached:.0}");
+    println!(
+        "  ratios: flush/pipe SET {:.2}, uncached/pipe GET {:.2}, uncached/raw GET {:.2}",
+        flush / pipe_set,
+        uncached / pipe_get,
+        uncached / raw_get
+    );
+}
+
+/// `INFO commandstats` calls per command, summed over the masters.
+fn command_counts(c: &LocalCluster) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for m in c.masters().unwrap() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut connect(&c.addr(m), T).unwrap())
+            .unwrap();
+        for line in info.lines() {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+            *out.entry(name.to_string()).or_default() += calls;
+        }
+    }
+    out
+}
+
+/// What `after` counts beyond `before`, leaving out INFO itself.
+fn delta(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> Vec<(String, u64)> {
+    after
+        .iter()
+        .map(|(k, &v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
+        .filter(|(k, n)| *n > 0 && k != "info")
+        .collect()
 }

@@ -321,8 +321,8 @@ fn watch_changes<T: Tree>(fs: &T, notify: notify::Notifications) {
             Change::Entry { parent, name } => notify::Inval::Entry { parent, name },
             Change::All => {
                 // No notification drops a whole mount's caches: they expire
-                // within the entry and attribute timeouts, and opens keep
-                // no pages (Tree::SHARED).
+                // within the entry and attribute timeouts, and no open keeps
+                // pages until the tree checked the file afresh (Tree::open).
                 tracing::info!("the tree lost track of other mounts' changes");
                 notify::Inval::Inode {
                     ino: memfs_fs::ROOT_INO,
@@ -797,7 +797,9 @@ impl<T: Tree> MemFuse<T> {
             &self.attr(a),
             GENERATION,
             fh,
-            self.open_flags(),
+            // A new node has no pages to keep; on a shared tree the name
+            // may have been another mount's file by then.
+            self.open_flags(false),
         );
     }
 
@@ -818,14 +820,18 @@ impl<T: Tree> MemFuse<T> {
         self.backing.is_none() && !self.engine_locks && !self.strict_opens && !T::SHARED
     }
 
-    fn open_flags(&self) -> FopenFlags {
+    /// The flags of an open whose tree said `pages_current` ([`Tree::open`]).
+    #[inline]
+    fn open_flags(&self, pages_current: bool) -> FopenFlags {
         // Every change goes through this kernel, so its page cache never goes
         // stale: keep it across opens (except for strictatime, see `atime`).
         // Direct writes to one file may run in parallel: the engine
         // serialises them per inode itself.
         // A shared tree's other mounts may have written the file since
-        // these pages were read: each open starts from the tree (close-to-open).
-        if T::SHARED || self.atime.effective() == AtimeMode::Strict {
+        // these pages were read: the open keeps them only if the tree found
+        // the file unchanged (close-to-open). `T::SHARED` is a constant: for
+        // the local engine this is the test of strictatime alone.
+        if (T::SHARED && !pages_current) || self.atime.effective() == AtimeMode::Strict {
             FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
         } else {
             FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
@@ -1202,9 +1208,10 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             };
         }
         if let Some(b) = &self.backing {
-            if let Err(e) = self.fs.get().open(ino.0, flags.0) {
-                return reply.error(err(e));
-            }
+            let current = match self.fs.get().open(ino.0, flags.0) {
+                Ok(c) => c,
+                Err(e) => return reply.error(err(e)),
+            };
             let fh = self.new_fh();
             if let Ok(bk) = b.back(&*self.fs.get(), ino.0)
                 && self
@@ -1224,7 +1231,7 @@ impl<T: Tree> Filesystem for MemFuse<T> {
                 }
             }
             b.fuse_opened(ino.0);
-            return reply.opened(fh, self.open_flags());
+            return reply.opened(fh, self.open_flags(current));
         }
         if self.declines_open() {
             // Zero-message opens from now on: the kernel has checked access,
@@ -1233,7 +1240,7 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             return reply.error(fuser::Errno::ENOSYS);
         }
         match self.fs.get().open(ino.0, flags.0) {
-            Ok(()) => reply.opened(self.new_fh(), self.open_flags()),
+            Ok(current) => reply.opened(self.new_fh(), self.open_flags(current)),
             Err(e) => reply.error(err(e)),
         }
     }

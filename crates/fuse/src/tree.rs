@@ -36,7 +36,8 @@ pub enum Change {
     Entry { parent: u64, name: Vec<u8> },
     /// Anything may have changed (the tree lost track of the others'
     /// changes): what the kernel caches expires within the mount's entry
-    /// and attribute timeouts, and no open keeps pages.
+    /// and attribute timeouts, and no open keeps pages until the tree
+    /// checked the file afresh ([`Tree::open`]).
     All,
 }
 
@@ -55,8 +56,9 @@ pub trait Tree: Send + Sync + 'static {
 
     /// Whether other mounts change this tree behind this kernel's back (a
     /// volume on a Redis Cluster): the adapter then answers OPEN and FLUSH
-    /// (close-to-open: [`Tree::flush`]), lets no open keep the page cache
-    /// (FOPEN_KEEP_CACHE: another mount may have written the file since),
+    /// (close-to-open: [`Tree::flush`]), lets an open keep the page cache
+    /// (FOPEN_KEEP_CACHE) only when [`Tree::open`] says that no other mount
+    /// wrote the file since its pages were read,
     /// keeps flock locks in the tree too (FUSE_FLOCK_LOCKS), and hands the
     /// tree a way to tell the kernel what changed ([`Tree::watch`]).
     /// `false` for the local engine: every change passes through this
@@ -174,7 +176,15 @@ pub trait Tree: Send + Sync + 'static {
     }
 
     /// An open the kernel sends (not every open: see `MemFuse::declines_open`).
-    fn open(&self, ino: u64, flags: i32) -> Result<()>;
+    /// Returns whether the pages of `ino` that this kernel may hold (read
+    /// or written on this mount) are still the file's: the adapter then
+    /// lets the open keep them (FOPEN_KEEP_CACHE). Always `true` for the
+    /// local engine, whose every change passes through this kernel (and
+    /// the adapter does not look at it for a tree that is not
+    /// [`Tree::SHARED`]); for a shared tree, `true` only when the open
+    /// found that no other mount changed the file since (docs/cluster.md,
+    /// "Many mounts, one truth").
+    fn open(&self, ino: u64, flags: i32) -> Result<bool>;
     /// The end of an open that `open` saw.
     fn release(&self, ino: u64);
     /// Hands `f` the bytes of `[off, off + len)` (fewer at the end of the
@@ -449,8 +459,8 @@ impl Tree for Fs {
         Fs::rename_whiteout(self, ctx, parent, name, newparent, newname, flags)
     }
     #[inline]
-    fn open(&self, ino: u64, flags: i32) -> Result<()> {
-        Fs::open(self, ino, flags)
+    fn open(&self, ino: u64, flags: i32) -> Result<bool> {
+        Fs::open(self, ino, flags).map(|()| true)
     }
     #[inline]
     fn release(&self, ino: u64) {
@@ -731,8 +741,8 @@ mod tests {
         ) -> Result<()> {
             self.0.rename(parent, name, newparent, newname, flags)
         }
-        fn open(&self, ino: u64, flags: i32) -> Result<()> {
-            self.0.open(ino, flags)
+        fn open(&self, ino: u64, flags: i32) -> Result<bool> {
+            self.0.open(ino, flags).map(|()| true)
         }
         fn release(&self, ino: u64) {
             self.0.release(ino)

@@ -148,7 +148,7 @@ impl Tree for Volume {
         Volume::rename_whiteout(self, ctx, parent, name, newparent, newname, flags)
     }
     #[inline]
-    fn open(&self, ino: u64, flags: i32) -> Result<()> {
+    fn open(&self, ino: u64, flags: i32) -> Result<bool> {
         Volume::open_file(self, ino, flags)
     }
     #[inline]
