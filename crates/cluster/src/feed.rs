@@ -197,7 +197,6 @@ impl Reader {
                             sink.lost();
                         }
                         lost = true;
-                        backoff = BACKOFF_MIN;
                         con.insert(c)
                     }
                     Err(e) => {
@@ -212,11 +211,20 @@ impl Reader {
                 },
             };
             match self.read(c, &mut last, sink.as_ref()) {
-                Ok(()) => {}
+                // The backoff starts again only once a read succeeded: a
+                // node that accepts connections but fails every read
+                // (CLUSTERDOWN while a failover is decided) would
+                // otherwise be asked again at once, thousands of times a
+                // second, each time emptying the cache.
+                Ok(()) => backoff = BACKOFF_MIN,
                 Err(e) => {
-                    tracing::warn!(error = %e, "feed: read failed; reconnecting");
+                    tracing::warn!(error = %e, ?backoff, "feed: read failed; reconnecting");
                     con = None;
                     sink.lost();
+                    if stop.wait(backoff) {
+                        break;
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }
