@@ -304,6 +304,52 @@ impl Blocks {
         Ok(out)
     }
 
+    /// Those of `written` (`(index, id)`: blocks committed to file `ino`)
+    /// that the file's map in the cluster still names but the cluster does
+    /// not hold. After a `WAIT` ([`Blocks::wait_replicas`]) this tells an
+    /// fsync whether a master acknowledged a block and then died before
+    /// replicating it: the replica promoted in its place never had it, and
+    /// a `WAIT` on the new master succeeds all the same. Blocks the map no
+    /// longer names were replaced or cut (by this mount or another) and
+    /// may be gone by right. One pipeline per 256 blocks: an `HMGET` of
+    /// their map fields and an `EXISTS` of each, grouped per master by the
+    /// client, the masters in parallel.
+    pub fn lost(&self, ino: u64, written: &[(u64, u64)]) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        let key = map_key(&self.h, ino);
+        for chunk in written.chunks(PIPELINE_GETS) {
+            let got: Vec<Value> = retry(&self.h, |c| {
+                let mut p = cluster_pipe();
+                p.cmd("HMGET").arg(&key);
+                for &(idx, _) in chunk {
+                    p.arg(map_field(idx));
+                }
+                for &(_, id) in chunk {
+                    p.cmd("EXISTS").arg(self.h.keys.block(id));
+                }
+                p.query(c)
+            })?;
+            let bad = || Error::Protocol(format!("fsync check of {key}: {got:?}"));
+            let (fields, exists) = got.split_first().ok_or_else(bad)?;
+            let Value::Array(fields) = fields else {
+                return Err(bad());
+            };
+            if fields.len() != chunk.len() || exists.len() != chunk.len() {
+                return Err(bad());
+            }
+            for ((&(_, id), field), there) in chunk.iter().zip(fields).zip(exists) {
+                let named = match field {
+                    Value::BulkString(v) => Entry::decode(v)?.id == id,
+                    _ => false,
+                };
+                if named && matches!(there, Value::Int(0)) {
+                    out.push(id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Writes new blocks (ids never written before), then caches them. On
     /// a failure (OOM: ENOSPC) deletes what may have been written, so that
     /// nothing is left that no map names. `free`: blocks no map names any

@@ -162,6 +162,13 @@ struct FileState {
     /// A key in each slot that took a block or a script of this file since
     /// its last acknowledged sync, by slot.
     unsynced: BTreeMap<u16, String>,
+    /// The blocks committed since the last acknowledged sync, `(index,
+    /// id)`: the sync checks that those the map still names exist after
+    /// its `WAIT`, by index, so it costs what it checks, not the map's size.
+    /// One per index (the last id written there: an older one is no longer
+    /// named), so it is bounded by the file's blocks however often they are
+    /// rewritten between syncs.
+    unsynced_ids: BTreeMap<u64, u64>,
     /// `Data::losses` + 1 when an open last checked the file
     /// ([`Data::pages_current`]); 0: never.
     checked: u64,
@@ -691,6 +698,8 @@ impl Data {
         for k in touched {
             st.unsynced.entry(key_slot(k.as_bytes())).or_insert(k);
         }
+        st.unsynced_ids
+            .extend(pairs.iter().map(|&(i, e)| (i, e.id)));
         freed
     }
 
@@ -772,8 +781,38 @@ impl Data {
         // Only commits add keys, and they wait for `order`.
         let keys: Vec<String> = f.st.lock().unsynced.values().cloned().collect();
         self.blocks.wait_replicas(&keys)?;
-        f.st.lock().unsynced.clear();
+        self.check_replicated(ino, &f)?;
+        let mut st = f.st.lock();
+        st.unsynced.clear();
+        st.unsynced_ids.clear();
         Ok(rec)
+    }
+
+    /// After the `WAIT`s of a sync: every block committed since the last
+    /// sync that the file's map still names is in the cluster, or the
+    /// sync fails with EIO (and stays unsynced: the next one fails too),
+    /// since a master lost it in a failover (`Blocks::lost`).
+    fn check_replicated(&self, ino: u64, f: &File) -> Result<()> {
+        let ids: Vec<(u64, u64)> =
+            f.st.lock()
+                .unsynced_ids
+                .iter()
+                .map(|(&i, &id)| (i, id))
+                .collect();
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let lost = self.blocks.lost(ino, &ids)?;
+        if let Some(&id) = lost.first() {
+            tracing::error!(
+                ino,
+                block = id,
+                lost = lost.len(),
+                "fsync: blocks acknowledged before a failover are gone from the cluster"
+            );
+            return Err(errno(Errno::EIO));
+        }
+        Ok(())
     }
 
     /// Fenced script: drops map entries past `size`, cuts the boundary

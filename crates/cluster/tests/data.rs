@@ -59,6 +59,10 @@ const CASES: &[Case] = &[
     ),
     ("fsync_is_on_a_replica", fsync_is_on_a_replica),
     (
+        "an_fsync_of_a_lost_block_fails",
+        an_fsync_of_a_lost_block_fails,
+    ),
+    (
         "a_fenced_session_changes_nothing",
         a_fenced_session_changes_nothing,
     ),
@@ -780,6 +784,50 @@ fn fsync_is_on_a_replica(c: &mut LocalCluster) {
     d.write(ino, 0, b"again", r.size).unwrap();
     d.flush(ino).unwrap();
     assert!(d.sync(ino).unwrap().is_none());
+}
+
+/// A block the cluster lost after acknowledging it (a master that died
+/// before replicating it, played here by deleting the key): the fsync that
+/// follows is EIO, and stays EIO until the block is written again; blocks
+/// replaced before the fsync (and unlinked by right) fail nothing.
+fn an_fsync_of_a_lost_block_fails(c: &mut LocalCluster) {
+    let name = volume(c);
+    let h = mount(c, &name);
+    let d = Data::new(h.clone(), 1 << 20);
+    let ino = file(&h);
+    // Replaced twice before any sync: the first id is unlinked by the
+    // third flush, and must not count as lost.
+    for round in 0..3u8 {
+        let size = if round == 0 { 0 } else { 3 * u64::from(BS) };
+        d.write(ino, 0, &[round; 3 * BS as usize], size).unwrap();
+        d.flush(ino).unwrap();
+    }
+    d.sync(ino).unwrap();
+    d.write(ino, 0, &[7u8; 3 * BS as usize], 3 * u64::from(BS))
+        .unwrap();
+    d.flush(ino).unwrap();
+    let map = block_map(&h, ino);
+    let (field, lost) = map.iter().find(|(f, _)| f == "1").expect("block 1 mapped");
+    assert_eq!(field, "1");
+    let gone: i64 = h
+        .pool
+        .with(|con| redis::cmd("DEL").arg(h.keys.block(lost.id)).query(con))
+        .unwrap();
+    assert_eq!(gone, 1, "the block was there to lose");
+    assert_eq!(
+        errno(d.sync(ino)),
+        Errno::EIO,
+        "a lost block went unnoticed"
+    );
+    assert_eq!(errno(d.sync(ino)), Errno::EIO, "the second fsync forgot it");
+    // Written again, the block is a new one, and the file is whole.
+    d.write(ino, u64::from(BS), &[8u8; BS as usize], 3 * u64::from(BS))
+        .unwrap();
+    d.sync(ino).unwrap();
+    assert_eq!(
+        read(&d, ino, u64::from(BS), 4, 3 * u64::from(BS)),
+        vec![8u8; 4]
+    );
 }
 
 /// A session whose lease ran out gets ESTALE, and the file is unchanged.
