@@ -9,11 +9,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
-use memfs_durable::{self as durable, DurableFs, FsCheck, Options};
+use memfs_durable::{DurableFs, FsCheck};
 use memfs_fs::{Ctx, ROOT_INO, RenameFlags};
 
 mod common;
-use common::{Mount, disk_dir, failed, memfs, memfs_bin, ok};
+use common::{Mount, disk_dir, failed, memfs, memfs_bin, ok, sync_options};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -129,21 +129,15 @@ fn full_and_incremental_round_trips_through_mounts_compare_equal() {
     b.unmount();
 }
 
-fn opts() -> Options {
-    Options {
-        durability: durable::parse_durability("sync").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
-
 /// A source directory with snapshots s1 and s2 (built in process: faster
 /// than through a mount, and the mount is not what these tests are about).
 fn source(dir: &Path) {
-    let (d, _) =
-        DurableFs::open(dir, memfs_durable::history::materialize_config(), opts()).unwrap();
+    let (d, _) = DurableFs::open(
+        dir,
+        memfs_durable::history::materialize_config(),
+        sync_options(),
+    )
+    .unwrap();
     let fs = d.fs().clone();
     let c = Ctx::ROOT;
     fs.mkdir_all(c, ROOT_INO, "/d", 0o755).unwrap();
@@ -234,8 +228,12 @@ impl Drop for Receiver {
 }
 
 fn dump(dir: &Path) -> Vec<String> {
-    let (d, _) =
-        DurableFs::open(dir, memfs_durable::history::materialize_config(), opts()).unwrap();
+    let (d, _) = DurableFs::open(
+        dir,
+        memfs_durable::history::materialize_config(),
+        sync_options(),
+    )
+    .unwrap();
     let out = d.fs().canonical_dump();
     d.close().unwrap();
     out

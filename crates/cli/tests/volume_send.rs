@@ -19,7 +19,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use common::{disk_dir, failed, memfs, memfs_bin, ok};
+use common::{disk_dir, failed, memfs, memfs_bin, ok, sync_options};
 use memfs_cluster::local::{LocalCluster, Options};
 use memfs_cluster::{Volume, VolumeOptions};
 use memfs_durable::history::{materialize, materialize_config};
@@ -30,20 +30,10 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn opts() -> durable::Options {
-    durable::Options {
-        durability: durable::parse_durability("sync").unwrap(),
-        checkpoint_interval: None,
-        checkpoint_bytes: u64::MAX,
-        retention: "all".parse().unwrap(),
-        segment_size: 1 << 20,
-    }
-}
-
 /// The tree of snapshot s1 in `dir`, made in process (what is moved is the
 /// subject here, not how it was made).
 fn source(dir: &Path) {
-    let (d, _) = DurableFs::open(dir, materialize_config(), opts()).unwrap();
+    let (d, _) = DurableFs::open(dir, materialize_config(), sync_options()).unwrap();
     let fs = d.fs().clone();
     let c = Ctx::ROOT;
     fs.mkdir_all(c, ROOT_INO, "/d", 0o755).unwrap();
@@ -221,13 +211,13 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
     let list = ok(memfs(["snapshot", "list", "--data-dir", s(&dst2)]));
     assert!(list.contains("back"), "{list}");
     {
-        let (d, _) = DurableFs::open(&dst2, materialize_config(), opts()).unwrap();
+        let (d, _) = DurableFs::open(&dst2, materialize_config(), sync_options()).unwrap();
         d.fs()
             .write_file(Ctx::ROOT, ROOT_INO, "/new", b"after")
             .unwrap();
         d.fs().settle().unwrap();
         d.close().unwrap();
-        let (d, _) = DurableFs::open(&dst2, materialize_config(), opts()).unwrap();
+        let (d, _) = DurableFs::open(&dst2, materialize_config(), sync_options()).unwrap();
         assert_eq!(d.fs().read_file(ROOT_INO, "/new").unwrap(), b"after");
         d.close().unwrap();
     }
@@ -294,7 +284,7 @@ fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
     // anything is written: no volume is created.
     let odd = t.path().join("odd");
     {
-        let (d, _) = DurableFs::open(&odd, materialize_config(), opts()).unwrap();
+        let (d, _) = DurableFs::open(&odd, materialize_config(), sync_options()).unwrap();
         let ino = d
             .fs()
             .write_file(Ctx::ROOT, ROOT_INO, "/f", b"x")

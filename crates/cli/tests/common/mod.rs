@@ -749,3 +749,15 @@ pub fn abort_fuse_connection(dir: &Path) {
         let _ = std::fs::write(ctl.join(conn.to_string()).join("abort"), "1");
     }
 }
+
+/// Options of a data directory a test builds in process: every change
+/// synced, no checkpoint by time or size, every snapshot kept.
+pub fn sync_options() -> memfs_durable::Options {
+    memfs_durable::Options {
+        durability: memfs_durable::parse_durability("sync").unwrap(),
+        checkpoint_interval: None,
+        checkpoint_bytes: u64::MAX,
+        retention: "all".parse().unwrap(),
+        segment_size: 1 << 20,
+    }
+}
