@@ -276,7 +276,6 @@ impl MountArgs {
                 timeout: self.cluster_timeout.clone(),
                 lease: self.lease_secs.clone(),
                 kernel_locks: self.locks.as_deref() == Some("kernel"),
-                timeouts_given: self.entry_timeout.is_some() || self.attr_timeout.is_some(),
             },
             local_only: self.local_only_flags(),
         };
@@ -448,7 +447,6 @@ fn apply_option(opt: &str, fuse: &mut MountOptions, req: &mut Requested) -> anyh
             } else {
                 fuse.attr_timeout = t;
             }
-            req.volume.timeouts_given = true;
         }
         "locks" => {
             fuse.locks = parse_locks("mount option locks", need()?)?;

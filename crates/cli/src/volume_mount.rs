@@ -16,12 +16,6 @@ use anyhow::{Context, bail};
 use memfs_cluster::{Volume, VolumeOptions, VolumeStatus};
 use memfs_fuse::MountOptions;
 
-/// How long the kernel caches a volume's names and attributes: other
-/// mounts' changes reach this kernel through the volume's feed (a round
-/// trip) or, should a notification be missed, when this runs out
-/// (docs/cluster.md: the bound is the feed's round trip + 1 s).
-pub const VOLUME_CACHE_TIMEOUT: Duration = Duration::from_secs(1);
-
 /// The default bytes of blocks and metadata a mount caches.
 const DEFAULT_CACHE_SIZE: u64 = 1 << 30;
 /// The default session lease.
@@ -37,8 +31,6 @@ pub struct Requested {
     pub lease: Option<String>,
     /// `--locks kernel` was asked for: a volume's locks must hold across mounts.
     pub kernel_locks: bool,
-    /// An entry or attribute timeout was given (else a volume's is 1 s).
-    pub timeouts_given: bool,
 }
 
 impl Requested {
@@ -112,10 +104,9 @@ pub(crate) fn settings(
         .unwrap_or(memfs_cluster::admin::DEFAULT_TIMEOUT);
     let lease = positive_secs("--lease-secs", v.lease.as_deref())?.unwrap_or(DEFAULT_LEASE);
     fuse.locks = memfs_fuse::LockMode::Engine;
-    if !v.timeouts_given {
-        fuse.entry_timeout = VOLUME_CACHE_TIMEOUT;
-        fuse.attr_timeout = VOLUME_CACHE_TIMEOUT;
-    }
+    // The entry and attribute timeouts stay the local mount's: other
+    // mounts' changes reach the kernel as notifications from the volume's
+    // feed, and a lost feed drops every name (memfs_fuse::Change::All).
     if fuse.fsname == "memfs" {
         // The device column of /proc/mounts names the volume.
         fuse.fsname = format!("{FSNAME_PREFIX}{name}");

@@ -64,6 +64,10 @@ const CASES: &[Case] = &[
     ),
     ("a_rename_is_seen_on_the_other_mount", a_rename_is_seen),
     (
+        "a_lost_feed_drops_every_name_the_kernel_holds",
+        a_lost_feed_drops_every_name,
+    ),
+    (
         "o_excl_creates_have_one_winner",
         o_excl_creates_have_one_winner,
     ),
@@ -455,6 +459,63 @@ fn a_rename_is_seen(c: &mut LocalCluster) {
     poll_within("the chmod on B", VISIBLE_WITHIN, || {
         std::fs::metadata(b.p("d2/y")).is_ok_and(|m| m.permissions().mode() & 0o777 == 0o600)
     });
+    a.unmount();
+    b.unmount();
+}
+
+/// `redis-cli` on node `url` (`redis://H:P`), following redirections;
+/// its output.
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    let (host, port) = url
+        .trim_start_matches("redis://")
+        .rsplit_once(':')
+        .expect("a node url is redis://HOST:PORT");
+    let out = std::process::Command::new("redis-cli")
+        .args(["-c", "-h", host, "-p", port])
+        .args(args)
+        .output()
+        .expect("run redis-cli (scripts/setup installs redis-tools)");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A volume mount's kernel keeps names and attributes as long as a local
+/// mount's. What makes that safe when the feed is lost: every name the
+/// kernel holds is looked up again. The name is removed in the cluster
+/// behind the scripts' back (no feed entry, so no mount hears of it), then
+/// every connection is cut: only the lost feed's Change::All can make the
+/// kernel ask again, which it would not for a day otherwise.
+fn a_lost_feed_drops_every_name(c: &mut LocalCluster) {
+    volume(c, "lostfeed");
+    let a = mount(c, "lostfeed", &[]);
+    let b = mount(c, "lostfeed", &[]);
+    std::fs::write(a.p("x"), b"x").unwrap();
+    std::fs::create_dir(a.p("d")).unwrap();
+    std::fs::write(a.p("d/y"), b"y").unwrap();
+    poll_within("x and d/y on B", VISIBLE_WITHIN, || {
+        b.p("x").exists() && b.p("d/y").exists()
+    });
+    let urls = c.urls();
+    // The root's entries, `{V}:d:1` (docs/cluster.md, "Keys").
+    assert_eq!(redis_cli(&urls[0], &["HDEL", "{lostfeed}:d:1", "x"]), "1");
+    // Both kernels still hold the name (nothing told them otherwise).
+    assert!(b.p("x").exists(), "B's kernel keeps x until told");
+    assert!(a.p("x").exists(), "A's kernel keeps x until told");
+    for u in &urls {
+        redis_cli(u, &["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+    }
+    // ENOENT, not just an error: a call may fail (EIO) while the mount's
+    // connections come back.
+    let gone = |p: PathBuf| matches!(std::fs::metadata(p), Err(e) if e.raw_os_error() == Some(libc::ENOENT));
+    let took = poll_within(
+        "x gone on both after the lost feed",
+        VISIBLE_WITHIN * 3,
+        || gone(a.p("x")) && gone(b.p("x")),
+    );
+    eprintln!("  a lost feed dropped the kernels' names in {took:?}");
+    // What the cluster still has is found again by name.
+    assert_eq!(std::fs::read(b.p("d/y")).unwrap(), b"y");
+    assert_eq!(std::fs::read(a.p("d/y")).unwrap(), b"y");
     a.unmount();
     b.unmount();
 }

@@ -81,7 +81,8 @@ pub enum Change {
         parent: u64,
         name: Vec<u8>,
     },
-    /// Anything may have changed.
+    /// Anything may have changed (the files open here are each named
+    /// with `Inode` just before).
     All,
 }
 
@@ -458,7 +459,13 @@ impl Sink for Inner {
     fn lost(&self) {
         self.cache.clear();
         self.data.invalidate_all();
+        // The kernel reaches an open file's attributes through its handle,
+        // not a name: All (every name looked up again) would leave them.
+        let open: Vec<u64> = self.opens.lock().keys().copied().collect();
         if let Some(f) = self.on_change.read().as_ref() {
+            for ino in open {
+                f(Change::Inode(ino));
+            }
             f(Change::All);
         }
     }

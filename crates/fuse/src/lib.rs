@@ -61,6 +61,16 @@ pub const MAX_WRITE: u32 = 1 << 20;
 /// Default entry and attribute cache timeout.
 pub const CACHE_TIMEOUT: Duration = Duration::from_secs(86_400);
 
+/// The entry and attribute timeouts of a [`Tree::SHARED`] tree on a kernel
+/// that cannot be told to drop every name at once (FUSE_NOTIFY_INC_EPOCH,
+/// protocol 7.44): then a tree that lost track of other mounts' changes
+/// ([`Change::All`]) relies on the kernel's caches running out, and this
+/// is how stale a name or an attribute may get.
+pub const SHARED_FALLBACK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The first protocol minor version with FUSE_NOTIFY_INC_EPOCH (Linux 6.16).
+const INC_EPOCH_MINOR: u32 = 44;
+
 /// Ring entries per CPU with FUSE over io_uring: requests of one CPU that
 /// can be in flight at once (each entry holds a request buffer of up to
 /// 1 MiB, resident once touched).
@@ -320,10 +330,15 @@ fn watch_changes<T: Tree>(fs: &T, notify: notify::Notifications) {
             },
             Change::Entry { parent, name } => notify::Inval::Entry { parent, name },
             Change::All => {
-                // No notification drops a whole mount's caches: they expire
-                // within the entry and attribute timeouts, and no open keeps
-                // pages until the tree checked the file afresh (Tree::open).
+                // Every name the kernel holds is looked up again at its next
+                // use, which refreshes the attributes of what it names; the
+                // root is reached by no name. Open files' attributes and
+                // pages: the tree names them (Change::Inode) before this,
+                // and no open keeps pages until the tree checked the file
+                // afresh (Tree::open). A kernel without the epoch keeps
+                // names at most SHARED_FALLBACK_TIMEOUT (init).
                 tracing::info!("the tree lost track of other mounts' changes");
+                notify.post(notify::Inval::Epoch);
                 notify::Inval::Inode {
                     ino: memfs_fs::ROOT_INO,
                     off: -1,
@@ -925,6 +940,18 @@ impl<T: Tree> Filesystem for MemFuse<T> {
             config
                 .add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE)
                 .map_err(|_| io::Error::other("the kernel does not support writeback caching"))?;
+        }
+        if T::SHARED && config.kernel_abi().1 < INC_EPOCH_MINOR {
+            // Change::All could not reach the names the kernel holds: keep
+            // them (and their attributes) only as long as staleness may last.
+            self.entry_ttl = self.entry_ttl.min(SHARED_FALLBACK_TIMEOUT);
+            self.attr_ttl = self.attr_ttl.min(SHARED_FALLBACK_TIMEOUT);
+            tracing::info!(
+                "the kernel's FUSE protocol is {}, before FUSE_NOTIFY_INC_EPOCH (7.{INC_EPOCH_MINOR}): \
+                 names and attributes of this shared tree are cached for at most {:?}",
+                config.kernel_abi(),
+                SHARED_FALLBACK_TIMEOUT
+            );
         }
         let _ = config.set_max_write(MAX_WRITE);
         let _ = config.set_max_readahead(MAX_WRITE);

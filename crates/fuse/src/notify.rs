@@ -46,6 +46,8 @@ pub(crate) enum Inval {
     Inode { ino: u64, off: i64, len: i64 },
     /// The name `name` in directory `parent`.
     Entry { parent: u64, name: Vec<u8> },
+    /// Every name: each is looked up again at its next use.
+    Epoch,
 }
 
 /// What a batch took, once the kernel has taken it.
@@ -149,9 +151,16 @@ fn send(notifier: &Notifier, items: &[Inval]) {
                 Inval::Entry { parent, name } => {
                     notifier.inval_entry(INodeNo(*parent), OsStr::from_bytes(name))
                 }
+                Inval::Epoch => notifier.inc_epoch(),
             };
-            if let Err(e) = r {
-                tracing::trace!("invalidation {i:?}: {e}");
+            match r {
+                Ok(()) => {}
+                // Not a node the kernel let go: the kernel refused it, and
+                // the names it holds stay until their timeout.
+                Err(e) if *i == Inval::Epoch => {
+                    tracing::warn!("the kernel refused FUSE_NOTIFY_INC_EPOCH: {e}")
+                }
+                Err(e) => tracing::trace!("invalidation {i:?}: {e}"),
             }
         }
     };

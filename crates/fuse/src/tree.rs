@@ -35,9 +35,11 @@ pub enum Change {
     /// A name in a directory (created, removed, renamed): its dentry goes.
     Entry { parent: u64, name: Vec<u8> },
     /// Anything may have changed (the tree lost track of the others'
-    /// changes): what the kernel caches expires within the mount's entry
-    /// and attribute timeouts, and no open keeps pages until the tree
-    /// checked the file afresh ([`Tree::open`]).
+    /// changes): every name the kernel holds is looked up again at its
+    /// next use (FUSE_NOTIFY_INC_EPOCH), and no open keeps pages until the
+    /// tree checked the file afresh ([`Tree::open`]). The tree names its
+    /// open files with [`Change::Inode`] first: their attributes are
+    /// reached through no name.
     All,
 }
 

@@ -83,6 +83,18 @@ impl Notifier {
         self.send_inval(notify_code::FUSE_NOTIFY_INVAL_INODE, &notif)
     }
 
+    /// Has the kernel revalidate every dentry of the connection at its next
+    /// use (FUSE_NOTIFY_INC_EPOCH: protocol 7.44, Linux 6.16). Attributes
+    /// and pages are left alone: a revalidating LOOKUP refreshes the
+    /// attributes of the nodes reached by name.
+    /// # Errors
+    /// Returns an error if the kernel rejects the notification (an older
+    /// kernel: EINVAL).
+    pub fn inc_epoch(&self) -> io::Result<()> {
+        let notif = Notification::new_bare();
+        self.send(notify_code::FUSE_NOTIFY_INC_EPOCH, &notif)
+    }
+
     /// Update the kernel's cached copy of a given inode's data
     /// # Errors
     /// Returns an error if the notification data is too large.

@@ -188,6 +188,10 @@ pub(crate) enum fuse_notify_code {
     FUSE_NOTIFY_STORE = 4,
     FUSE_NOTIFY_RETRIEVE = 5,
     FUSE_NOTIFY_DELETE = 6,
+    // FUSE_NOTIFY_RESEND = 7 is not used.
+    /// Every dentry of the connection is revalidated at its next use
+    /// (protocol 7.44, Linux 6.16).
+    FUSE_NOTIFY_INC_EPOCH = 8,
 }
 
 #[repr(C)]
