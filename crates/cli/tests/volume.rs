@@ -5,15 +5,9 @@
 
 mod common;
 
-use memfs_cluster::local::{LocalCluster, Options};
-
 #[test]
 fn volume_commands_create_list_status_and_delete() {
-    let cluster = LocalCluster::start(Options {
-        replicas: 0,
-        ..Options::default()
-    })
-    .unwrap_or_else(|e| panic!("a local Redis Cluster (run scripts/setup): {e}"));
+    let cluster = common::cluster_without_replicas();
     let seeds = cluster.urls();
     // The first seed with its scheme, the others bare, as the issue writes it.
     let spec = format!("{},{}", seeds[0], seeds[1].trim_start_matches("redis://"));
