@@ -13,9 +13,11 @@
 //! and asks no `CLUSTER SLOTS`. An answer is still kept for [`FRESH`]: `df`
 //! in a loop, or a tool that calls statfs per file, costs the cluster
 //! nothing more. When the cluster does not answer, the last answer stands
-//! (or none), each command bounded by the pool's timeout: statfs never
-//! hangs on a lost cluster. A master that did not answer closes the pooled
-//! connection (crate::pool), so the next ask reads the slot map anew.
+//! (or none). The masters are asked one after another, each reply bounded
+//! by the pool's timeout, so statfs waits at most masters × timeout on a
+//! lost cluster, never for ever. A master lost to I/O or a timeout closes
+//! the pooled connection (crate::pool), so the next ask reads the slot map
+//! anew.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
