@@ -1,19 +1,16 @@
 //! `memfs volume create|list|status|delete` against a real local Redis
 //! Cluster (3 masters, no replicas: administration needs no failover, and
 //! the cluster then starts in a few seconds). The cluster is stopped when
-//! the test ends, passes or panics (`LocalCluster`'s Drop).
+//! the test ends, passes or panics (`LocalCluster`'s Drop). And the room a
+//! volume's session reports to statfs, which it asks of that cluster.
 
 mod common;
 
-use memfs_cluster::local::{LocalCluster, Options};
+use memfs_cluster::{Volume, VolumeOptions};
 
 #[test]
 fn volume_commands_create_list_status_and_delete() {
-    let cluster = LocalCluster::start(Options {
-        replicas: 0,
-        ..Options::default()
-    })
-    .unwrap_or_else(|e| panic!("a local Redis Cluster (run scripts/setup): {e}"));
+    let cluster = common::cluster_without_replicas();
     let seeds = cluster.urls();
     // The first seed with its scheme, the others bare, as the issue writes it.
     let spec = format!("{},{}", seeds[0], seeds[1].trim_start_matches("redis://"));
@@ -51,6 +48,18 @@ fn volume_commands_create_list_status_and_delete() {
     let out = common::ok(volume(&["delete", "scratch"]));
     assert!(out.starts_with("deleted volume scratch: "), "{out}");
     assert_eq!(common::ok(volume(&["list"])), "ci.fixtures\n");
+
+    // A session's statfs is the masters' memory, asked over the session's
+    // own pool: 3 masters of 256 MiB (`LocalCluster`'s maxmemory), in the
+    // volume's 128K blocks. A failed ask would read as 2^50 bytes.
+    {
+        let vol = Volume::open(&seeds, "ci.fixtures", &VolumeOptions::default()).unwrap();
+        let st = vol.statfs();
+        vol.close().unwrap();
+        assert_eq!(st.frsize, 128 << 10);
+        assert_eq!(st.blocks, 3 * (256 << 20) / (128 << 10), "{st:?}");
+        assert!(st.bfree > 0 && st.bfree < st.blocks, "{st:?}");
+    }
 
     // A bad --cluster is a clear error, not a panic or a hang.
     let err = common::failed(common::memfs(["volume", "list", "--cluster", "http://x:1"]));

@@ -20,7 +20,6 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use common::{disk_dir, failed, memfs, memfs_bin, ok, sync_options};
-use memfs_cluster::local::{LocalCluster, Options};
 use memfs_cluster::{Volume, VolumeOptions};
 use memfs_durable::history::{materialize, materialize_config};
 use memfs_durable::{self as durable, DurableFs, FsCheck};
@@ -124,11 +123,7 @@ fn receive_file(args: &[&str], file: &Path) -> Output {
 
 #[test]
 fn a_tree_moves_to_a_volume_and_back_and_bad_streams_change_nothing() {
-    let cluster = LocalCluster::start(Options {
-        replicas: 0,
-        ..Options::default()
-    })
-    .unwrap_or_else(|e| panic!("a local Redis Cluster (run scripts/setup): {e}"));
+    let cluster = common::cluster_without_replicas();
     let urls = cluster.urls();
     let spec = format!("{},{}", urls[0], cluster.addr(1));
     let t = disk_dir("memfs-vsend-");

@@ -302,7 +302,7 @@ impl Volume {
             on_change: RwLock::new(None),
             old_sids: Mutex::default(),
             session: session.clone(),
-            space: Space::new(urls, opts.timeout),
+            space: Space::pooled(h.clone()),
             opts: opts.clone(),
             h: h.clone(),
         });

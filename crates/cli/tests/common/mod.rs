@@ -761,3 +761,15 @@ pub fn sync_options() -> memfs_durable::Options {
         segment_size: 1 << 20,
     }
 }
+
+/// A local Redis Cluster of 3 masters and no replicas, for tests that fail
+/// nothing over (it then starts in seconds). It is stopped when the value
+/// is dropped, so when the test ends, passes or panics. Panics when no
+/// cluster can be started (redis-server and redis-cli are missing).
+pub fn cluster_without_replicas() -> memfs_cluster::local::LocalCluster {
+    memfs_cluster::local::LocalCluster::start(memfs_cluster::local::Options {
+        replicas: 0,
+        ..memfs_cluster::local::Options::default()
+    })
+    .unwrap_or_else(|e| panic!("a local Redis Cluster (run scripts/setup): {e}"))
+}
