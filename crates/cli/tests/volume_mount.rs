@@ -72,6 +72,10 @@ const CASES: &[Case] = &[
         o_excl_creates_have_one_winner,
     ),
     (
+        "a_mount_in_another_network_namespace_shares_the_tree",
+        a_mount_in_another_network_namespace,
+    ),
+    (
         "flock_and_fcntl_hold_across_mounts",
         locks_hold_across_mounts,
     ),
@@ -232,6 +236,11 @@ fn volume(c: &LocalCluster, name: &str) {
 
 /// A mount of volume `name`, with `extra` flags; registered for the watchdog.
 fn mount(c: &LocalCluster, name: &str, extra: &[&str]) -> Mount {
+    mount_from(None, c, name, extra)
+}
+
+/// [`mount`], its server in the network namespace `netns` if given.
+fn mount_from(netns: Option<&NetNs>, c: &LocalCluster, name: &str, extra: &[&str]) -> Mount {
     let spec = spec(c);
     let timeout = CLUSTER_TIMEOUT.as_secs().to_string();
     let mut args = vec![
@@ -244,7 +253,10 @@ fn mount(c: &LocalCluster, name: &str, extra: &[&str]) -> Mount {
         &timeout,
     ];
     args.extend_from_slice(extra);
-    let m = Mount::with_args(&args);
+    let m = match netns {
+        None => Mount::with_args(&args),
+        Some(ns) => Mount::in_net_namespace(&ns.path(), &args),
+    };
     MOUNTS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -518,6 +530,138 @@ fn a_lost_feed_drops_every_name(c: &mut LocalCluster) {
     assert_eq!(std::fs::read(a.p("d/y")).unwrap(), b"y");
     a.unmount();
     b.unmount();
+}
+
+/// A network namespace of this test's own, joined to this host's by a veth
+/// pair: `host` is this side's address, `peer` the namespace's. Deleted on
+/// drop (the pair goes with it), whether the case passed or panicked.
+struct NetNs {
+    name: String,
+    host_if: String,
+    host: std::net::Ipv4Addr,
+    peer: std::net::Ipv4Addr,
+}
+
+fn ip(args: &[&str]) -> std::io::Result<()> {
+    let out = Command::new("ip").args(args).output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+impl NetNs {
+    fn new() -> NetNs {
+        let pid = std::process::id();
+        // Interface names have at most 15 bytes; 10.213.0.0/16 is no
+        // network of this machine's (and if it were, the mount would fail
+        // to reach the cluster, loudly).
+        let n = pid % 100_000;
+        let third = u8::try_from(pid % 250).expect("below 250");
+        let ns = NetNs {
+            name: format!("memfs-t{pid}"),
+            host_if: format!("mfh{n}"),
+            host: std::net::Ipv4Addr::new(10, 213, third, 1),
+            peer: std::net::Ipv4Addr::new(10, 213, third, 2),
+        };
+        let peer_if = format!("mfn{n}");
+        let (host_net, peer_net) = (format!("{}/24", ns.host), format!("{}/24", ns.peer));
+        ip(&["netns", "add", &ns.name]).expect("ip netns add (needs root and iproute2)");
+        // From here on a panic drops `ns`, which deletes what was made.
+        for step in [
+            &[
+                "link",
+                "add",
+                &ns.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer_if,
+                "netns",
+                &ns.name,
+            ][..],
+            &["addr", "add", &host_net, "dev", &ns.host_if],
+            &["link", "set", &ns.host_if, "up"],
+            &["-n", &ns.name, "addr", "add", &peer_net, "dev", &peer_if],
+            &["-n", &ns.name, "link", "set", &peer_if, "up"],
+            &["-n", &ns.name, "link", "set", "lo", "up"],
+        ] {
+            ip(step).unwrap_or_else(|e| panic!("{e}"));
+        }
+        ns
+    }
+
+    fn path(&self) -> PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its end of the pair, and so the pair.
+        if let Err(e) = ip(&["netns", "del", &self.name]) {
+            eprintln!("cleaning up: {e}");
+        }
+        let _ = ip(&["link", "del", &self.host_if]);
+    }
+}
+
+/// The second machine, as near as one host comes: a mount whose
+/// server runs in a network namespace of its own and reaches the cluster
+/// over a veth pair (the cluster listening on this side's address). Both
+/// mounts serve one tree.
+fn a_mount_in_another_network_namespace(_: &mut LocalCluster) {
+    let ns = NetNs::new();
+    let c = LocalCluster::start(Options {
+        replicas: 0,
+        host: ns.host,
+        ..Options::default()
+    })
+    .unwrap_or_else(|e| panic!("a local Redis Cluster on {}: {e}", ns.host));
+    volume(&c, "netns");
+    let a = mount(&c, "netns", &[]);
+    let b = mount_from(Some(&ns), &c, "netns", &[]);
+    let net = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    assert_ne!(
+        net("self"),
+        net(&b.pid().to_string()),
+        "B's server runs in the other network namespace"
+    );
+    // B's connections reach the cluster from the namespace's address.
+    let clients: String = c
+        .urls()
+        .iter()
+        .map(|u| redis_cli(u, &["CLIENT", "LIST"]))
+        .collect();
+    assert!(
+        clients.contains(&format!("addr={}:", ns.peer)),
+        "no client from {} in: {clients}",
+        ns.peer
+    );
+    let data = pattern(7, 300_000);
+    std::fs::write(a.p("from_a"), &data).unwrap();
+    poll_within("from_a on B", VISIBLE_WITHIN, || b.p("from_a").exists());
+    assert_eq!(
+        std::fs::read(b.p("from_a")).unwrap(),
+        data,
+        "A's file, read on B"
+    );
+    std::fs::write(b.p("from_b"), b"over the veth").unwrap();
+    poll_within("from_b on A", VISIBLE_WITHIN, || a.p("from_b").exists());
+    assert_eq!(std::fs::read(a.p("from_b")).unwrap(), b"over the veth");
+    std::fs::rename(b.p("from_b"), b.p("renamed")).unwrap();
+    poll_within("B's rename on A", VISIBLE_WITHIN, || {
+        a.p("renamed").exists() && !a.p("from_b").exists()
+    });
+    a.unmount();
+    b.unmount();
+    drop(c);
 }
 
 fn o_excl_creates_have_one_winner(c: &mut LocalCluster) {

@@ -1,5 +1,6 @@
 //! [`LocalCluster`]: a real Redis Cluster of `redis-server` processes on
-//! free 127.0.0.1 ports, each node in a temporary directory of its own, for
+//! free 127.0.0.1 ports (or ports of another address of this host,
+//! [`Options::host`]), each node in a temporary directory of its own, for
 //! the tests and for `memfs bench cluster`.
 //!
 //! It never panics and never leaves a process behind: `Drop` stops every
@@ -10,7 +11,7 @@
 
 use std::fs::File;
 use std::io::ErrorKind;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,6 +46,10 @@ pub struct Options {
     pub maxmemory: String,
     /// The bound on starting, forming the cluster and its health.
     pub start_timeout: Duration,
+    /// The address every node listens on and announces: 127.0.0.1, or an
+    /// address of this host that another network namespace reaches (the
+    /// host's end of a veth pair), for a mount there.
+    pub host: Ipv4Addr,
 }
 
 impl Default for Options {
@@ -55,11 +60,13 @@ impl Default for Options {
             node_timeout: Duration::from_millis(3000),
             maxmemory: "256mb".into(),
             start_timeout: Duration::from_secs(60),
+            host: Ipv4Addr::LOCALHOST,
         }
     }
 }
 
 struct Node {
+    host: Ipv4Addr,
     port: u16,
     dir: TempDir,
     child: Option<Child>,
@@ -67,7 +74,7 @@ struct Node {
 
 impl Node {
     fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     fn log(&self) -> PathBuf {
@@ -104,13 +111,14 @@ impl LocalCluster {
             nodes: Vec::with_capacity(count),
             options,
         };
-        let (ports, held) = free_ports(count)?;
+        let (ports, held) = free_ports(cluster.options.host, count)?;
         for port in ports {
             let dir = tempfile::Builder::new()
                 .prefix("memfs-redis-")
                 .tempdir()
                 .map_err(Error::io("create a node's temporary directory"))?;
             let node = Node {
+                host: cluster.options.host,
                 port,
                 dir,
                 child: None,
@@ -133,7 +141,7 @@ impl LocalCluster {
         Ok(cluster)
     }
 
-    /// The nodes' URLs, `redis://127.0.0.1:P`, in node order.
+    /// The nodes' URLs, `redis://HOST:P`, in node order.
     pub fn urls(&self) -> Vec<String> {
         (0..self.nodes.len()).map(|i| self.url(i)).collect()
     }
@@ -475,7 +483,7 @@ fn node_health(addr: &str, total: usize) -> Result<bool, String> {
 
 /// `n` distinct ports `p`, each with `p + 10000` (its cluster bus port)
 /// free too, and the listeners that hold them until the nodes start.
-fn free_ports(n: usize) -> Result<(Vec<u16>, Vec<TcpListener>)> {
+fn free_ports(host: Ipv4Addr, n: usize) -> Result<(Vec<u16>, Vec<TcpListener>)> {
     let mut ports = Vec::with_capacity(n);
     let mut held = Vec::with_capacity(2 * n);
     let mut tries = 0;
@@ -483,17 +491,17 @@ fn free_ports(n: usize) -> Result<(Vec<u16>, Vec<TcpListener>)> {
         tries += 1;
         if tries > 1000 {
             return Err(Error::Io {
-                what: format!("find {n} free port pairs (P, P + {BUS_OFFSET}) on 127.0.0.1"),
+                what: format!("find {n} free port pairs (P, P + {BUS_OFFSET}) on {host}"),
                 source: ErrorKind::AddrInUse.into(),
             });
         }
-        let l = TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind 127.0.0.1:0"))?;
+        let l = TcpListener::bind((host, 0)).map_err(Error::io(format!("bind {host}:0")))?;
         let port = l.local_addr().map_err(Error::io("local_addr"))?.port();
         let Some(bus) = port.checked_add(BUS_OFFSET) else {
             continue;
         };
         // A taken bus port: drop this one and look again.
-        if let Ok(b) = TcpListener::bind(("127.0.0.1", bus)) {
+        if let Ok(b) = TcpListener::bind((host, bus)) {
             ports.push(port);
             held.push(l);
             held.push(b);
@@ -505,7 +513,8 @@ fn free_ports(n: usize) -> Result<(Vec<u16>, Vec<TcpListener>)> {
 fn config(node: &Node, o: &Options) -> String {
     format!(
         "port {port}\n\
-         bind 127.0.0.1\n\
+         bind {host}\n\
+         protected-mode {protected}\n\
          daemonize no\n\
          dir {dir}\n\
          logfile {log}\n\
@@ -518,6 +527,11 @@ fn config(node: &Node, o: &Options) -> String {
          maxmemory-policy noeviction\n\
          shutdown-timeout 1\n",
         port = node.port,
+        host = node.host,
+        // Protected mode refuses every client but loopback ones (no password
+        // is set): a node on another address of this host is there to be
+        // reached from another namespace, and listens on that address only.
+        protected = if node.host.is_loopback() { "yes" } else { "no" },
         dir = node.dir.path().display(),
         log = node.log().display(),
         timeout = o.node_timeout.as_millis(),

@@ -84,6 +84,18 @@ impl Mount {
     /// Like [`Mount::spawn`], with `env` added to the server's environment
     /// (e.g. `MEMFS_LOG` for debug messages that a test looks for).
     pub fn spawn_env(args: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Mount {
+        Mount::spawn_in(None, args, stderr, env)
+    }
+
+    /// Like [`Mount::with_args`], with the server in the network namespace
+    /// `netns` (a file such as /run/netns/NAME), entered by `nsenter` before
+    /// it runs: the mount itself is in this process's mount namespace, so
+    /// the test sees and unmounts it as any other.
+    pub fn in_net_namespace(netns: &Path, args: &[&str]) -> Mount {
+        Mount::spawn_in(Some(netns), args, Stdio::inherit(), &[])
+    }
+
+    fn spawn_in(netns: Option<&Path>, args: &[&str], stderr: Stdio, env: &[(&str, &str)]) -> Mount {
         assert!(
             fuse_available(),
             "/dev/fuse is missing: these tests need FUSE"
@@ -97,7 +109,16 @@ impl Mount {
             .into_iter()
             .filter(|a| !args.contains(&a.as_str()))
             .collect();
-        let child = Command::new(memfs_bin())
+        // nsenter execs memfs in place: the child is the server itself.
+        let mut cmd = match netns {
+            None => Command::new(memfs_bin()),
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display())).arg(memfs_bin());
+                c
+            }
+        };
+        let child = cmd
             .arg("mount")
             .arg(&path)
             .arg("--foreground")
