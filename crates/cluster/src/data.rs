@@ -906,8 +906,8 @@ impl Data {
                     let mut left = Vec::new();
                     for (sid, st) in waiting.iter().zip(states) {
                         let st = String::from_utf8_lossy(&st);
-                        let acked = st == "gone"
-                            || (!st.is_empty() && crate::feed::id_of(&st) >= owed.id);
+                        let acked =
+                            st == "gone" || (!st.is_empty() && crate::feed::id_of(&st) >= owed.id);
                         if !acked {
                             left.push(*sid);
                         }

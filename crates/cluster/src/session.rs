@@ -148,9 +148,7 @@ impl Lease {
     /// deadline passed can never renew again (`fence`), so live now and
     /// the same session id means live since it was registered.
     pub fn live(&self) -> bool {
-        self.valid_until
-            .lock()
-            .is_some_and(|t| Instant::now() < t)
+        self.valid_until.lock().is_some_and(|t| Instant::now() < t)
     }
 
     fn renewed(&self, sent: Instant) {

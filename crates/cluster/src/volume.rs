@@ -412,6 +412,12 @@ impl Volume {
         self.inner.feed.pause(on, within)
     }
 
+    /// Whether an open of a cached file is served from the cache now, with
+    /// no round trip ([`Inner::fresh`]): `memfs status` and the tests.
+    pub fn cache_trusted(&self) -> bool {
+        self.inner.fresh()
+    }
+
     /// Closes and fsyncs whose wait for the other mounts' acks ran out.
     pub fn ack_timeouts(&self) -> u64 {
         self.inner.data.ack_timeouts()
@@ -626,10 +632,7 @@ impl Inner {
         let cached = self.cache.rec(ino);
         let open_here = self.opens.lock().contains_key(&ino);
         if let Some(r) = &cached
-            && (r.kind != Kind::File
-                || open_here
-                || self.data.dirty(ino).is_some()
-                || self.fresh())
+            && (r.kind != Kind::File || open_here || self.data.dirty(ino).is_some() || self.fresh())
         {
             let current = r.kind != Kind::File || self.data.pages_current(ino, true);
             return Ok((r.clone(), current));
