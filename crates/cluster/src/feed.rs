@@ -344,14 +344,23 @@ impl Reader {
             last.clone_from(id);
         }
         // Applied: a writer waiting for this mount may go on. One call per
-        // batch, on this connection, in the volume's slot.
+        // batch, on this connection, in the volume's slot. A refused ack
+        // (a master over `maxmemory`: OOM) only makes writers wait their
+        // bound; it is no reason to drop the cache, as a lost connection is.
         let now = sink.sid();
         if others && now != 0 {
-            redis::cmd("HSET")
+            let acked = redis::cmd("HSET")
                 .arg(self.keys.acks_key())
                 .arg(now)
                 .arg(last.as_str())
-                .exec(c)?;
+                .exec(c);
+            match acked {
+                Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                    return Err(e.into());
+                }
+                Err(e) => tracing::debug!(error = %e, "feed: ack refused"),
+                Ok(()) => {}
+            }
         }
         // A full batch may have left entries behind: not caught up.
         if items.len() < COUNT {
