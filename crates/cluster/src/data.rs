@@ -24,6 +24,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use memfs_fs::{Errno, FallocateMode};
 use parking_lot::Mutex;
@@ -63,7 +64,10 @@ const MAX_SLICES: usize = 512;
 /// (`max`, `set`, `keep`), size (8 bytes LE), drop from (block index,
 /// decimal, or empty), drop to (inclusive, or empty: to the end), cut field
 /// (hex, or empty), cut length, then pairs of field and 12-byte value.
-/// Returns the new record, then every map value it replaced or dropped.
+/// Returns the new record, then every map value it replaced or dropped,
+/// then (last, an array: a caller that reads only strings stops before it)
+/// the feed entry's id and the ids of the other live sessions, whose acks
+/// of that entry the writer's close waits for ([`Data::await_acks`]).
 const COMMIT: &str = r"
 fence()
 local map, grp, field = KEYS[2], KEYS[3], ARGV[6]
@@ -116,10 +120,42 @@ if ARGV[7] == 'set' or (ARGV[7] == 'max' and grow) then
 end
 r = set_bytes(set_bytes(r, OFF_MTIME, NOW), OFF_CTIME, NOW)
 redis.call('HSET', grp, field, r)
-feed('op', ARGV[4], 'ino', ARGV[5])
+local fid = feed('op', ARGV[4], 'ino', ARGV[5])
 out[1] = r
+local acks = others_live()
+table.insert(acks, 1, fid)
+out[#out + 1] = acks
 return out
 ";
+
+/// Where sessions ARGV 4.. stand in reading the feed: per sid its ack
+/// (`{V}:acks`, the last entry id its feed reader applied; '' for none yet),
+/// or `gone` when its lease ran out by the server's clock or it ended (it
+/// no longer counts: a session that lost its lease serves no open from its
+/// cache, volume.rs `Inner::fresh`). Read-only.
+const ACKS: &str = r"
+local now = now_ms()
+local out = {}
+for i = 4, #ARGV do
+  local d = redis.call('ZSCORE', P .. 'sessions', ARGV[i])
+  if not d or tonumber(d) < now then
+    out[#out + 1] = 'gone'
+  else
+    out[#out + 1] = redis.call('HGET', P .. 'acks', ARGV[i]) or ''
+  end
+end
+return out
+";
+
+/// The bound on a close's wait for the others' acks: past it the close
+/// returns anyway, and the readers' rule (an open is served from the cache
+/// only within [`crate::feed::FRESH`] of a caught-up read, less than this)
+/// keeps close-to-open.
+pub const ACK_WAIT: Duration = Duration::from_secs(2);
+/// The first pause between two polls of the acks (a reader on the same
+/// host acks within tens of µs), doubled up to [`ACK_POLL_MAX`].
+const ACK_POLL_MIN: Duration = Duration::from_micros(50);
+const ACK_POLL_MAX: Duration = Duration::from_millis(5);
 
 /// The record of a node (read-only; no fencing needed).
 const RECORD: &str = r"
@@ -172,6 +208,51 @@ struct FileState {
     /// `Data::losses` + 1 when an open last checked the file
     /// ([`Data::pages_current`]); 0: never.
     checked: u64,
+    /// The acks this mount's commits of the file wait for: the next close
+    /// or fsync pays them ([`Data::await_acks`]).
+    owed: Option<Owed>,
+    /// A wait for acks of this file ran out once: later ones stay quiet.
+    warned: bool,
+}
+
+/// A commit's feed entry and the other sessions that were live when it ran
+/// (docs/cluster.md, "Many mounts, one truth").
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Owed {
+    /// The entry's stream id, `(ms, seq)`.
+    id: (u64, u64),
+    sids: Vec<u64>,
+}
+
+impl Owed {
+    /// The commit script's last item: the entry's id, then the sids. None
+    /// when no other session was live (nothing to wait for).
+    fn parse(a: &[redis::Value]) -> Result<Option<Owed>> {
+        let Some((id, sids)) = a.split_first() else {
+            return Err(Error::Protocol("commit script: no feed id".into()));
+        };
+        let id = String::from_utf8_lossy(&crate::namespace::bytes(Some(id))?).into_owned();
+        let sids = sids
+            .iter()
+            .map(|v| crate::namespace::int(Some(v)))
+            .collect::<Result<Vec<u64>>>()?;
+        Ok((!sids.is_empty()).then(|| Owed {
+            id: crate::feed::id_of(&id),
+            sids,
+        }))
+    }
+
+    /// What two commits owe together: the later entry, acked by every
+    /// session either named (an ack of the later id covers the earlier).
+    fn merge(mut self, o: Owed) -> Owed {
+        self.id = self.id.max(o.id);
+        for s in o.sids {
+            if !self.sids.contains(&s) {
+                self.sids.push(s);
+            }
+        }
+        self
+    }
 }
 
 struct File {
@@ -199,6 +280,9 @@ pub struct Data {
     to_free: Mutex<Vec<u64>>,
     commit: Script,
     record: Script,
+    acks: Script,
+    /// Waits for acks that ran out ([`ACK_WAIT`]).
+    ack_timeouts: AtomicU64,
 }
 
 fn errno(e: Errno) -> Error {
@@ -217,6 +301,8 @@ impl Data {
             to_free: Mutex::new(Vec::new()),
             commit: Script::new(&crate::lua::script(COMMIT)),
             record: Script::new(&crate::lua::read_script(RECORD)),
+            acks: Script::new(&crate::lua::read_script(ACKS)),
+            ack_timeouts: AtomicU64::new(0),
         }
     }
 
@@ -545,8 +631,8 @@ impl Data {
         };
         let new = self.put_new(&taken)?;
         let rule = SizeRule::Max(size);
-        let (rec, old) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
-        let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default());
+        let (rec, old, owed) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
+        let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default(), owed);
         self.free_later(freed);
         Ok(Some(rec))
     }
@@ -589,8 +675,8 @@ impl Data {
         cut: Cut,
     ) -> Result<Record> {
         let new = self.put_new(&taken(st))?;
-        let (rec, old) = self.commit_script(ino, op, rule, cut, &new)?;
-        let freed = self.after_commit(f, st, &new, &old, cut);
+        let (rec, old, owed) = self.commit_script(ino, op, rule, cut, &new)?;
+        let freed = self.after_commit(f, st, &new, &old, cut, owed);
         debug_assert!(
             st.dirty.is_empty(),
             "a commit under the lock takes every dirty block"
@@ -654,7 +740,7 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
         new: &[(u64, Entry, Block)],
-    ) -> Result<(Record, Vec<Entry>)> {
+    ) -> Result<(Record, Vec<Entry>, Option<Owed>)> {
         let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
         self.run_commit(ino, op, rule, cut, &pairs)
             .inspect_err(|e| {
@@ -677,7 +763,14 @@ impl Data {
         new: &[(u64, Entry, Block)],
         old: &[Entry],
         cut: Cut,
+        owed: Option<Owed>,
     ) -> Vec<u64> {
+        if let Some(o) = owed {
+            st.owed = Some(match st.owed.take() {
+                Some(prev) => prev.merge(o),
+                None => o,
+            });
+        }
         // Ids are reserved in one range: a retried script reports our own
         // new blocks as replaced.
         let ours = |id: u64| {
@@ -710,7 +803,7 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
         pairs: &[(u64, Entry)],
-    ) -> Result<(Record, Vec<Entry>)> {
+    ) -> Result<(Record, Vec<Entry>, Option<Owed>)> {
         let (rule, size) = match rule {
             SizeRule::Max(n) => ("max", n),
             SizeRule::Set(n) => ("set", n),
@@ -727,7 +820,7 @@ impl Data {
             Some((idx, len)) => (map_field(idx), len.to_string()),
             None => (String::new(), "0".to_string()),
         };
-        let reply: Vec<Vec<u8>> = retry(&self.h, |c| {
+        let reply: Vec<redis::Value> = retry(&self.h, |c| {
             let mut inv = self.h.invocation(&self.commit);
             inv.key(map_key(&self.h, ino))
                 .key(self.h.keys.records(ino))
@@ -749,8 +842,16 @@ impl Data {
         let rec = it
             .next()
             .ok_or_else(|| Error::Protocol("commit script returned nothing".into()))?;
-        let old = it.map(|v| Entry::decode(&v)).collect::<Result<Vec<_>>>()?;
-        Ok((record::decode(&rec)?, old))
+        let rec = crate::namespace::bytes(Some(&rec))?;
+        let mut old = Vec::new();
+        let mut owed = None;
+        for v in it {
+            match v {
+                redis::Value::Array(a) => owed = Owed::parse(&a)?,
+                v => old.push(Entry::decode(&crate::namespace::bytes(Some(&v))?)?),
+            }
+        }
+        Ok((record::decode(&rec)?, old, owed))
     }
 
     /// What the commit script did, on the cached map.
@@ -769,6 +870,82 @@ impl Data {
         for &(i, e) in pairs {
             map.insert(i, e);
         }
+    }
+
+    /// The writer pays (docs/cluster.md, "Many mounts, one truth"): waits
+    /// until every session that was live when this mount's last commits of
+    /// `ino` ran has acked their feed entry (its feed reader applied it and
+    /// said so in `{V}:acks`), or is no longer live, or [`ACK_WAIT`] has
+    /// passed (then a warning, once per file, and success: the readers'
+    /// own rule covers the rest). The close and fsync of a file call it,
+    /// after their flush. Nothing owed (no other session was live): no
+    /// call at all. Each poll is one read-only script on the metadata
+    /// master, bounded by the volume's timeout; polls stop after
+    /// [`ACK_WAIT`]. Returns whether every ack came (false: ran out).
+    pub fn await_acks(&self, ino: u64) -> bool {
+        let Some(f) = self.existing(ino) else {
+            return true;
+        };
+        let Some(owed) = f.st.lock().owed.clone() else {
+            return true;
+        };
+        let started = Instant::now();
+        let mut pause = ACK_POLL_MIN;
+        let mut waiting = owed.sids.clone();
+        let done = loop {
+            self.h.count_data();
+            let got: Result<Vec<Vec<u8>>> = self.h.pool.with(|c| {
+                let mut inv = self.h.invocation(&self.acks);
+                for s in &waiting {
+                    inv.arg(*s);
+                }
+                inv.invoke(c)
+            });
+            match got {
+                Ok(states) => {
+                    let mut left = Vec::new();
+                    for (sid, st) in waiting.iter().zip(states) {
+                        let st = String::from_utf8_lossy(&st);
+                        let acked =
+                            st == "gone" || (!st.is_empty() && crate::feed::id_of(&st) >= owed.id);
+                        if !acked {
+                            left.push(*sid);
+                        }
+                    }
+                    waiting = left;
+                }
+                Err(e) => tracing::debug!(ino, error = %e, "polling the acks failed"),
+            }
+            if waiting.is_empty() {
+                break true;
+            }
+            if started.elapsed() + pause > ACK_WAIT {
+                break false;
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(ACK_POLL_MAX);
+        };
+        let mut st = f.st.lock();
+        // A commit since may owe more: only what was paid goes.
+        if st.owed.as_ref() == Some(&owed) {
+            st.owed = None;
+        }
+        if !done {
+            self.ack_timeouts.fetch_add(1, Ordering::Relaxed);
+            if !std::mem::replace(&mut st.warned, true) {
+                tracing::warn!(
+                    ino,
+                    sessions = ?waiting,
+                    "close: other mounts did not ack the change within {ACK_WAIT:?}; going on"
+                );
+            }
+        }
+        done
+    }
+
+    /// Waits for acks that ran out so far ([`Data::await_acks`]).
+    pub fn ack_timeouts(&self) -> u64 {
+        self.ack_timeouts.load(Ordering::Relaxed)
     }
 
     /// flush, then `WAIT 1` on every master that took a block or the

@@ -6,9 +6,18 @@
 //! connection was lost, or the stream was trimmed past the last id read,
 //! entries may have been missed, and the sink is told to drop everything
 //! ([`Sink::lost`]), and reading goes on from the stream's end.
+//!
+//! After a batch that held another session's entry is applied, the reader
+//! acks it: `HSET {V}:acks <sid> <last id applied>`, which a writer's close
+//! waits for (crate::data `Data::await_acks`). And it notes when it sent its
+//! last *caught-up* read (one whose reply it applied whole, or that came
+//! back empty after its block): an open is served from the cache only
+//! shortly after one ([`State::fresh`], volume.rs `Inner::revalidate`).
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
 
 use redis::Value;
 
@@ -23,6 +32,78 @@ const COUNT: usize = 1000;
 const BLOCK_MS: u64 = 1000;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How recent the last caught-up read's send must be for an open to be
+/// served from the cache: above [`BLOCK_MS`] (an idle reader sends one a
+/// block apart) and below crate::data::ACK_WAIT (a writer's close that
+/// did not get this reader's ack returns only after that: by then this
+/// reader's last caught-up read, sent before the change, is too old).
+pub const FRESH: Duration = Duration::from_millis(1500);
+
+/// What the reader shares with the mount: when it was last caught up, and
+/// a pause (tests: a reader that has stopped reading, deterministically).
+#[derive(Default)]
+pub struct State {
+    /// The send instant of the last caught-up read, and the session id
+    /// when it was sent.
+    caught_up: Mutex<Option<(Instant, u64)>>,
+    pause: Mutex<Pause>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct Pause {
+    asked: bool,
+    parked: bool,
+}
+
+impl State {
+    /// Whether every entry another session appended before a moment less
+    /// than [`FRESH`] ago is applied here, read under session `sid`.
+    pub fn fresh(&self, sid: u64) -> bool {
+        self.caught_up
+            .lock()
+            .is_some_and(|(sent, s)| s == sid && sent.elapsed() < FRESH)
+    }
+
+    fn caught_up(&self, sent: Instant, sid: u64) {
+        *self.caught_up.lock() = Some((sent, sid));
+    }
+
+    /// Pauses the reader (`on`) between two reads, and waits until it is
+    /// parked, at most `within` (its read in flight ends within its block
+    /// plus the connection's timeout); or lets it go on. Returns whether it
+    /// is parked (or, `on` false, true).
+    pub fn pause(&self, on: bool, within: Duration) -> bool {
+        let mut p = self.pause.lock();
+        p.asked = on;
+        self.cv.notify_all();
+        if !on {
+            return true;
+        }
+        let deadline = Instant::now() + within;
+        while !p.parked {
+            if self.cv.wait_until(&mut p, deadline).timed_out() {
+                return p.parked;
+            }
+        }
+        true
+    }
+
+    /// The reader's side: stays here while paused (or until `stop`,
+    /// looked at every 50 ms).
+    fn park(&self, stop: &Stop) {
+        let mut p = self.pause.lock();
+        if !p.asked {
+            return;
+        }
+        p.parked = true;
+        self.cv.notify_all();
+        while p.asked && !stop.is_stopped() {
+            self.cv.wait_for(&mut p, Duration::from_millis(50));
+        }
+        p.parked = false;
+    }
+}
 
 /// One feed entry, as the scripts write it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -46,10 +127,12 @@ pub trait Sink: Send + Sync {
     fn entry(&self, e: &Entry);
     /// Entries may have been missed: drop every cache.
     fn lost(&self);
+    /// The mount's session now (its acks are filed under it); 0: none.
+    fn sid(&self) -> u64;
 }
 
 /// A stream id `ms-seq`, ordered.
-fn id_of(s: &str) -> (u64, u64) {
+pub(crate) fn id_of(s: &str) -> (u64, u64) {
     let (a, b) = s.split_once('-').unwrap_or((s, "0"));
     (a.parse().unwrap_or(0), b.parse().unwrap_or(0))
 }
@@ -131,6 +214,7 @@ pub struct Reader {
     pub seeds: Vec<String>,
     pub keys: Keys,
     pub timeout: Duration,
+    pub state: Arc<State>,
 }
 
 impl Reader {
@@ -180,6 +264,10 @@ impl Reader {
         // nothing was missed. Any later one follows a failure.
         let mut lost = false;
         while !stop.is_stopped() {
+            self.state.park(&stop);
+            if stop.is_stopped() {
+                break;
+            }
             let c = match con.as_mut() {
                 Some(c) => c,
                 None => match self.connect() {
@@ -231,6 +319,9 @@ impl Reader {
     }
 
     fn read(&self, c: &mut redis::Connection, last: &mut String, sink: &dyn Sink) -> Result<()> {
+        // Before the send: the session the read is made under, and when.
+        let sid = sink.sid();
+        let sent = Instant::now();
         let v: Value = redis::cmd("XREAD")
             .arg("COUNT")
             .arg(COUNT)
@@ -244,11 +335,36 @@ impl Reader {
         if items.len() >= COUNT && self.trimmed(c, last)? {
             sink.lost();
         }
+        let mut others = false;
         for (id, e) in &items {
             if !sink.is_mine(e.sid) {
                 sink.entry(e);
+                others = true;
             }
             last.clone_from(id);
+        }
+        // Applied: a writer waiting for this mount may go on. One call per
+        // batch, on this connection, in the volume's slot. A refused ack
+        // (a master over `maxmemory`: OOM) only makes writers wait their
+        // bound; it is no reason to drop the cache, as a lost connection is.
+        let now = sink.sid();
+        if others && now != 0 {
+            let acked = redis::cmd("HSET")
+                .arg(self.keys.acks_key())
+                .arg(now)
+                .arg(last.as_str())
+                .exec(c);
+            match acked {
+                Err(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
+                    return Err(e.into());
+                }
+                Err(e) => tracing::debug!(error = %e, "feed: ack refused"),
+                Ok(()) => {}
+            }
+        }
+        // A full batch may have left entries behind: not caught up.
+        if items.len() < COUNT {
+            self.state.caught_up(sent, sid);
         }
         Ok(())
     }
@@ -262,14 +378,20 @@ fn first_id(v: &Value) -> Option<String> {
     item.first().and_then(text)
 }
 
-/// The feed's key.
+/// The feed's keys.
 pub trait FeedKey {
     fn feed_key(&self) -> String;
+    /// `{V}:acks`: session id → the last feed id its reader applied.
+    fn acks_key(&self) -> String;
 }
 
 impl FeedKey for Keys {
     fn feed_key(&self) -> String {
         format!("{{{}}}:feed", self.name())
+    }
+
+    fn acks_key(&self) -> String {
+        format!("{{{}}}:acks", self.name())
     }
 }
 

@@ -96,8 +96,21 @@ local OFF_ATIME, OFF_MTIME, OFF_CTIME, OFF_BTIME = 24, 32, 40, 48
 local OFF_RDEV, OFF_FLAGS = 56, 60
 local KIND_FILE, KIND_DIR, KIND_SYMLINK = 1, 2, 3
 
+-- Returns the entry's id (a writer waits for the others' acks of it).
 local function feed(...)
-  redis.call('XADD', P .. 'feed', 'MAXLEN', '~', 100000, '*', 'sid', SID, ...)
+  return redis.call('XADD', P .. 'feed', 'MAXLEN', '~', 100000, '*', 'sid', SID, ...)
+end
+
+-- The other sessions whose lease is running by the server's clock: the
+-- mounts whose acks a writer's close waits for (docs/cluster.md, "Many
+-- mounts, one truth").
+local function others_live()
+  local out = {}
+  local live = redis.call('ZRANGEBYSCORE', P .. 'sessions', '(' .. now_ms(), '+inf')
+  for _, s in ipairs(live) do
+    if s ~= SID then out[#out + 1] = s end
+  end
+  return out
 end
 "#;
 

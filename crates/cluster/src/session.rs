@@ -64,6 +64,7 @@ for _, s in ipairs(redis.call('ZRANGEBYSCORE', P .. 'sessions', '-inf', '(' .. n
   end
   redis.call('DEL', sk)
   redis.call('ZREM', P .. 'sessions', s)
+  redis.call('HDEL', P .. 'acks', s)
   reaped = reaped + 1
 end
 local live = redis.call('ZRANGE', P .. 'sessions', 0, -1)
@@ -87,6 +88,7 @@ return {reaped, freed, inos, unlocked}
 const END: &str = r#"
 redis.call('DEL', P .. 's:' .. SID)
 redis.call('ZREM', P .. 'sessions', SID)
+redis.call('HDEL', P .. 'acks', SID)
 return 1
 "#;
 
@@ -123,10 +125,40 @@ impl Stop {
 /// The state of this mount's lease, shared with the lease thread.
 pub struct Lease {
     pub ok: AtomicBool,
+    /// Until when the lease surely runs by this process's clock: the send
+    /// instant of the last registration or renewal that succeeded, plus
+    /// the lease, minus [`Lease::margin`] (the server set its deadline
+    /// after that send, by its clock: only the two clocks' rates may
+    /// differ). None: not known to be live.
+    valid_until: Mutex<Option<Instant>>,
     /// Sessions this mount's renewals reaped.
     pub reaped: AtomicU64,
     lease: Duration,
     mountpoint: String,
+}
+
+impl Lease {
+    /// What the estimate of [`Lease::live`] leaves for the clocks' rates
+    /// and the time between the check and its use.
+    fn margin(&self) -> Duration {
+        self.lease / 8
+    }
+
+    /// Whether the session surely still holds its lease. A session whose
+    /// deadline passed can never renew again (`fence`), so live now and
+    /// the same session id means live since it was registered.
+    pub fn live(&self) -> bool {
+        self.valid_until.lock().is_some_and(|t| Instant::now() < t)
+    }
+
+    fn renewed(&self, sent: Instant) {
+        let until = (sent + self.lease).checked_sub(self.margin());
+        *self.valid_until.lock() = until;
+    }
+
+    fn dead(&self) {
+        *self.valid_until.lock() = None;
+    }
 }
 
 /// What a renewal's reap freed.
@@ -159,6 +191,7 @@ impl Session {
             end: s(END),
             lease: Arc::new(Lease {
                 ok: AtomicBool::new(false),
+                valid_until: Mutex::new(None),
                 reaped: AtomicU64::new(0),
                 lease,
                 mountpoint: mountpoint.to_string(),
@@ -172,6 +205,7 @@ impl Session {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
             .unwrap_or_default();
+        let sent = Instant::now();
         let v: Value = run(h, &self.register, |i| {
             i.arg(host)
                 .arg(std::process::id())
@@ -183,6 +217,7 @@ impl Session {
         let sid = namespace::int(a.first())?;
         let id = String::from_utf8_lossy(&namespace::bytes(a.get(1))?).into_owned();
         h.set_sid(sid);
+        self.lease.renewed(sent);
         self.lease.ok.store(true, Ordering::Release);
         tracing::info!(volume = h.keys.name(), sid, "session registered");
         Ok(id)
@@ -190,9 +225,11 @@ impl Session {
 
     /// One renewal and reap: the freed block map values and inos.
     pub fn renew(&self, h: &Handle) -> Result<Reaped> {
+        let sent = Instant::now();
         let v: Value = run(h, &self.renew, |i| {
             i.arg(ms(self.lease.lease)).arg(ms(self.lease.lease));
         })?;
+        self.lease.renewed(sent);
         let a = namespace::array(v)?;
         let reaped = namespace::int(a.first())?;
         if reaped > 0 {
@@ -224,6 +261,7 @@ impl Session {
 
     /// Ends the session in the cluster.
     pub fn end(&self, h: &Handle) -> Result<()> {
+        self.lease.dead();
         let _: i64 = run(h, &self.end, |_| {})?;
         self.lease.ok.store(false, Ordering::Release);
         Ok(())
@@ -254,6 +292,7 @@ impl Session {
                 }
                 Err(e) if errno_of(&e) == memfs_fs::Errno::ESTALE => {
                     let old = h.sid();
+                    self.lease.dead();
                     self.lease.ok.store(false, Ordering::Release);
                     tracing::error!(
                         volume = h.keys.name(),

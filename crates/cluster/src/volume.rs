@@ -124,6 +124,8 @@ struct Inner {
     /// The cluster's memory, for statfs.
     space: Space,
     opts: VolumeOptions,
+    /// The feed reader's progress ([`Inner::fresh`]).
+    feed: Arc<feed::State>,
 }
 
 /// One mount of a volume; see the module doc.
@@ -305,6 +307,7 @@ impl Volume {
             space: Space::pooled(h.clone()),
             opts: opts.clone(),
             h: h.clone(),
+            feed: Arc::default(),
         });
         let stop = Arc::new(Stop::default());
         let mut threads = Vec::new();
@@ -320,6 +323,7 @@ impl Volume {
             seeds: urls.to_vec(),
             keys,
             timeout: opts.timeout,
+            state: inner.feed.clone(),
         };
         let (s3, sink) = (stop.clone(), inner.clone() as Arc<dyn Sink>);
         threads.push(spawn("memfs-feed", move || reader.run(start, s3, sink))?);
@@ -388,14 +392,36 @@ impl Volume {
     }
 
     /// close(2) of a file: what this mount wrote to `ino` is in the cluster
-    /// when it returns (close-to-open).
+    /// when it returns, and every other live mount has applied the feed
+    /// entry of it, or 2 s passed (close-to-open: [`Inner::revalidate`]).
     pub fn flush(&self, ino: u64) -> Fres<()> {
         let i = &self.inner;
         let e = i.cache.epoch();
         if let Some(r) = i.data.flush(ino).map_err(err)? {
             i.cache.put_rec(e, ino, r);
         }
+        i.data.await_acks(ino);
         Ok(())
+    }
+
+    /// Tests: pauses this mount's feed reader between two reads (`on`),
+    /// waiting at most `within` until it is parked, or lets it go on.
+    /// Returns whether it is parked (`on` false: true). A paused reader
+    /// applies and acks nothing, as one whose mount hangs.
+    #[doc(hidden)]
+    pub fn pause_feed(&self, on: bool, within: Duration) -> bool {
+        self.inner.feed.pause(on, within)
+    }
+
+    /// Whether an open of a cached file is served from the cache now, with
+    /// no round trip ([`Inner::fresh`]): `memfs status` and the tests.
+    pub fn cache_trusted(&self) -> bool {
+        self.inner.fresh()
+    }
+
+    /// Closes and fsyncs whose wait for the other mounts' acks ran out.
+    pub fn ack_timeouts(&self) -> u64 {
+        self.inner.data.ack_timeouts()
     }
 }
 
@@ -417,6 +443,10 @@ impl Drop for Volume {
 impl Sink for Inner {
     fn is_mine(&self, sid: u64) -> bool {
         sid == self.h.sid() || self.old_sids.lock().contains(&sid)
+    }
+
+    fn sid(&self) -> u64 {
+        self.h.sid()
     }
 
     fn entry(&self, e: &feed::Entry) {
@@ -560,12 +590,42 @@ impl Inner {
         Ok(r)
     }
 
+    /// Whether the feed has told this mount of every change another one
+    /// closed before now, so that an open may trust the cache (see
+    /// [`Inner::revalidate`]): the feed reader's last caught-up read was
+    /// sent less than [`feed::FRESH`] ago, under the session this mount has
+    /// now, and that session's lease surely still runs by this process's
+    /// clock (so it was live throughout: a lapsed lease is never renewed).
+    fn fresh(&self) -> bool {
+        let sid = self.h.sid();
+        sid != 0 && self.session.lease.live() && self.feed.fresh(sid)
+    }
+
     /// Close-to-open (docs/cluster.md, "Many mounts, one truth"): the first
-    /// open here of a file that this mount has no unwritten data of reads
-    /// its record from the cluster, so what another mount wrote and closed
-    /// before this open is what it reads, whether or not the feed entry has
-    /// arrived yet (the feed's lag is small, not zero). One round trip; a
-    /// file already open here is kept current by the feed, and costs none.
+    /// open here of a file that this mount has no unwritten data of is
+    /// served from the cache, with no round trip, when the mount is
+    /// [`Inner::fresh`]; otherwise it reads the record from the cluster
+    /// (one round trip), so what another mount wrote and closed before
+    /// this open is what it reads, whether or not the feed entry has
+    /// arrived yet. A file already open here is kept current by the feed,
+    /// and costs none.
+    ///
+    /// Why the cache is enough when fresh: say a writer W committed a
+    /// change at C (its feed entry exists from C on) and its close returned
+    /// at R, and this mount opens at O > R. W's commit named this session
+    /// if it was live at C by the server's clock. Then either (a) this
+    /// mount acked the entry before R: its feed reader applied it (the
+    /// cache forgot the record and the block map) before the ack; or (b)
+    /// W gave up waiting: R >= C + 2 s (`data::ACK_WAIT`). In (b), a
+    /// caught-up read sent at S with O - S < 1.5 s (`feed::FRESH`) has
+    /// S > O - 1.5 s > R - 1.5 s >= C + 0.5 s > C: sent after the entry
+    /// existed, and applied whole, so it brought the entry. Or (c) the
+    /// session was not live at C (or stopped being live while W waited):
+    /// then this session id's lease lapsed, and it can never be renewed,
+    /// so [`Inner::fresh`] fails (a new session is a new id, whose
+    /// caught-up reads must have been sent after it registered). The
+    /// instants are this process's monotonic clock, compared only with
+    /// each other; the server's clock decides liveness only in the scripts.
     /// A changed record drops the file's block map here and its attributes
     /// and pages in the kernel. A record this mount did not have cached
     /// cannot be compared: the map is dropped too.
@@ -579,7 +639,7 @@ impl Inner {
         let cached = self.cache.rec(ino);
         let open_here = self.opens.lock().contains_key(&ino);
         if let Some(r) = &cached
-            && (r.kind != Kind::File || open_here || self.data.dirty(ino).is_some())
+            && (r.kind != Kind::File || open_here || self.data.dirty(ino).is_some() || self.fresh())
         {
             let current = r.kind != Kind::File || self.data.pages_current(ino, true);
             return Ok((r.clone(), current));
@@ -1460,6 +1520,7 @@ impl Volume {
         if let Some(r) = i.data.sync(ino).map_err(err)? {
             i.cache.put_rec(e, ino, r);
         }
+        i.data.await_acks(ino);
         Ok(())
     }
 

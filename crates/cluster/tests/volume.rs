@@ -65,6 +65,15 @@ const CASES: &[Case] = &[
         "threads_keep_a_directory_complete",
         threads_keep_a_directory_complete,
     ),
+    (
+        "closes_wait_for_the_others_acks",
+        closes_wait_for_the_others_acks,
+    ),
+    ("a_lone_writer_pays_nothing", a_lone_writer_pays_nothing),
+    (
+        "a_reader_whose_feed_stopped_revalidates",
+        a_reader_whose_feed_stopped_revalidates,
+    ),
 ];
 
 fn main() {
@@ -1201,4 +1210,120 @@ fn threads_keep_a_directory_complete(c: &LocalCluster) {
     let w = mount(c, &name);
     assert_eq!(names(&v, d.ino), names(&w, d.ino));
     assert_eq!(names(&w, d.ino).len(), 2 + 4 * 40);
+}
+
+/// Every call `v` made (namespace scripts and the data path).
+fn all_calls(v: &Volume) -> u64 {
+    let s = v.status();
+    s.scripts + s.data_calls
+}
+
+/// `f`'s whole content on `v`, as an open, a read and a close do it.
+fn open_read(v: &Volume, ino: u64) -> Vec<u8> {
+    v.open_file(ino, libc::O_RDONLY).unwrap();
+    let mut buf = vec![0; 64];
+    let n = v.read_atime(ino, 0, &mut buf, AtimeMode::Never).unwrap();
+    v.release(ino);
+    buf.truncate(n);
+    buf
+}
+
+/// `content` written over the start of `ino` on `v`, then closed.
+fn write_close(v: &Volume, ino: u64, content: &[u8]) {
+    v.open_file(ino, libc::O_WRONLY).unwrap();
+    v.write_as(R, &|_| true, false, ino, 0, content, false)
+        .unwrap();
+    v.flush(ino).unwrap();
+    v.release(ino);
+}
+
+/// Close-to-open with opens served from the cache (issue 37): what A
+/// closed, B's next open reads, round after round, because A's close
+/// waited for B's feed to apply it (no ack ran out); and B's opens of a
+/// file nobody changed send nothing.
+fn closes_wait_for_the_others_acks(c: &LocalCluster) {
+    let name = new_volume(c, "acks");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let (f, _) = a.create_umask(R, ROOT_INO, b"f", 0o644, true, 0).unwrap();
+    a.release(f.ino);
+    let (g, _) = a.create_umask(R, ROOT_INO, b"g", 0o644, true, 0).unwrap();
+    a.write_as(R, &|_| true, false, g.ino, 0, b"unchanged", false)
+        .unwrap();
+    a.flush(g.ino).unwrap();
+    a.release(g.ino);
+    wait_until("B to see both names", || {
+        b.lookup(ROOT_INO, b"f").is_ok() && b.lookup(ROOT_INO, b"g").is_ok()
+    });
+    assert_eq!(open_read(&b, g.ino), b"unchanged");
+    for round in 0..50 {
+        let content = format!("round {round:02} of 50");
+        write_close(&a, f.ino, content.as_bytes());
+        assert_eq!(
+            open_read(&b, f.ino),
+            content.as_bytes(),
+            "round {round}: B reads what A closed"
+        );
+        // The window is 1.5 s after a caught-up read; an idle reader sends
+        // one every second. Waiting for it keeps a stalled machine from
+        // making the count below fail for the wrong reason.
+        wait_until("B's cache to be trusted", || b.cache_trusted());
+        let before = all_calls(&b);
+        assert_eq!(open_read(&b, g.ino), b"unchanged");
+        assert_eq!(
+            all_calls(&b) - before,
+            0,
+            "round {round}: an open of a cached, unchanged file"
+        );
+    }
+    assert_eq!(a.ack_timeouts(), 0, "B acked every change in time");
+}
+
+/// One mount alone: a write and its close cost what they cost before the
+/// acks existed (the block, the commit), no poll of the acks; with a
+/// second mount live the close polls; once it has gone, it no longer does.
+fn a_lone_writer_pays_nothing(c: &LocalCluster) {
+    let name = new_volume(c, "lone");
+    let a = mount(c, &name);
+    let (f, _) = a.create_umask(R, ROOT_INO, b"f", 0o644, true, 0).unwrap();
+    a.release(f.ino);
+    // The first write reserves block ids ahead: not counted below.
+    write_close(&a, f.ino, b"warm");
+    let cost = |v: &Volume, what: &[u8]| {
+        let before = all_calls(v);
+        write_close(v, f.ino, what);
+        all_calls(v) - before
+    };
+    assert_eq!(cost(&a, b"alone"), 2, "one block, one commit");
+    let b = mount(c, &name);
+    assert!(cost(&a, b"watched") > 2, "the close polls B's ack");
+    assert_eq!(a.ack_timeouts(), 0);
+    b.close().unwrap();
+    assert_eq!(cost(&a, b"alone again"), 2, "B's session ended");
+}
+
+/// A reader whose feed stopped (paused between two reads: it applies and
+/// acks nothing) is not served from its cache: A's close gives up waiting
+/// for it (and says so), and B's next open asks the cluster and reads the
+/// new content.
+fn a_reader_whose_feed_stopped_revalidates(c: &LocalCluster) {
+    let name = new_volume(c, "stalled");
+    let (a, b) = (mount(c, &name), mount(c, &name));
+    let (f, _) = a.create_umask(R, ROOT_INO, b"f", 0o644, true, 0).unwrap();
+    a.write_as(R, &|_| true, false, f.ino, 0, b"old", false)
+        .unwrap();
+    a.flush(f.ino).unwrap();
+    a.release(f.ino);
+    wait_until("B to see f", || b.lookup(ROOT_INO, b"f").is_ok());
+    assert_eq!(open_read(&b, f.ino), b"old");
+    wait_until("B's cache to be trusted", || b.cache_trusted());
+    assert!(b.pause_feed(true, DEADLINE), "B's feed reader parked");
+    let timeouts = a.ack_timeouts();
+    write_close(&a, f.ino, b"new");
+    assert_eq!(a.ack_timeouts(), timeouts + 1, "A's close gave up on B");
+    assert!(!b.cache_trusted(), "B's feed is stale");
+    let before = b.status().scripts;
+    assert_eq!(open_read(&b, f.ino), b"new", "B read what A closed");
+    assert!(b.status().scripts > before, "B's open asked the cluster");
+    assert!(b.pause_feed(false, DEADLINE));
+    wait_until("B's cache to be trusted again", || b.cache_trusted());
 }
