@@ -22,6 +22,8 @@
 //! (crate::session) frees an orphan nobody holds once it is older than one
 //! lease.
 
+use std::time::{Duration, Instant};
+
 use redis::{Script, Value};
 
 use crate::error::{Error, Result};
@@ -816,7 +818,31 @@ pub fn run<T: redis::FromRedisValue>(
 ) -> Result<T> {
     let mut inv = h.invocation(s);
     args(&mut inv);
-    h.pool.with(|c| inv.invoke(c))
+    // A script is not run twice blindly (a create run again after a reply
+    // was lost would answer EEXIST): only a call that surely never ran is
+    // tried again, as during a failover, until the pool's timeout.
+    let deadline = Instant::now() + h.pool.timeout();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        match h.pool.with(|c| inv.invoke(c)) {
+            Err(Error::Redis(e)) if never_ran(&e) && Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "script refused before it ran, trying again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Whether a call failed before the server ran it: no connection was made,
+/// or the node refused it for the state of the cluster.
+fn never_ran(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN" | "LOADING")
+        )
 }
 
 fn bad(what: &str, v: Option<&Value>) -> Error {
