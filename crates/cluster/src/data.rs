@@ -21,7 +21,7 @@
 //!   or, while another thread is flushing that one, goes on up to twice
 //!   the bound (so that one flush does not stop every writer).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ use redis::Script;
 
 use crate::blocks::{Block, Blocks, Entry, map_field, map_key, retry};
 use crate::error::{Error, Result};
+use crate::feed::FeedKey;
 use crate::handle::{Handle, now_ns};
 use crate::keys::Keys;
 use crate::record::{self, Record};
@@ -46,6 +47,12 @@ const STALE_RETRIES: usize = 3;
 /// themselves; below that they go out in the pipeline of the next flush's
 /// blocks (one round trip less per flush).
 const FREE_BATCH: usize = 1024;
+/// A file's commits since its last sync whose feed entries the sync
+/// checks at most: the last ones. A commit lost in a failover is one of
+/// those its master ran in the moment before it died, so only a file
+/// committed this often again after a failover, with no sync between,
+/// would slip by.
+const UNSYNCED_COMMITS: usize = 1024;
 /// Bytes a copy_range moves per read and write.
 const COPY_CHUNK: u64 = 1 << 20;
 /// The largest file (as the engine's `MAX_FILE_SIZE`).
@@ -205,6 +212,10 @@ struct FileState {
     /// named), so it is bounded by the file's blocks however often they are
     /// rewritten between syncs.
     unsynced_ids: BTreeMap<u64, u64>,
+    /// The feed ids of this mount's commits of the file since its last
+    /// sync, oldest first, at most [`UNSYNCED_COMMITS`]: the sync checks
+    /// that the metadata master still holds each ([`Data::commits_lost`]).
+    unsynced_commits: VecDeque<(u64, u64)>,
     /// `Data::losses` + 1 when an open last checked the file
     /// ([`Data::pages_current`]); 0: never.
     checked: u64,
@@ -224,10 +235,17 @@ struct Owed {
     sids: Vec<u64>,
 }
 
+/// A commit script's feed entry: its id, by which a sync tells that the
+/// commit outlived a failover, and the acks the writer owes for it.
+struct Entered {
+    id: (u64, u64),
+    owed: Option<Owed>,
+}
+
 impl Owed {
-    /// The commit script's last item: the entry's id, then the sids. None
-    /// when no other session was live (nothing to wait for).
-    fn parse(a: &[redis::Value]) -> Result<Option<Owed>> {
+    /// The commit script's last item: the entry's id, then the sids (none
+    /// when no other session was live: nothing to wait for).
+    fn parse(a: &[redis::Value]) -> Result<Entered> {
         let Some((id, sids)) = a.split_first() else {
             return Err(Error::Protocol("commit script: no feed id".into()));
         };
@@ -236,10 +254,11 @@ impl Owed {
             .iter()
             .map(|v| crate::namespace::int(Some(v)))
             .collect::<Result<Vec<u64>>>()?;
-        Ok((!sids.is_empty()).then(|| Owed {
-            id: crate::feed::id_of(&id),
-            sids,
-        }))
+        let id = crate::feed::id_of(&id);
+        Ok(Entered {
+            id,
+            owed: (!sids.is_empty()).then_some(Owed { id, sids }),
+        })
     }
 
     /// What two commits owe together: the later entry, acked by every
@@ -631,8 +650,8 @@ impl Data {
         };
         let new = self.put_new(&taken)?;
         let rule = SizeRule::Max(size);
-        let (rec, old, owed) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
-        let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default(), owed);
+        let (rec, old, entered) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
+        let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default(), entered);
         self.free_later(freed);
         Ok(Some(rec))
     }
@@ -675,8 +694,8 @@ impl Data {
         cut: Cut,
     ) -> Result<Record> {
         let new = self.put_new(&taken(st))?;
-        let (rec, old, owed) = self.commit_script(ino, op, rule, cut, &new)?;
-        let freed = self.after_commit(f, st, &new, &old, cut, owed);
+        let (rec, old, entered) = self.commit_script(ino, op, rule, cut, &new)?;
+        let freed = self.after_commit(f, st, &new, &old, cut, entered);
         debug_assert!(
             st.dirty.is_empty(),
             "a commit under the lock takes every dirty block"
@@ -740,7 +759,7 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
         new: &[(u64, Entry, Block)],
-    ) -> Result<(Record, Vec<Entry>, Option<Owed>)> {
+    ) -> Result<(Record, Vec<Entry>, Entered)> {
         let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
         self.run_commit(ino, op, rule, cut, &pairs)
             .inspect_err(|e| {
@@ -763,9 +782,13 @@ impl Data {
         new: &[(u64, Entry, Block)],
         old: &[Entry],
         cut: Cut,
-        owed: Option<Owed>,
+        entered: Entered,
     ) -> Vec<u64> {
-        if let Some(o) = owed {
+        if st.unsynced_commits.len() == UNSYNCED_COMMITS {
+            st.unsynced_commits.pop_front();
+        }
+        st.unsynced_commits.push_back(entered.id);
+        if let Some(o) = entered.owed {
             st.owed = Some(match st.owed.take() {
                 Some(prev) => prev.merge(o),
                 None => o,
@@ -803,7 +826,7 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
         pairs: &[(u64, Entry)],
-    ) -> Result<(Record, Vec<Entry>, Option<Owed>)> {
+    ) -> Result<(Record, Vec<Entry>, Entered)> {
         let (rule, size) = match rule {
             SizeRule::Max(n) => ("max", n),
             SizeRule::Set(n) => ("set", n),
@@ -844,14 +867,16 @@ impl Data {
             .ok_or_else(|| Error::Protocol("commit script returned nothing".into()))?;
         let rec = crate::namespace::bytes(Some(&rec))?;
         let mut old = Vec::new();
-        let mut owed = None;
+        let mut entered = None;
         for v in it {
             match v {
-                redis::Value::Array(a) => owed = Owed::parse(&a)?,
+                redis::Value::Array(a) => entered = Some(Owed::parse(&a)?),
                 v => old.push(Entry::decode(&crate::namespace::bytes(Some(&v))?)?),
             }
         }
-        Ok((record::decode(&rec)?, old, owed))
+        let entered =
+            entered.ok_or_else(|| Error::Protocol("commit script: no feed entry".into()))?;
+        Ok((record::decode(&rec)?, old, entered))
     }
 
     /// What the commit script did, on the cached map.
@@ -959,9 +984,11 @@ impl Data {
         let keys: Vec<String> = f.st.lock().unsynced.values().cloned().collect();
         self.blocks.wait_replicas(&keys)?;
         self.check_replicated(ino, &f)?;
+        self.check_committed(ino, &f)?;
         let mut st = f.st.lock();
         st.unsynced.clear();
         st.unsynced_ids.clear();
+        st.unsynced_commits.clear();
         Ok(rec)
     }
 
@@ -990,6 +1017,76 @@ impl Data {
             return Err(errno(Errno::EIO));
         }
         Ok(())
+    }
+
+    /// After the `WAIT`s of a sync: every commit of the file by this mount
+    /// since the last sync is still in the cluster, or the sync fails with
+    /// EIO, once: a metadata master that died between a commit and its
+    /// replication took the commit with it, and its promoted replica holds
+    /// the file as before (the commit's blocks are unreferenced, not
+    /// lost). Unlike a lost block, which leaves the map naming nothing and
+    /// so fails every sync until it is written again, the file is whole,
+    /// only older: the error is told once, as Linux tells a writeback error
+    /// once, and this mount's cached map is dropped for the cluster's.
+    fn check_committed(&self, ino: u64, f: &File) -> Result<()> {
+        let ids: Vec<(u64, u64)> = f.st.lock().unsynced_commits.iter().copied().collect();
+        let lost = self.commits_lost(&ids)?;
+        debug_assert!(lost <= ids.len(), "lost commits are among those checked");
+        if lost == 0 {
+            return Ok(());
+        }
+        tracing::error!(
+            ino,
+            lost,
+            "fsync: commits acknowledged before a failover are gone from the cluster"
+        );
+        let mut st = f.st.lock();
+        st.unsynced_commits.clear();
+        st.map = None;
+        Err(errno(Errno::EIO))
+    }
+
+    /// How many of the feed entries `ids` the metadata master no longer
+    /// holds. A commit's map change and its feed entry are one script's
+    /// effects, replicated together, so a missing entry is a lost commit,
+    /// unless the stream was trimmed past it (`MAXLEN ~`: its first entry
+    /// is then later than the id).
+    fn commits_lost(&self, ids: &[(u64, u64)]) -> Result<usize> {
+        let key = self.h.keys.feed_key();
+        let mut lost = 0;
+        for chunk in ids.chunks(256) {
+            let got: Vec<Vec<(String, redis::Value)>> = retry(&self.h, |c| {
+                let mut p = redis::cluster::cluster_pipe();
+                p.cmd("XRANGE")
+                    .arg(&key)
+                    .arg("-")
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(1);
+                for &(ms, seq) in chunk {
+                    let id = format!("{ms}-{seq}");
+                    p.cmd("XRANGE")
+                        .arg(&key)
+                        .arg(&id)
+                        .arg(&id)
+                        .arg("COUNT")
+                        .arg(1);
+                }
+                p.query(c)
+            })?;
+            let bad = || Error::Protocol(format!("fsync check of {key}: {} replies", got.len()));
+            let (first, each) = got.split_first().ok_or_else(bad)?;
+            if each.len() != chunk.len() {
+                return Err(bad());
+            }
+            let first = first.first().map(|(id, _)| crate::feed::id_of(id));
+            lost += chunk
+                .iter()
+                .zip(each)
+                .filter(|(id, found)| found.is_empty() && first.is_none_or(|f| f <= **id))
+                .count();
+        }
+        Ok(lost)
     }
 
     /// Fenced script: drops map entries past `size`, cuts the boundary
