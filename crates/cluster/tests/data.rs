@@ -273,6 +273,19 @@ fn block_map(h: &Handle, ino: u64) -> Vec<(String, Entry)> {
         .collect()
 }
 
+/// Volume `name`'s feed entries, newest first.
+fn feed_newest_first(h: &Handle, name: &str) -> Vec<(String, redis::Value)> {
+    h.pool
+        .with(|con| {
+            redis::cmd("XREVRANGE")
+                .arg(format!("{{{name}}}:feed"))
+                .arg("+")
+                .arg("-")
+                .query(con)
+        })
+        .unwrap()
+}
+
 /// How many block keys of volume `name` the masters hold.
 fn block_keys(c: &LocalCluster, name: &str) -> usize {
     let keys = Keys::new(name).unwrap();
@@ -852,18 +865,7 @@ fn an_fsync_of_a_lost_commit_fails_once(c: &mut LocalCluster) {
     d.write(ino, 0, &[2u8; 2 * BS as usize], size).unwrap();
     d.flush(ino).unwrap();
     assert_ne!(block_map(&h, ino), before, "the commit changed the map");
-    let last: Vec<(String, redis::Value)> = h
-        .pool
-        .with(|con| {
-            redis::cmd("XREVRANGE")
-                .arg(format!("{{{name}}}:feed"))
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query(con)
-        })
-        .unwrap();
+    let last = feed_newest_first(&h, &name);
     let (id, _) = last.first().expect("the commit's feed entry");
     h.pool
         .with(|con| {
@@ -1091,16 +1093,7 @@ fn unlock_wakes_a_waiter(c: &mut LocalCluster) {
         Err(Errno::EAGAIN),
         "granted: held"
     );
-    let feed: Vec<redis::Value> = h1
-        .pool
-        .with(|con| {
-            redis::cmd("XREVRANGE")
-                .arg(format!("{{{name}}}:feed"))
-                .arg("+")
-                .arg("-")
-                .query(con)
-        })
-        .unwrap();
+    let feed = feed_newest_first(&h1, &name);
     assert!(
         format!("{feed:?}").contains("unlock"),
         "an unlock feed entry"
