@@ -648,9 +648,12 @@ impl Data {
             }
             (taken(&st), st.size)
         };
+        // Read before the blocks go out: see `commit_script`.
+        let sid = self.h.sid();
         let new = self.put_new(&taken)?;
         let rule = SizeRule::Max(size);
-        let (rec, old, entered) = self.commit_script(ino, "write", rule, Cut::default(), &new)?;
+        let (rec, old, entered) =
+            self.commit_script(ino, sid, "write", rule, Cut::default(), &new)?;
         let freed = self.after_commit(f, &mut f.st.lock(), &new, &old, Cut::default(), entered);
         self.free_later(freed);
         Ok(Some(rec))
@@ -693,8 +696,9 @@ impl Data {
         rule: SizeRule,
         cut: Cut,
     ) -> Result<Record> {
+        let sid = self.h.sid();
         let new = self.put_new(&taken(st))?;
-        let (rec, old, entered) = self.commit_script(ino, op, rule, cut, &new)?;
+        let (rec, old, entered) = self.commit_script(ino, sid, op, rule, cut, &new)?;
         let freed = self.after_commit(f, st, &new, &old, cut, entered);
         debug_assert!(
             st.dirty.is_empty(),
@@ -751,17 +755,23 @@ impl Data {
     }
 
     /// The commit script over the blocks `new` wrote; on a failure that
-    /// left the map as it was, the new blocks are deleted again.
+    /// left the map as it was, the new blocks are deleted again. Fenced on
+    /// `sid`, the session that was this mount's when the blocks were
+    /// written, not the one it may have registered since: so a block is
+    /// only ever named by a commit of the session it was written under,
+    /// and once that session is dead a block no map names never will be
+    /// (what `Admin::clean` frees).
     fn commit_script(
         &self,
         ino: u64,
+        sid: u64,
         op: &str,
         rule: SizeRule,
         cut: Cut,
         new: &[(u64, Entry, Block)],
     ) -> Result<(Record, Vec<Entry>, Entered)> {
         let pairs: Vec<(u64, Entry)> = new.iter().map(|&(i, e, _)| (i, e)).collect();
-        self.run_commit(ino, op, rule, cut, &pairs)
+        self.run_commit(ino, sid, op, rule, cut, &pairs)
             .inspect_err(|e| {
                 // The script refuses before it writes, and a lost reply is
                 // a transport error: then the map may name the new blocks.
@@ -822,6 +832,7 @@ impl Data {
     fn run_commit(
         &self,
         ino: u64,
+        sid: u64,
         op: &str,
         rule: SizeRule,
         cut: Cut,
@@ -844,7 +855,7 @@ impl Data {
             None => (String::new(), "0".to_string()),
         };
         let reply: Vec<redis::Value> = retry(&self.h, |c| {
-            let mut inv = self.h.invocation(&self.commit);
+            let mut inv = self.h.invocation_as(&self.commit, sid);
             inv.key(map_key(&self.h, ino))
                 .key(self.h.keys.records(ino))
                 .arg(op)

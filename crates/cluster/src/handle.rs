@@ -88,10 +88,17 @@ impl Handle {
     /// (crate::lua: name, session, the caller's clock) already given: add
     /// the keys and the operation's own arguments, then invoke.
     pub fn invocation<'a>(&self, script: &'a Script) -> redis::ScriptInvocation<'a> {
+        self.invocation_as(script, self.sid())
+    }
+
+    /// [`Handle::invocation`] fenced on session `sid`, which may be an
+    /// earlier one of this mount's: a commit is fenced on the session its
+    /// blocks were written under (crate::data, `Data::flush_ordered`).
+    pub fn invocation_as<'a>(&self, script: &'a Script, sid: u64) -> redis::ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
         inv.key(self.keys.meta())
             .arg(self.keys.name())
-            .arg(self.sid())
+            .arg(sid)
             .arg(now_ns().to_le_bytes().as_slice());
         inv
     }
