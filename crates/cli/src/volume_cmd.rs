@@ -1,4 +1,4 @@
-//! `memfs volume create|list|status|delete`: memfs volumes on a Redis
+//! `memfs volume create|list|status|delete|clean`: memfs volumes on a Redis
 //! Cluster (docs/cluster.md). The administration itself is
 //! `memfs_cluster::Admin`; this module only reads the command line and
 //! prints what it did.
@@ -6,7 +6,7 @@
 use anyhow::Context;
 use memfs_cluster::admin::{Admin, CreateOptions};
 
-/// Volumes: one memfs tree kept in a Redis Cluster (create, list, status, delete).
+/// Volumes: one memfs tree kept in a Redis Cluster (create, list, status, delete, clean).
 #[derive(clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -54,6 +54,14 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Free the data blocks no file names (what mounts killed mid-write
+    /// leave). Needs the volume unmounted everywhere; mounts wait (EBUSY)
+    /// until it ends.
+    Clean {
+        name: String,
+        #[command(flatten)]
+        cluster: Cluster,
+    },
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -79,6 +87,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             println!(
                 "deleted volume {name}: {} metadata keys, {} data blocks",
                 gone.metadata_keys, gone.block_keys
+            );
+            Ok(())
+        }
+        Command::Clean { name, cluster } => {
+            let c = admin(&cluster)?.clean(&name)?;
+            println!(
+                "cleaned volume {name}: {} of {} data blocks freed ({}); {} files name {} blocks",
+                c.freed,
+                c.blocks,
+                crate::human::bytes(c.freed_bytes),
+                c.maps,
+                c.named
             );
             Ok(())
         }

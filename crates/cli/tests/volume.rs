@@ -1,4 +1,4 @@
-//! `memfs volume create|list|status|delete` against a real local Redis
+//! `memfs volume create|list|status|clean|delete` against a real local Redis
 //! Cluster (3 masters, no replicas: administration needs no failover, and
 //! the cluster then starts in a few seconds). The cluster is stopped when
 //! the test ends, passes or panics (`LocalCluster`'s Drop). And the room a
@@ -44,6 +44,25 @@ fn volume_commands_create_list_status_and_delete() {
     assert!(status.contains("metadata:        slot "), "{status}");
     let err = common::failed(volume(&["status", "missing"]));
     assert!(err.contains("no volume \"missing\""), "{err}");
+
+    // A clean of a volume nothing wrote frees nothing; one with a live
+    // session, or of no volume, is a clear error.
+    let out = common::ok(volume(&["clean", "scratch"]));
+    assert_eq!(
+        out,
+        "cleaned volume scratch: 0 of 0 data blocks freed (0B); 0 files name 0 blocks\n"
+    );
+    let err = common::failed(volume(&["clean", "missing"]));
+    assert!(err.contains("no volume \"missing\""), "{err}");
+    {
+        let vol = Volume::open(&seeds, "scratch", &VolumeOptions::default()).unwrap();
+        let err = common::failed(volume(&["clean", "scratch"]));
+        vol.close().unwrap();
+        assert!(
+            err.contains("1 live session(s): unmount it everywhere"),
+            "{err}"
+        );
+    }
 
     let out = common::ok(volume(&["delete", "scratch"]));
     assert!(out.starts_with("deleted volume scratch: "), "{out}");

@@ -292,11 +292,11 @@ impl Admin {
         Topology::fetch(&self.seeds, self.timeout)
     }
 
-    fn cluster(&self) -> Result<ClusterConnection> {
+    pub(crate) fn cluster(&self) -> Result<ClusterConnection> {
         Ok(self.client.get_connection()?)
     }
 
-    fn node(&self, addr: &str) -> Result<Connection> {
+    pub(crate) fn node(&self, addr: &str) -> Result<Connection> {
         connect(addr, self.timeout)
     }
 }

@@ -9,6 +9,7 @@
 //! | an error reply `E<NAME>` from a script | that errno |
 //! | `ESTALE` from a script (the session's lease ran out: fenced) | ESTALE |
 //! | `OOM` (the master is over `maxmemory`; nothing ran) | ENOSPC |
+//! | a mount while `memfs volume clean` runs (`Error::Cleaning`) | EBUSY |
 //! | a timeout, a lost connection, a cluster that is down | EIO |
 //! | anything else (a reply this code cannot read) | EIO, logged |
 
@@ -21,6 +22,7 @@ pub fn errno_of(e: &Error) -> Errno {
     match e {
         Error::Redis(r) => redis_errno(r),
         Error::Errno(n) => *n,
+        Error::Cleaning(_) => Errno::EBUSY,
         other => {
             tracing::warn!(error = %other, "cluster call failed");
             Errno::EIO

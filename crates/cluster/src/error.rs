@@ -30,6 +30,19 @@ pub enum Error {
     /// Live sessions (mounts) hold the volume.
     #[error("volume {name:?} has {sessions} live session(s): unmount it first, or force")]
     Busy { name: String, sessions: u64 },
+    /// A clean needs the volume unmounted everywhere.
+    #[error(
+        "volume {name:?} has {sessions} live session(s): unmount it everywhere, \
+         then clean it"
+    )]
+    InUse { name: String, sessions: u64 },
+    /// A `memfs volume clean` holds the volume: no mount and no other clean
+    /// meanwhile (or this clean lost its mark: it ran out).
+    #[error(
+        "volume {0:?} is being cleaned (memfs volume clean): try again once it ends \
+         (its mark, {{V}}:cleaning, runs out by itself 5 minutes after a clean stops)"
+    )]
+    Cleaning(String),
     /// A program this crate runs is missing.
     #[error("{0} not installed: run scripts/setup")]
     NotInstalled(&'static str),

@@ -86,6 +86,12 @@ impl Keys {
         format!("b:{{{}.{id:x}}}", self.name)
     }
 
+    /// `{V}:cleaning`: held by `Admin::clean` while it runs (a token, with
+    /// a time to live); no session registers while it exists.
+    pub fn cleaning(&self) -> String {
+        format!("{{{}}}:cleaning", self.name)
+    }
+
     /// A `SCAN MATCH` pattern for the metadata keys: every one is in the
     /// metadata slot. No glob character can be in a name, so it is exact.
     pub fn meta_pattern(&self) -> String {
@@ -101,15 +107,25 @@ impl Keys {
 
     /// Whether `key` is one of this volume's block keys, exactly.
     pub fn is_block(&self, key: &[u8]) -> bool {
-        let Some(rest) = key
-            .strip_prefix(b"b:{")
-            .and_then(|r| r.strip_prefix(self.name.as_bytes()))
-            .and_then(|r| r.strip_prefix(b"."))
-            .and_then(|r| r.strip_suffix(b"}"))
-        else {
-            return false;
-        };
-        !rest.is_empty() && rest.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        self.block_id(key).is_some()
+    }
+
+    /// The id of this volume's block `key` ([`Keys::block`]'s inverse);
+    /// None for any other key.
+    pub fn block_id(&self, key: &[u8]) -> Option<u64> {
+        let rest = key
+            .strip_prefix(b"b:{")?
+            .strip_prefix(self.name.as_bytes())?
+            .strip_prefix(b".")?
+            .strip_suffix(b"}")?;
+        if rest.is_empty() || rest.len() > 16 {
+            return None;
+        }
+        let hex = std::str::from_utf8(rest).ok()?;
+        if !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            return None;
+        }
+        u64::from_str_radix(hex, 16).ok()
     }
 }
 
@@ -166,5 +182,9 @@ mod tests {
         assert!(!k.is_block(b"b:{a.1}x"));
         assert!(!k.is_block(b"b:{ab.1}"));
         assert!(!k.is_block(b"{a}:meta"));
+        assert_eq!(k.block_id(k.block(0x1f).as_bytes()), Some(0x1f));
+        assert_eq!(k.block_id(k.block(u64::MAX).as_bytes()), Some(u64::MAX));
+        assert_eq!(k.block_id(b"b:{a.10000000000000000}"), None);
+        assert_eq!(k.block_id(b"b:{a.1F}"), None);
     }
 }

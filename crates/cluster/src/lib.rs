@@ -11,7 +11,8 @@
 //! - [`record`]: the node record codec (64 bytes, little-endian, then a
 //!   symlink's target);
 //! - [`admin`]: [`Admin`], volume administration (`create`, `list`,
-//!   `status`, `delete`) against a cluster's URLs;
+//!   `status`, `delete`) against a cluster's URLs, and [`clean`], which
+//!   frees the blocks a crash left that no file names;
 //! - [`keys`], [`slot`], [`topology`]: key names, hash slots, and which
 //!   master serves what;
 //! - [`transfer`]: a volume's whole tree read into a `memfs_fs::Fs`, and
@@ -34,6 +35,7 @@
 pub mod admin;
 pub mod blocks;
 pub mod cache;
+pub mod clean;
 pub mod data;
 pub mod errno;
 pub mod error;
@@ -54,6 +56,7 @@ pub mod transfer;
 pub mod volume;
 
 pub use admin::{Admin, CreateOptions};
+pub use clean::Cleaned;
 pub use error::{Error, Result};
 pub use local::LocalCluster;
 pub use transfer::{TransferError, Written, fs_to_volume, volume_to_fs};

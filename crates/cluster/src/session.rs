@@ -26,8 +26,11 @@ use crate::namespace::{self, NS_PRELUDE, run};
 
 /// Registers a session: ARGV host, pid, mountpoint, started, lease ms →
 /// `{sid, the feed's last id}`. Not fenced: there is no session yet.
+/// EBUSY while `memfs volume clean` runs (`{V}:cleaning`): it frees the
+/// blocks no map names, which a session's commits could still name.
 const REGISTER: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then fail('ENOENT') end
+if redis.call('EXISTS', P .. 'cleaning') == 1 then fail('EBUSY') end
 local sid = redis.call('HINCRBY', P .. 'next', 'session', 1)
 redis.call('HSET', P .. 's:' .. sid, 'host', ARGV[4], 'pid', ARGV[5],
   'mountpoint', ARGV[6], 'started', ARGV[7])
@@ -212,6 +215,10 @@ impl Session {
                 .arg(&self.lease.mountpoint)
                 .arg(now_ns())
                 .arg(ms(self.lease.lease));
+        })
+        .map_err(|e| match errno_of(&e) {
+            memfs_fs::Errno::EBUSY => crate::error::Error::Cleaning(h.keys.name().to_string()),
+            _ => e,
         })?;
         let a = namespace::array(v)?;
         let sid = namespace::int(a.first())?;
