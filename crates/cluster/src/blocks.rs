@@ -107,7 +107,13 @@ impl Entry {
 
 /// `{V}:c:<ino hex>`: a file's block map.
 pub fn map_key(h: &Handle, ino: u64) -> String {
-    format!("{{{}}}:c:{ino:x}", h.keys.name())
+    format!("{}{ino:x}", map_prefix(&h.keys))
+}
+
+/// What every block map's key starts with: `SCAN MATCH` it with a `*` to
+/// find them all (`Admin::clean`, which must not miss one).
+pub fn map_prefix(keys: &crate::keys::Keys) -> String {
+    format!("{{{}}}:c:", keys.name())
 }
 
 /// The field of block `idx` in a block map: lowercase hex.

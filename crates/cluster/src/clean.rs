@@ -25,10 +25,11 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis::cluster::ClusterConnection;
 use redis::{Connection, Script};
 
 use crate::admin::Admin;
-use crate::blocks::Entry;
+use crate::blocks::{Entry, map_prefix};
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::slot::key_slot;
@@ -110,7 +111,7 @@ impl Admin {
                 });
             }
         }
-        let out = self.clean_held(&keys, &token, &hold_ms);
+        let out = self.clean_held(&keys, &token, &hold_ms, &mut con);
         // Whatever happened: mounts may come again (a lost mark is no
         // longer ours, and END leaves it).
         let end = Script::new(END)
@@ -127,7 +128,13 @@ impl Admin {
     }
 
     /// The clean, with the mark taken.
-    fn clean_held(&self, keys: &Keys, token: &str, hold_ms: &str) -> Result<Cleaned> {
+    fn clean_held(
+        &self,
+        keys: &Keys,
+        token: &str,
+        hold_ms: &str,
+        cluster: &mut ClusterConnection,
+    ) -> Result<Cleaned> {
         let topology = self.topology()?;
         let meta = topology
             .master_of_slot(key_slot(keys.meta().as_bytes()))
@@ -135,7 +142,6 @@ impl Admin {
         let mut out = Cleaned::default();
         let named = named_blocks(&mut self.node(&meta.addr)?, keys, &mut out)?;
         let hold = Script::new(HOLD_ON);
-        let mut cluster = self.cluster()?;
         for m in &topology.masters {
             let mut node = self.node(&m.addr)?;
             let mut cursor: u64 = 0;
@@ -165,7 +171,7 @@ impl Admin {
                         .key(keys.cleaning())
                         .arg(token)
                         .arg(hold_ms)
-                        .invoke(&mut cluster)?;
+                        .invoke(cluster)?;
                     if held != 1 {
                         return Err(Error::Cleaning(keys.name().to_string()));
                     }
@@ -185,7 +191,7 @@ impl Admin {
 /// Every block id the volume's maps name (all on the metadata master).
 fn named_blocks(node: &mut Connection, keys: &Keys, out: &mut Cleaned) -> Result<HashSet<u64>> {
     let mut named = HashSet::new();
-    let pattern = format!("{{{}}}:c:*", keys.name());
+    let pattern = format!("{}*", map_prefix(keys));
     let mut cursor: u64 = 0;
     loop {
         let (next, maps): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")

@@ -1063,9 +1063,12 @@ impl Data {
     /// unless the stream was trimmed past it (`MAXLEN ~`: its first entry
     /// is then later than the id).
     fn commits_lost(&self, ids: &[(u64, u64)]) -> Result<usize> {
+        // Entries asked per pipeline: a sync after many commits sends a few
+        // small pipelines, not one reply of up to [`UNSYNCED_COMMITS`].
+        const PER_PIPELINE: usize = 256;
         let key = self.h.keys.feed_key();
         let mut lost = 0;
-        for chunk in ids.chunks(256) {
+        for chunk in ids.chunks(PER_PIPELINE) {
             let got: Vec<Vec<(String, redis::Value)>> = retry(&self.h, |c| {
                 let mut p = redis::cluster::cluster_pipe();
                 p.cmd("XRANGE")
