@@ -313,15 +313,16 @@ fn master_of(topology: &Topology, slot: u16) -> Result<&Master> {
         .ok_or_else(|| Error::Protocol(format!("no master serves slot {slot}")))
 }
 
-/// `SCAN`s one node for `pattern` and unlinks the keys `keep` accepts, a
-/// batch per round trip (one `UNLINK` each: block keys are in many slots).
-fn unlink_matching(
+/// `SCAN`s one node for `pattern`, handing `each` every batch of keys
+/// found (and the node, for its pipelines). A `SCAN` ends when its cursor
+/// comes back to 0: each step is bounded by the cluster timeout, and the
+/// node's key count bounds the steps.
+pub(crate) fn scan_each(
     node: &mut Connection,
     pattern: &str,
-    keep: impl Fn(&[u8]) -> bool,
-) -> Result<u64> {
+    mut each: impl FnMut(&mut Connection, Vec<Vec<u8>>) -> Result<()>,
+) -> Result<()> {
     let mut cursor: u64 = 0;
-    let mut unlinked = 0;
     loop {
         let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
             .arg(cursor)
@@ -330,6 +331,25 @@ fn unlink_matching(
             .arg("COUNT")
             .arg(BATCH)
             .query(node)?;
+        if !found.is_empty() {
+            each(node, found)?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// `SCAN`s one node for `pattern` and unlinks the keys `keep` accepts, a
+/// batch per round trip (one `UNLINK` each: block keys are in many slots).
+fn unlink_matching(
+    node: &mut Connection,
+    pattern: &str,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<u64> {
+    let mut unlinked = 0;
+    scan_each(node, pattern, |node, found| {
         let mut pipe = redis::pipe();
         let mut n = 0;
         for key in found.iter().filter(|k| keep(k)) {
@@ -340,11 +360,9 @@ fn unlink_matching(
             let counts: Vec<u64> = pipe.query(node)?;
             unlinked += counts.iter().sum::<u64>();
         }
-        if next == 0 {
-            return Ok(unlinked);
-        }
-        cursor = next;
-    }
+        Ok(())
+    })?;
+    Ok(unlinked)
 }
 
 fn info_field(info: &str, name: &str) -> Result<u64> {

@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::cluster::ClusterConnection;
 use redis::{Connection, Script};
 
-use crate::admin::Admin;
+use crate::admin::{Admin, scan_each};
 use crate::blocks::{Entry, map_prefix};
 use crate::error::{Error, Result};
 use crate::keys::Keys;
@@ -38,7 +38,7 @@ use crate::slot::key_slot;
 /// above the time between two renewals: one round trip of a batch, each
 /// bounded by the cluster timeout.
 const HOLD: Duration = Duration::from_secs(300);
-/// Keys per `SCAN` step, and maps or unlinks per pipeline.
+/// Unlinks per pipeline.
 const BATCH: usize = 1000;
 
 /// KEYS: `{V}:meta`, `{V}:sessions`, `{V}:cleaning`; ARGV: token, hold ms.
@@ -144,18 +144,7 @@ impl Admin {
         let hold = Script::new(HOLD_ON);
         for m in &topology.masters {
             let mut node = self.node(&m.addr)?;
-            let mut cursor: u64 = 0;
-            // A SCAN ends when its cursor comes back to 0; each step is
-            // bounded by the cluster timeout, and the node's key count
-            // bounds the steps.
-            loop {
-                let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(keys.block_pattern())
-                    .arg("COUNT")
-                    .arg(BATCH)
-                    .query(&mut node)?;
+            scan_each(&mut node, &keys.block_pattern(), |node, found| {
                 let ours: Vec<(Vec<u8>, u64)> = found
                     .into_iter()
                     .filter_map(|k| keys.block_id(&k).map(|id| (k, id)))
@@ -166,23 +155,21 @@ impl Admin {
                     .filter(|(_, id)| !named.contains(id))
                     .map(|(k, _)| k)
                     .collect();
-                if !free.is_empty() {
-                    let held: i64 = hold
-                        .key(keys.cleaning())
-                        .arg(token)
-                        .arg(hold_ms)
-                        .invoke(cluster)?;
-                    if held != 1 {
-                        return Err(Error::Cleaning(keys.name().to_string()));
-                    }
-                    out.freed_bytes += unlink(&mut node, &free)?;
-                    out.freed += free.len() as u64;
+                if free.is_empty() {
+                    return Ok(());
                 }
-                if next == 0 {
-                    break;
+                let held: i64 = hold
+                    .key(keys.cleaning())
+                    .arg(token)
+                    .arg(hold_ms)
+                    .invoke(&mut *cluster)?;
+                if held != 1 {
+                    return Err(Error::Cleaning(keys.name().to_string()));
                 }
-                cursor = next;
-            }
+                out.freed_bytes += unlink(node, &free)?;
+                out.freed += free.len() as u64;
+                Ok(())
+            })?;
         }
         Ok(out)
     }
@@ -191,40 +178,26 @@ impl Admin {
 /// Every block id the volume's maps name (all on the metadata master).
 fn named_blocks(node: &mut Connection, keys: &Keys, out: &mut Cleaned) -> Result<HashSet<u64>> {
     let mut named = HashSet::new();
-    let pattern = format!("{}*", map_prefix(keys));
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, maps): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(BATCH)
-            .query(node)?;
-        if !maps.is_empty() {
-            let mut pipe = redis::pipe();
-            for m in &maps {
-                pipe.cmd("HGETALL").arg(m);
-            }
-            let all: Vec<Vec<(Vec<u8>, Vec<u8>)>> = pipe.query(node)?;
-            for (map, fields) in all.iter().enumerate() {
-                for (_, v) in fields {
-                    let e = Entry::decode(v).map_err(|e| {
-                        Error::Protocol(format!(
-                            "block map {}: {e}: not cleaned",
-                            String::from_utf8_lossy(&maps[map])
-                        ))
-                    })?;
-                    named.insert(e.id);
-                }
-            }
-            out.maps += maps.len() as u64;
+    scan_each(node, &format!("{}*", map_prefix(keys)), |node, maps| {
+        let mut pipe = redis::pipe();
+        for m in &maps {
+            pipe.cmd("HGETALL").arg(m);
         }
-        if next == 0 {
-            break;
+        let all: Vec<Vec<(Vec<u8>, Vec<u8>)>> = pipe.query(node)?;
+        for (map, fields) in all.iter().enumerate() {
+            for (_, v) in fields {
+                let e = Entry::decode(v).map_err(|e| {
+                    Error::Protocol(format!(
+                        "block map {}: {e}: not cleaned",
+                        String::from_utf8_lossy(&maps[map])
+                    ))
+                })?;
+                named.insert(e.id);
+            }
         }
-        cursor = next;
-    }
+        out.maps += maps.len() as u64;
+        Ok(())
+    })?;
     out.named = named.len() as u64;
     Ok(named)
 }
