@@ -26,6 +26,7 @@ use redis::cluster::{ClusterConnection, cluster_pipe};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{RedisResult, Script, Value};
 
+use crate::direct::{Direct, Miss};
 use crate::error::{Error, Result};
 use crate::handle::Handle;
 use crate::slot::key_slot;
@@ -222,6 +223,9 @@ pub struct Blocks {
     misses: AtomicU64,
     topology: RwLock<Option<Arc<Topology>>>,
     marker: Script,
+    /// Block reads, writes and deletes, straight to the masters; what
+    /// misses goes through the pool (`crate::direct`).
+    direct: Direct,
     /// Ids reserved and not handed out yet: `[next, end)`.
     ids: Mutex<(u64, u64)>,
 }
@@ -229,6 +233,7 @@ pub struct Blocks {
 impl Blocks {
     pub fn new(h: Arc<Handle>, cache_bytes: u64) -> Blocks {
         Blocks {
+            direct: Direct::new(h.pool.seeds(), h.pool.timeout()),
             h,
             cache: Mutex::new(Lru {
                 blocks: HashMap::new(),
@@ -296,13 +301,21 @@ impl Blocks {
             .fetch_add(missing.len() as u64, Ordering::Relaxed);
         for chunk in missing.chunks(PIPELINE_GETS) {
             let keys: Vec<String> = chunk.iter().map(|&i| self.h.keys.block(ids[i])).collect();
-            let got: Vec<Option<Vec<u8>>> = retry(&self.h, |c| {
-                let mut p = cluster_pipe();
-                for k in &keys {
-                    p.cmd("GET").arg(k);
+            let direct: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+            self.h.count_data();
+            let got: Vec<Option<Vec<u8>>> = match self.direct.get(&direct) {
+                Ok(got) => got,
+                Err(m) => {
+                    tracing::debug!(why = %m.why, "block GETs through the pool");
+                    retry(&self.h, |c| {
+                        let mut p = cluster_pipe();
+                        for k in &keys {
+                            p.cmd("GET").arg(k);
+                        }
+                        p.query(c)
+                    })?
                 }
-                p.query(c)
-            })?;
+            };
             let mut cache = self.cache.lock();
             for (&i, b) in chunk.iter().zip(got) {
                 if let Some(b) = b {
@@ -377,18 +390,21 @@ impl Blocks {
             }
             let batch = &blocks[start..end];
             let unlink = if start == 0 { free } else { &[] };
-            let r = retry(&self.h, |c| {
-                let mut p = cluster_pipe();
-                for (id, b) in batch {
-                    p.cmd("SET")
-                        .arg(self.h.keys.block(*id))
-                        .arg(&b[..])
-                        .ignore();
-                }
-                for &id in unlink {
-                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
-                }
-                p.exec(c)
+            let r = self.set_direct(batch, unlink).or_else(|m| {
+                tracing::debug!(why = %m.why, "block SETs through the pool");
+                retry(&self.h, |c| {
+                    let mut p = cluster_pipe();
+                    for (id, b) in batch {
+                        p.cmd("SET")
+                            .arg(self.h.keys.block(*id))
+                            .arg(&b[..])
+                            .ignore();
+                    }
+                    for &id in unlink {
+                        p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                    }
+                    p.exec(c)
+                })
             });
             if let Err(e) = r {
                 let mut ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
@@ -410,17 +426,38 @@ impl Blocks {
     pub fn delete(&self, ids: &[u64]) {
         self.uncache(ids);
         for chunk in ids.chunks(PIPELINE_GETS * 4) {
-            let r = retry(&self.h, |c| {
-                let mut p = cluster_pipe();
-                for &id in chunk {
-                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
-                }
-                p.exec(c)
+            let r = self.set_direct(&[], chunk).or_else(|m| {
+                tracing::debug!(why = %m.why, "block UNLINKs through the pool");
+                retry(&self.h, |c| {
+                    let mut p = cluster_pipe();
+                    for &id in chunk {
+                        p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                    }
+                    p.exec(c)
+                })
             });
             if let Err(e) = r {
                 tracing::warn!(error = %e, blocks = chunk.len(), "could not free blocks");
             }
         }
+    }
+
+    /// `SET`s of `blocks` and `UNLINK`s of `unlink` straight to the
+    /// masters (counted as one data call, as the pipeline it replaces).
+    fn set_direct(&self, blocks: &[(u64, Block)], unlink: &[u64]) -> std::result::Result<(), Miss> {
+        let keys: Vec<String> = blocks
+            .iter()
+            .map(|(id, _)| self.h.keys.block(*id))
+            .collect();
+        let gone: Vec<String> = unlink.iter().map(|&id| self.h.keys.block(id)).collect();
+        let sets: Vec<(&[u8], &[u8])> = keys
+            .iter()
+            .zip(blocks)
+            .map(|(k, (_, b))| (k.as_bytes(), &b[..]))
+            .collect();
+        let gone: Vec<&[u8]> = gone.iter().map(|k| k.as_bytes()).collect();
+        self.h.count_data();
+        self.direct.set(&sets, &gone)
     }
 
     /// Drops blocks from the cache (no map names them any more).

@@ -37,6 +37,7 @@ pub mod blocks;
 pub mod cache;
 pub mod clean;
 pub mod data;
+pub mod direct;
 pub mod errno;
 pub mod error;
 pub mod feed;

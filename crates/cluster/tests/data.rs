@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::watchdog;
 use memfs_cluster::blocks::{Entry, map_key};
 use memfs_cluster::data::Data;
+use memfs_cluster::direct::Direct;
 use memfs_cluster::errno::errno_of;
 use memfs_cluster::handle::Handle;
 use memfs_cluster::keys::Keys;
@@ -38,6 +39,10 @@ const BS: u32 = 4096;
 type Case = (&'static str, fn(&mut LocalCluster));
 
 const CASES: &[Case] = &[
+    (
+        "direct_block_commands_and_their_misses",
+        direct_block_commands_and_their_misses,
+    ),
     ("random_writes_match_a_model", random_writes_match_a_model),
     ("sparse_files_and_truncate", sparse_files_and_truncate),
     ("fallocate_modes", fallocate_modes),
@@ -300,6 +305,82 @@ fn block_keys(c: &LocalCluster, name: &str) -> usize {
             found.iter().filter(|k| keys.is_block(k)).count()
         })
         .sum()
+}
+
+/// The block path of our own (`memfs_cluster::direct`): values of every
+/// size come back byte for byte from every master (a 1 MiB one runs past
+/// the connection's read buffer, an empty one is a bulk of 0), a missing
+/// key is `None`; what it does not handle is a miss, never a wrong value:
+/// a key of another type (WRONGTYPE), and a master demoted by a failover
+/// (MOVED), after which it reads the slot map again and goes on.
+fn direct_block_commands_and_their_misses(c: &mut LocalCluster) {
+    let d = Direct::new(&c.urls(), T);
+    let keys: Vec<String> = (0..40).map(|i| format!("b:{{direct.{i}}}")).collect();
+    let values: Vec<Vec<u8>> = (0..40usize)
+        .map(|i| match i {
+            0 => Vec::new(),
+            1 => (0..1 << 20).map(|j: usize| (j * 7 + 3) as u8).collect(),
+            _ => vec![i as u8; 1 + i * 1000],
+        })
+        .collect();
+    let k: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let sets: Vec<(&[u8], &[u8])> = k.iter().zip(&values).map(|(k, v)| (*k, &v[..])).collect();
+    d.set(&sets, &[]).expect("SETs");
+    let got = d.get(&k).expect("GETs");
+    for (i, (g, v)) in got.iter().zip(&values).enumerate() {
+        assert_eq!(g.as_deref(), Some(&v[..]), "value {i}");
+    }
+    let masters: std::collections::BTreeSet<usize> = keys
+        .iter()
+        .map(|k| c.master_of(k.as_bytes()).unwrap())
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys span every master");
+    d.set(&[], &k[..2]).expect("UNLINKs");
+    let got = d.get(&k[..3]).expect("GETs after UNLINK");
+    assert_eq!(got[..2], [None, None], "unlinked keys read as missing");
+    assert_eq!(got[2].as_deref(), Some(&values[2][..]));
+
+    let hash = "b:{direct.hash}";
+    let mut con = connect(&c.addr(c.master_of(hash.as_bytes()).unwrap()), T).unwrap();
+    redis::cmd("HSET")
+        .arg(hash)
+        .arg("f")
+        .arg("v")
+        .exec(&mut con)
+        .unwrap();
+    let miss = d
+        .get(&[hash.as_bytes(), k[3]])
+        .expect_err("WRONGTYPE is a miss");
+    assert!(miss.why.contains("WRONGTYPE"), "{miss:?}");
+    let after = d.get(&k[5..6]).expect("an error reply keeps the slot map");
+    assert_eq!(after[0].as_deref(), Some(&values[5][..]));
+
+    // A graceful failover of the master of key 5: its old master answers
+    // MOVED, the path misses, then finds the new master by itself.
+    let old = c.master_of(k[5]).unwrap();
+    let t = c.topology().unwrap();
+    let replica = t.master_of_key(k[5]).unwrap().replicas[0].clone();
+    let mut r = connect(&replica, T).unwrap();
+    redis::cmd("CLUSTER").arg("FAILOVER").exec(&mut r).unwrap();
+    poll(
+        || c.master_of(k[5]).is_ok_and(|m| m != old),
+        "the replica took over",
+    );
+    c.wait_healthy(Duration::from_secs(30)).unwrap();
+    let mut missed = false;
+    poll(
+        || match d.get(&k[5..6]) {
+            Ok(got) => got[0].as_deref() == Some(&values[5][..]),
+            Err(m) => {
+                missed |= m.why.contains("MOVED");
+                false
+            }
+        },
+        "the path found the new master",
+    );
+    assert!(missed, "the stale slot map went unnoticed");
+    redis::cmd("DEL").arg(hash).exec(&mut con).unwrap();
+    d.set(&[], &k).unwrap();
 }
 
 /// Polls `f` until it holds, failing the case named `what` after `T`.
