@@ -17,9 +17,11 @@
 //!   unlink) for each threads x mounts shape, alternating with a local memfs
 //!   mount running the same threads and files; then mkdir and rename, one
 //!   thread, here;
-//! - the four figures of `memfs bench fio` (its jobs), on the volume and on
-//!   the local mount; then 1 MiB direct on a mount whose cache is much
-//!   smaller than the file, against the 1 MiB SET / GET floor.
+//! - the four figures of `memfs bench fio` (its `randrw` jobs) and 1 MiB
+//!   random reads of cached data alone (`randread`, direct and buffered),
+//!   on the volume and on the local mount; then 1 MiB direct random reads,
+//!   and writes, each alone, on a mount whose cache is much smaller than
+//!   the file, against the 1 MiB GET / SET floor.
 //!
 //! Two mounts: each runs the workload with its threads in a directory of its
 //! own, both started together. A phase's combined rate is all the files over
@@ -946,12 +948,30 @@ fn dirs_figures(runs: &DirRuns, floor: &Floor) -> Vec<Figure> {
 // ---------------------------------------------------------------------
 // fio.
 
-/// fio's jobs on the volume and the local mount, and the uncached 1 MiB job.
+/// fio's jobs on the volume and the local mount, and the uncached 1 MiB
+/// jobs on a volume mount with a small cache.
 struct FioRuns {
     jobs: Vec<FioJob>,
     volume: Vec<FioResult>,
     local: Vec<FioResult>,
-    uncached: FioResult,
+    /// Random 1 MiB direct reads, then writes, on the small-cache mount.
+    uncached: [FioResult; 2],
+}
+
+/// The 1 MiB job that reads only (`randread`: fio lays the file out
+/// first, so on a volume its blocks are in this mount's cache), or
+/// writes only (`randwrite`), tagged `tag`.
+fn one_way(
+    args: &Args,
+    size: u64,
+    direct: bool,
+    rw: &'static str,
+    tag: &str,
+) -> anyhow::Result<FioJob> {
+    let mut job = FioJob::new("1m", size, args.fio_runtime, direct, false)?;
+    job.rw = rw;
+    job.tag = Some(tag.into());
+    Ok(job)
 }
 
 fn fio_runs(
@@ -967,16 +987,23 @@ fn fio_runs(
             jobs.push(FioJob::new(bs, size, args.fio_runtime, direct, false)?);
         }
     }
+    // Reads of cached data alone: in the randrw jobs a job's reads and
+    // writes complete in step, so their reads are bound by the write path.
+    for direct in [true, false] {
+        jobs.push(one_way(args, size, direct, "randread", "cached")?);
+    }
     let mut all = bench_fio::measure(&args.fio, &[vol, local], &jobs)?;
     let local = all.pop().context("fio measured no local mount")?;
     let volume = all.pop().context("fio measured no volume")?;
     let mut small = volume_args.to_vec();
     small.extend(["--cache-size".to_string(), args.uncached_cache_size.clone()]);
     let mount = MemfsMount::new(&small).context("the volume's mount with a small cache")?;
-    let mut job = FioJob::new("1m", size, args.fio_runtime, true, false)?;
-    job.tag = Some("uncached".into());
-    let uncached = bench_fio::run_fio(&args.fio, &job, mount.path(), || {})
-        .context("fio 1m direct on the small-cache mount")?;
+    let mut uncached = [FioResult::default(); 2];
+    for (i, rw) in ["randread", "randwrite"].into_iter().enumerate() {
+        let job = one_way(args, size, true, rw, "uncached")?;
+        uncached[i] = bench_fio::run_fio(&args.fio, &job, mount.path(), || {})
+            .with_context(|| format!("fio 1m direct {rw} on the small-cache mount"))?;
+    }
     Ok(FioRuns {
         jobs,
         volume,
@@ -987,21 +1014,28 @@ fn fio_runs(
 
 impl FioRuns {
     /// The fio benchmark's figures, named `cluster.fio...`, against the
-    /// local mount (1 MiB reads, cached: 0.8x); the uncached 1 MiB reads and
-    /// writes against the SET / GET floor (0.5x).
+    /// local mount (1 MiB reads of cached data: 0.8x); the uncached 1 MiB
+    /// reads and writes against the GET / SET floor (0.5x), each measured
+    /// alone as the floor is.
     fn figures(&self, floor: &Floor) -> Vec<Figure> {
         let mut out = bench_fio::figures(&self.jobs, &self.volume, Some((LOCAL, &self.local)));
         for f in &mut out {
             f.figure = format!("cluster.{}", f.figure);
-            if f.figure.starts_with("cluster.fio.1m.") && f.figure.ends_with(".read") {
+            if f.figure.starts_with("cluster.fio.1m.") && f.figure.ends_with(".cached.read") {
                 let target = f.baseline.map(|b| 0.8 * b);
                 *f = f.clone().target(target);
             }
         }
-        let u = &self.uncached;
+        let [read, write] = &self.uncached;
         for (way, bw, base, name, sd) in [
-            ("read", u.read_bw, floor.get_mibs, GET_FLOOR, floor.sd[3]),
-            ("write", u.write_bw, floor.set_mibs, SET_FLOOR, floor.sd[2]),
+            ("read", read.read_bw, floor.get_mibs, GET_FLOOR, floor.sd[3]),
+            (
+                "write",
+                write.write_bw,
+                floor.set_mibs,
+                SET_FLOOR,
+                floor.sd[2],
+            ),
         ] {
             out.push(
                 Figure::new(

@@ -74,6 +74,9 @@ pub struct FioJob {
     pub verify: bool,
     /// fio -fsync=1 (an fsync after every write).
     pub fsync: bool,
+    /// fio's `-rw`: `randrw` unless a benchmark asks for one way only
+    /// (`randread`, `randwrite`; see [`FioJob::ways`]).
+    pub rw: &'static str,
     /// Extra figure-name part, e.g. `durable-sync`.
     pub tag: Option<String>,
 }
@@ -105,6 +108,7 @@ impl FioJob {
             direct,
             verify,
             fsync: false,
+            rw: "randrw",
             tag: None,
         })
     }
@@ -114,7 +118,7 @@ impl FioJob {
         let mut a: Vec<String> = vec![
             format!("-direct={}", u8::from(self.direct)),
             "-iodepth=32".into(),
-            "-rw=randrw".into(),
+            format!("-rw={}", self.rw),
             "-ioengine=libaio".into(),
             format!("-bs={}", self.bs_bytes),
             format!("-size={}", self.size_bytes),
@@ -138,6 +142,15 @@ impl FioJob {
             a.push("-fsync=1".into());
         }
         a
+    }
+
+    /// The ways the job moves data, of `read` and `write`.
+    pub fn ways(&self) -> &'static [&'static str] {
+        match self.rw {
+            "randread" | "read" => &["read"],
+            "randwrite" | "write" => &["write"],
+            _ => &["read", "write"],
+        }
     }
 
     /// Figure-name prefix, e.g. `fio.4k.direct`.
@@ -176,7 +189,7 @@ pub fn parse_bytes(s: &str) -> anyhow::Result<u64> {
 }
 
 /// Bandwidth and IOPS of one run (bytes per second).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FioResult {
     pub read_bw: f64,
     pub write_bw: f64,
@@ -330,6 +343,9 @@ pub fn figures(
             ("read", (|r: &FioResult| r.read_bw) as fn(&FioResult) -> f64),
             ("write", |r: &FioResult| r.write_bw),
         ] {
+            if !job.ways().contains(&way) {
+                continue;
+            }
             let mut f = Figure::new(
                 format!("{}.{way}", job.prefix()),
                 "MiB/s",
