@@ -429,22 +429,27 @@ impl Direct {
     }
 
     /// The slot map: the one known, or a fresh one if the last ask is
-    /// [`REFETCH_EVERY`] ago.
+    /// [`REFETCH_EVERY`] ago. Its misses do not drop the slot map: there
+    /// was none when they began, and another thread may have stored one
+    /// since, which must stay.
     fn route(&self) -> Fast<Arc<Route>> {
         if let Some(r) = self.route.read().clone() {
             return Ok(r);
         }
         {
             let mut fetched = self.fetched.lock();
+            if let Some(r) = self.route.read().clone() {
+                return Ok(r);
+            }
             if fetched.is_some_and(|t| t.elapsed() < REFETCH_EVERY) {
-                return Err(Miss::reroute("the slot map is being read again"));
+                return Err(Miss::new("the slot map is being read again"));
             }
             *fetched = Some(Instant::now());
         }
         let t = Topology::fetch(&self.seeds, self.timeout)
-            .map_err(|e| Miss::reroute(format!("CLUSTER SLOTS: {e}")))?;
+            .map_err(|e| Miss::new(format!("CLUSTER SLOTS: {e}")))?;
         if t.uncovered() > 0 {
-            return Err(Miss::reroute(format!("{} slots unserved", t.uncovered())));
+            return Err(Miss::new(format!("{} slots unserved", t.uncovered())));
         }
         let r = Arc::new(Route::new(&t)?);
         *self.route.write() = Some(r.clone());
