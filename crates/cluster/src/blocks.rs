@@ -393,23 +393,7 @@ impl Blocks {
             }
             let batch = &blocks[start..end];
             let unlink = if start == 0 { free } else { &[] };
-            let r = self.set_direct(batch, unlink).or_else(|m| {
-                tracing::debug!(why = %m.why, "block SETs through the pool");
-                retry(&self.h, |c| {
-                    let mut p = cluster_pipe();
-                    for (id, b) in batch {
-                        p.cmd("SET")
-                            .arg(self.h.keys.block(*id))
-                            .arg(&b[..])
-                            .ignore();
-                    }
-                    for &id in unlink {
-                        p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
-                    }
-                    p.exec(c)
-                })
-            });
-            if let Err(e) = r {
+            if let Err(e) = self.store(batch, unlink) {
                 let mut ids: Vec<u64> = blocks[..end].iter().map(|b| b.0).collect();
                 ids.extend_from_slice(free);
                 self.delete(&ids);
@@ -429,25 +413,40 @@ impl Blocks {
     pub fn delete(&self, ids: &[u64]) {
         self.uncache(ids);
         for chunk in ids.chunks(PIPELINE_GETS * 4) {
-            let r = self.set_direct(&[], chunk).or_else(|m| {
-                tracing::debug!(why = %m.why, "block UNLINKs through the pool");
-                retry(&self.h, |c| {
-                    let mut p = cluster_pipe();
-                    for &id in chunk {
-                        p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
-                    }
-                    p.exec(c)
-                })
-            });
-            if let Err(e) = r {
+            if let Err(e) = self.store(&[], chunk) {
                 tracing::warn!(error = %e, blocks = chunk.len(), "could not free blocks");
             }
         }
     }
 
-    /// `SET`s of `blocks` and `UNLINK`s of `unlink` straight to the
-    /// masters (counted as one data call, as the pipeline it replaces).
-    fn set_direct(&self, blocks: &[(u64, Block)], unlink: &[u64]) -> std::result::Result<(), Miss> {
+    /// `SET`s of `blocks`, then `UNLINK`s of `unlink`: straight to the
+    /// masters, or after a miss in one pipeline of the crate, retried.
+    fn store(&self, blocks: &[(u64, Block)], unlink: &[u64]) -> Result<()> {
+        self.store_direct(blocks, unlink).or_else(|m| {
+            tracing::debug!(why = %m.why, "block SETs and UNLINKs through the pool");
+            retry(&self.h, |c| {
+                let mut p = cluster_pipe();
+                for (id, b) in blocks {
+                    p.cmd("SET")
+                        .arg(self.h.keys.block(*id))
+                        .arg(&b[..])
+                        .ignore();
+                }
+                for &id in unlink {
+                    p.cmd("UNLINK").arg(self.h.keys.block(id)).ignore();
+                }
+                p.exec(c)
+            })
+        })
+    }
+
+    /// [`Blocks::store`] on `crate::direct` (counted as one data call, as
+    /// the pipeline it replaces).
+    fn store_direct(
+        &self,
+        blocks: &[(u64, Block)],
+        unlink: &[u64],
+    ) -> std::result::Result<(), Miss> {
         let keys: Vec<String> = blocks
             .iter()
             .map(|(id, _)| self.h.keys.block(*id))
