@@ -56,6 +56,15 @@ local function touch_mc(r)
   return set_bytes(r, OFF_CTIME, NOW)
 end
 local function touch_c(r) return set_bytes(r, OFF_CTIME, NOW) end
+-- A directory whose entries changed: size by `n` (clamped at 0), mtime and
+-- ctime now; one concatenation (mtime and ctime are adjacent), where
+-- add_size(touch_mc(r)) made three records on the way.
+local function entry_changed(r, n)
+  local v = get_u64(r, OFF_SIZE) + n
+  if v < 0 then v = 0 end
+  return string.sub(r, 1, OFF_SIZE) .. struct.pack('<I8', v) ..
+    string.sub(r, OFF_SIZE + 9, OFF_MTIME) .. NOW .. NOW .. string.sub(r, OFF_CTIME + 9)
+end
 -- A directory's size is 20 bytes per entry, `.` and `..` included, as the engine's.
 local function add_size(r, n)
   local v = get_u64(r, OFF_SIZE) + n
@@ -72,18 +81,19 @@ local function dir_rec(ino)
 end
 
 -- Whether a session other than the caller's holds a live lease.
-local function others_live()
+local function another_live()
   return redis.call('ZCOUNT', P .. 'sessions', now_ms(), '+inf') > 1
 end
 
--- Deletes node `ino` whole; returns its block map's values.
-local function free_node(ino)
+-- Deletes node `ino` whole (`orphan`: it is in `{V}:orphans`); returns its
+-- block map's values.
+local function free_node(ino, orphan)
   local h = hex(ino)
   local vals = redis.call('HVALS', P .. 'c:' .. h)
   redis.call('DEL', P .. 'c:' .. h, P .. 'd:' .. h, P .. 'x:' .. h, P .. 'l:' .. h)
   rec_del(ino)
-  redis.call('ZREM', P .. 'orphans', ino)
-  redis.call('HINCRBY', P .. 'next', 'inodes', -1)
+  if orphan then redis.call('ZREM', P .. 'orphans', ino) end
+  redis.call('HINCRBY', P .. 'next', 'inodes', '-1')
   return vals
 end
 
@@ -100,7 +110,7 @@ local function unlink_node(ino, r, held)
     rec_put(ino, r)
     return r, {}
   end
-  if kind(r) == KIND_FILE and (held == ino or others_live()) then
+  if kind(r) == KIND_FILE and (held == ino or another_live()) then
     rec_put(ino, r)
     redis.call('ZADD', P .. 'orphans', now_ms(), ino)
     if held == ino then
@@ -109,7 +119,7 @@ local function unlink_node(ino, r, held)
     feed('op', 'orphan', 'ino', ino)
     return r, {}
   end
-  return false, free_node(ino)
+  return false, free_node(ino, false)
 end
 
 local function kill_priv(p)
@@ -122,11 +132,11 @@ end
 "#;
 
 fn ns_script(body: &str) -> Script {
-    Script::new(&lua::script(&format!("{NS_PRELUDE}\n{body}")))
+    Script::new(&lua::script_with(NS_PRELUDE, body))
 }
 
 fn ns_read_script(body: &str) -> Script {
-    Script::new(&lua::read_script(&format!("{NS_PRELUDE}\n{body}")))
+    Script::new(&lua::read_script_with(NS_PRELUDE, body))
 }
 
 /// lookup: ARGV parent, name → `{0}` (no such name) or `{ino, record}`.
@@ -179,18 +189,19 @@ if bit.band(get_mode(pr), 1024) ~= 0 then
   if k == KIND_DIR then mode = bit.bor(mode, 1024) end
 end
 if k ~= KIND_DIR and cuid ~= 0 and gid ~= cgid then mode = bit.band(mode, 64511) end
-r = set_u32(set_mode(r, mode), OFF_GID, gid)
-local ino = redis.call('HINCRBY', P .. 'next', 'ino', 1)
-redis.call('HINCRBY', P .. 'next', 'inodes', 1)
+if mode ~= get_mode(r) then r = set_mode(r, mode) end
+if gid ~= get_u32(r, OFF_GID) then r = set_u32(r, OFF_GID, gid) end
+local ino = redis.call('HINCRBY', P .. 'next', 'ino', '1')
+redis.call('HINCRBY', P .. 'next', 'inodes', '1')
 redis.call('HSETNX', ek, name, ent_pack(ino, k))
 if k == KIND_DIR then
   redis.call('HSET', ent_key(ino), '..', ent_pack(parent, KIND_DIR))
   pr = add_links(pr, 1)
 end
 rec_put(ino, r)
-pr = add_size(touch_mc(pr), DIRENT)
+pr = entry_changed(pr, DIRENT)
 rec_put(parent, pr)
-feed('op', ARGV[10], 'ino', ino, 'parent', parent, 'name', name)
+feed('op', ARGV[10], 'ino', ino, 'parent', ARGV[4], 'name', name)
 return {1, ino, r, pr}
 "#;
 
@@ -210,9 +221,9 @@ if nlink(r) >= LINK_MAX then fail('EMLINK') end
 r = touch_c(add_links(r, 1))
 rec_put(ino, r)
 redis.call('HSET', ek, name, ent_pack(ino, kind(r)))
-pr = add_size(touch_mc(pr), DIRENT)
+pr = entry_changed(pr, DIRENT)
 rec_put(parent, pr)
-feed('op', 'link', 'ino', ino, 'parent', parent, 'name', name)
+feed('op', 'link', 'ino', ARGV[4], 'parent', ARGV[5], 'name', name)
 return {r, pr}
 "#;
 
@@ -233,13 +244,13 @@ local r = rec_get(ino)
 if want_dir and redis.call('HLEN', ent_key(ino)) > 1 then fail('ENOTEMPTY') end
 redis.call('HDEL', ek, name)
 if k == KIND_DIR then pr = add_links(pr, -1) end
-pr = add_size(touch_mc(pr), -DIRENT)
+pr = entry_changed(pr, -DIRENT)
 rec_put(parent, pr)
 local nr, freed = false, {}
 if r then nr, freed = unlink_node(ino, r, held) end
 local op = 'unlink'
 if want_dir then op = 'rmdir' end
-feed('op', op, 'ino', ino, 'parent', parent, 'name', name)
+feed('op', op, 'ino', ino, 'parent', ARGV[4], 'name', name)
 return {pr, ino, nr, freed}
 "#;
 
@@ -349,8 +360,8 @@ for ino, r in pairs(R) do
   out[#out + 1] = r
 end
 local victim = tino or 0
-feed('op', 'rename', 'ino', sino, 'parent', parent, 'name', name,
-  'parent2', newparent, 'name2', newname, 'ino2', victim)
+feed('op', 'rename', 'ino', sino, 'parent', ARGV[4], 'name', name,
+  'parent2', ARGV[6], 'name2', newname, 'ino2', victim)
 return {out, freed, sino, victim}
 "#;
 
@@ -402,7 +413,7 @@ end
 if ctime ~= '' then r = set_bytes(r, OFF_CTIME, ctime) end
 if nothing then r = touch_c(r) end
 rec_put(ino, r)
-feed('op', 'setattr', 'ino', ino)
+feed('op', 'setattr', 'ino', ARGV[4])
 return r
 "#;
 
@@ -427,7 +438,7 @@ end
 redis.call('HSET', xk, name, value)
 r = touch_c(r)
 rec_put(ino, r)
-feed('op', 'xattr', 'ino', ino)
+feed('op', 'xattr', 'ino', ARGV[4])
 return r
 "#;
 
@@ -440,7 +451,7 @@ if not r then fail('ENOENT') end
 if redis.call('HDEL', P .. 'x:' .. hex(ino), name) == 0 then fail('ENODATA') end
 r = touch_c(r)
 rec_put(ino, r)
-feed('op', 'xattr', 'ino', ino)
+feed('op', 'xattr', 'ino', ARGV[4])
 return r
 "#;
 
@@ -485,11 +496,11 @@ end
 redis.call('HDEL', P .. 's:' .. SID, field)
 if not since then return {} end
 local old = tonumber(since) + grace < now_ms()
-if others_live() and not old then return {} end
+if another_live() and not old then return {} end
 for _, s in ipairs(redis.call('ZRANGE', P .. 'sessions', 0, -1)) do
   if redis.call('HEXISTS', P .. 's:' .. s, field) == 1 then return {} end
 end
-local freed = free_node(ino)
+local freed = free_node(ino, true)
 feed('op', 'reap', 'ino', ino)
 return freed
 "#;

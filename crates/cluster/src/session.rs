@@ -79,7 +79,7 @@ for _, o in ipairs(redis.call('ZRANGEBYSCORE', P .. 'orphans', '-inf', now - gra
     if redis.call('HEXISTS', P .. 's:' .. s, field) == 1 then held = true; break end
   end
   if not held then
-    for _, v in ipairs(free_node(ino)) do freed[#freed + 1] = v end
+    for _, v in ipairs(free_node(ino, true)) do freed[#freed + 1] = v end
     inos[#inos + 1] = ino
     feed('op', 'reap', 'ino', ino)
   end
@@ -187,7 +187,7 @@ fn ms(d: Duration) -> u64 {
 
 impl Session {
     pub fn new(lease: Duration, mountpoint: &str) -> Session {
-        let s = |b: &str| Script::new(&lua::script(&format!("{NS_PRELUDE}\n{b}")));
+        let s = |b: &str| Script::new(&lua::script_with(NS_PRELUDE, b));
         Session {
             register: s(REGISTER),
             renew: s(RENEW),
