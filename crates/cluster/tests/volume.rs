@@ -80,8 +80,19 @@ const CASES: &[Case] = &[
     ),
 ];
 
+/// Not tests: run only when named in full (`-- diag_metadata_path`), they
+/// print where the time of a create goes and assert nothing of it.
+const DIAGNOSTICS: &[Case] = &[("diag_metadata_path", diag_metadata_path)];
+
 fn main() {
     let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if let Some(&(name, diag)) = DIAGNOSTICS.iter().find(|d| filter.as_deref() == Some(d.0)) {
+        let cluster = LocalCluster::start(Options::default()).expect("a local cluster");
+        let ok = catch_unwind(AssertUnwindSafe(|| diag(&cluster))).is_ok();
+        drop(cluster);
+        println!("{name}: {}", if ok { "done" } else { "FAILED" });
+        std::process::exit(i32::from(!ok));
+    }
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
     let (mut passed, mut failed) = (0, 0);
     let started = Instant::now();
@@ -1412,4 +1423,113 @@ fn clean_frees_only_what_no_map_names(c: &LocalCluster) {
     v.close().unwrap();
     let again = admin.clean(&name).unwrap();
     assert_eq!((again.freed, again.blocks), (0, done.named), "{again:?}");
+}
+
+// ---- diagnostics --------------------------------------------------------------------
+
+/// `INFO commandstats` of one node: command → (calls, usec).
+fn command_stats(con: &mut redis::Connection) -> Vec<(String, u64, u64)> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(con).unwrap();
+    let field = |l: &str, k: &str| -> u64 {
+        l.split(',')
+            .find_map(|f| f.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(c, rest)| (c.to_string(), field(rest, "calls="), field(rest, "usec=")))
+        .collect()
+}
+
+/// Where the time of a create (with its close) on a `Volume` goes, beside
+/// one `EVALSHA` of a trivial script on the metadata master through the
+/// same crate, and what the master itself spent per command.
+fn diag_metadata_path(c: &LocalCluster) {
+    const N: u64 = 3000;
+    let name = new_volume(c, "diag-meta");
+    let v = mount(c, &name);
+    let keys = Keys::new(&name).unwrap();
+    let client = redis::cluster::ClusterClientBuilder::new(c.urls())
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+        .build()
+        .unwrap();
+    let mut con = client.get_connection().unwrap();
+    let trivial = redis::Script::new("return 1");
+    let per_op = |what: &str, f: &mut dyn FnMut(u64)| {
+        let mut meta = meta_node(c, &name);
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .exec(&mut meta)
+            .unwrap();
+        let t = Instant::now();
+        for i in 0..N {
+            f(i);
+        }
+        let us = t.elapsed().as_secs_f64() * 1e6 / N as f64;
+        let stats = command_stats(&mut meta);
+        let on_master: Vec<String> = stats
+            .iter()
+            .filter(|s| s.1 >= N / 100)
+            .map(|s| {
+                format!(
+                    "{} {:.2}/op {:.1} us/call",
+                    s.0,
+                    s.1 as f64 / N as f64,
+                    s.2 as f64 / s.1 as f64
+                )
+            })
+            .collect();
+        println!("{what}: {us:.1} us/op; master: {}", on_master.join(", "));
+    };
+    per_op("EVALSHA return 1", &mut |_| {
+        let _: i64 = trivial.key(keys.meta()).invoke(&mut con).unwrap();
+    });
+    let one_write = redis::Script::new("redis.call('HSET', KEYS[1], 'x', ARGV[1]) return 1");
+    per_op("EVALSHA one HSET", &mut |i| {
+        let _: i64 = one_write.key(keys.meta()).arg(i).invoke(&mut con).unwrap();
+    });
+    let ten_writes = redis::Script::new(
+        "for j = 1, 10 do redis.call('HSET', KEYS[1], 'x' .. j, ARGV[1]) end return 1",
+    );
+    per_op("EVALSHA ten HSETs", &mut |i| {
+        let _: i64 = ten_writes.key(keys.meta()).arg(i).invoke(&mut con).unwrap();
+    });
+    let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0o022).unwrap().ino;
+    // Alternating rounds: the machine's noise moves whole runs.
+    for round in 0..3 {
+        per_op("create+release", &mut |i| {
+            let n = format!("f{round}.{i}");
+            let (a, _) = v
+                .create_umask(R, d, n.as_bytes(), 0o644, true, 0o022)
+                .unwrap();
+            v.release(a.ino);
+        });
+        assert!(v.pause_feed(true, T), "the feed reader parks");
+        per_op("create+release, feed paused", &mut |i| {
+            let n = format!("g{round}.{i}");
+            let (a, _) = v
+                .create_umask(R, d, n.as_bytes(), 0o644, true, 0o022)
+                .unwrap();
+            v.release(a.ino);
+        });
+        assert!(v.pause_feed(false, T));
+    }
+    per_op("unlink", &mut |i| {
+        v.unlink(d, format!("f0.{i}").as_bytes()).unwrap()
+    });
+    per_op("mkdir", &mut |i| {
+        v.mkdir_umask(R, d, format!("m{i}").as_bytes(), 0o755, 0o022)
+            .unwrap();
+    });
+    per_op("rename", &mut |i| {
+        let (a, b) = (format!("g0.{i}"), format!("h{i}"));
+        v.rename(d, a.as_bytes(), d, b.as_bytes(), RenameFlags::default())
+            .unwrap();
+    });
+    per_op("EVALSHA return 1, again", &mut |_| {
+        let _: i64 = trivial.key(keys.meta()).invoke(&mut con).unwrap();
+    });
+    v.close().unwrap();
 }
