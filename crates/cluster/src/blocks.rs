@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use redis::cluster::{ClusterConnection, cluster_pipe};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{RedisResult, Script, Value};
@@ -224,7 +224,6 @@ pub struct Blocks {
     cache: Mutex<Lru>,
     hits: AtomicU64,
     misses: AtomicU64,
-    topology: RwLock<Option<Arc<Topology>>>,
     marker: Script,
     /// Block reads, writes and deletes, straight to the masters; what
     /// misses goes through the pool (`crate::direct`).
@@ -247,7 +246,6 @@ impl Blocks {
             }),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
-            topology: RwLock::new(None),
             marker: Script::new(MARKER),
             ids: Mutex::new((0, 0)),
         }
@@ -473,14 +471,10 @@ impl Blocks {
         }
     }
 
-    /// The cluster's masters, as last seen (fetched again with `fresh`).
+    /// The cluster's masters, as last seen (fetched again with `fresh`):
+    /// the block path's slot map, one a mount.
     fn topology(&self, fresh: bool) -> Result<Arc<Topology>> {
-        if !fresh && let Some(t) = self.topology.read().clone() {
-            return Ok(t);
-        }
-        let t = Arc::new(Topology::fetch(self.h.pool.seeds(), self.h.pool.timeout())?);
-        *self.topology.write() = Some(t.clone());
-        Ok(t)
+        self.direct.topology(fresh)
     }
 
     /// Waits until a replica of every master that serves one of `keys`

@@ -81,15 +81,18 @@ impl From<io::Error> for Miss {
     }
 }
 
-/// Which master serves each slot, as one `CLUSTER SLOTS` said.
+/// Which master serves each slot, as one `CLUSTER SLOTS` said: the
+/// masters as read (the fsync's `WAIT`s go by them: one slot map a mount,
+/// read once after a failover for both) and a table for this path.
 struct Route {
+    topology: Arc<Topology>,
     masters: Vec<SocketAddr>,
     /// Index into `masters` per slot; `u16::MAX`: not served.
     of_slot: Vec<u16>,
 }
 
 impl Route {
-    fn new(t: &Topology) -> Fast<Route> {
+    fn new(t: Arc<Topology>) -> Fast<Route> {
         let mut masters = Vec::with_capacity(t.masters.len());
         let mut of_slot = vec![u16::MAX; usize::from(SLOTS)];
         for (i, m) in t.masters.iter().enumerate() {
@@ -107,7 +110,11 @@ impl Route {
                 }
             }
         }
-        Ok(Route { masters, of_slot })
+        Ok(Route {
+            topology: t,
+            masters,
+            of_slot,
+        })
     }
 
     /// The master of `key`.
@@ -388,19 +395,25 @@ impl Direct {
         ops: &[Op],
         mut each: impl FnMut(&mut Conn, Reply) -> Fast<T>,
     ) -> Fast<Vec<T>> {
-        let out = self.exchange(ops, &mut each);
+        let route = self.route()?;
+        let out = self.exchange(&route, ops, &mut each);
         if matches!(&out, Err(m) if m.reroute) {
-            *self.route.write() = None;
+            // Only the map this batch went by: another thread may have
+            // stored a newer one meanwhile, which must stay.
+            let mut known = self.route.write();
+            if known.as_ref().is_some_and(|r| Arc::ptr_eq(r, &route)) {
+                *known = None;
+            }
         }
         out
     }
 
     fn exchange<T>(
         &self,
+        route: &Route,
         ops: &[Op],
         each: &mut impl FnMut(&mut Conn, Reply) -> Fast<T>,
     ) -> Fast<Vec<T>> {
-        let route = self.route()?;
         let mut per: Vec<Vec<usize>> = vec![Vec::new(); route.masters.len()];
         for (i, op) in ops.iter().enumerate() {
             per[route.master(op.key())?].push(i);
@@ -448,12 +461,34 @@ impl Direct {
         }
         let t = Topology::fetch(&self.seeds, self.timeout)
             .map_err(|e| Miss::new(format!("CLUSTER SLOTS: {e}")))?;
+        self.store(Arc::new(t))
+    }
+
+    /// Keeps `t` as the slot map if every slot is served and every master
+    /// reachable by address; a miss otherwise (nothing stored).
+    fn store(&self, t: Arc<Topology>) -> Fast<Arc<Route>> {
         if t.uncovered() > 0 {
             return Err(Miss::new(format!("{} slots unserved", t.uncovered())));
         }
-        let r = Arc::new(Route::new(&t)?);
+        let r = Arc::new(Route::new(t)?);
         *self.route.write() = Some(r.clone());
         Ok(r)
+    }
+
+    /// The cluster's masters as this path knows them, or (`fresh`, or
+    /// none known) as read now, which this path then routes by too. Not
+    /// held to [`REFETCH_EVERY`]: its one caller (an fsync's `WAIT` that
+    /// failed, once) asks at most once per fsync, and must see a failover.
+    pub fn topology(&self, fresh: bool) -> crate::error::Result<Arc<Topology>> {
+        if !fresh && let Some(r) = self.route.read().clone() {
+            return Ok(r.topology.clone());
+        }
+        let t = Arc::new(Topology::fetch(&self.seeds, self.timeout)?);
+        *self.fetched.lock() = Some(Instant::now());
+        if let Err(m) = self.store(t.clone()) {
+            tracing::debug!(why = %m.why, "the block path keeps no slot map");
+        }
+        Ok(t)
     }
 
     fn take(&self, addr: SocketAddr) -> Fast<Conn> {
