@@ -39,6 +39,7 @@ use crate::ll::ResponseErrno;
 use crate::ll::Version;
 use crate::ll::flags::init_flags::InitFlags;
 use crate::ll::fuse_abi as abi;
+use crate::ll::fuse_abi::fuse_opcode;
 use crate::mnt::Mount;
 use crate::mnt::mount_options::Config;
 use crate::mnt::mount_options::check_option_conflicts;
@@ -48,6 +49,10 @@ use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
+
+// memfs patch: the opcodes `Poller::pays_after` tells apart.
+const READ_OPCODE: u32 = fuse_opcode::FUSE_READ as u32;
+const WRITE_OPCODE: u32 = fuse_opcode::FUSE_WRITE as u32;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
 /// FUSE recommends at least 128k, max 16M. The FUSE default is 16M on macOS
@@ -596,8 +601,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let mut pages = self
             .paged
             .then(|| crate::write_pages::WritePages::new(buf.len()));
-        // memfs patch: how long the last request took to serve (`Poller::pays_after`).
+        // memfs patch: how long the last request took to serve, and whether
+        // it was a READ or a WRITE (`Poller::pays_after`).
         let mut last_work = std::time::Duration::ZERO;
+        let mut last_data = false;
         loop {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
@@ -611,7 +618,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             let polled = self
                 .spin
                 .as_ref()
-                .filter(|p| p.pays_after(last_work))
+                .filter(|p| p.pays_after(last_work, last_data))
                 .and_then(|p| Some((p.poll_with(&mut receive)?, p.channel())));
             let (received, ch) = match polled {
                 Some(got) => got,
@@ -640,6 +647,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                             req.reply::<ReplyEmpty>().ok();
                             return Ok(());
                         } else if self.spin.is_some() {
+                            last_data = matches!(
+                                crate::write_pages::opcode(&buf[..size]),
+                                READ_OPCODE | WRITE_OPCODE
+                            );
                             let started = std::time::Instant::now();
                             req.dispatch(self);
                             last_work = started.elapsed();

@@ -225,7 +225,7 @@ impl WritePages {
 }
 
 /// The opcode of the request whose header starts `head`.
-fn opcode(head: &[u8]) -> u32 {
+pub(crate) fn opcode(head: &[u8]) -> u32 {
     u32::from_ne_bytes(head[4..8].try_into().expect("a header"))
 }
 
