@@ -132,6 +132,7 @@ fn expected() -> Vec<String> {
         "cluster.floor.script",
         "cluster.floor.set_1m",
         "cluster.floor.get_1m",
+        "cluster.floor.write_script",
         "cluster.meta.bytes_per_file",
         "cluster.meta.feed_bytes_per_file",
         "cluster.meta.t1.m1.create.extra_us",

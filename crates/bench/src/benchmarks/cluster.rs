@@ -372,11 +372,16 @@ struct Floor {
     ping_us: f64,
     /// One EVALSHA of a trivial script on the metadata slot, µs.
     script_us: f64,
+    /// One EVALSHA of a script that writes one key in that slot, µs: the
+    /// least a change can cost. No target names it; beside `script_us` it
+    /// shows what replicating a write costs this machine (on one host the
+    /// master writes the replica's stream, waking it, before its reply).
+    write_script_us: f64,
     /// 1 MiB values, MiB/s.
     set_mibs: f64,
     get_mibs: f64,
     /// Standard deviations over the measurements, in the same order.
-    sd: [Option<f64>; 4],
+    sd: [Option<f64>; 5],
 }
 
 impl Floor {
@@ -387,12 +392,14 @@ impl Floor {
         let (script_us, b) = field(|f| f.script_us);
         let (set_mibs, c) = field(|f| f.set_mibs);
         let (get_mibs, d) = field(|f| f.get_mibs);
+        let (write_script_us, e) = field(|f| f.write_script_us);
         Floor {
             ping_us,
             script_us,
             set_mibs,
             get_mibs,
-            sd: [a, b, c, d],
+            write_script_us,
+            sd: [a, b, c, d, e],
         }
     }
 
@@ -407,6 +414,9 @@ impl Floor {
                 .lower_is_better(),
             Figure::new("cluster.floor.set_1m", "MiB/s", self.set_mibs).stddev(self.sd[2]),
             Figure::new("cluster.floor.get_1m", "MiB/s", self.get_mibs).stddev(self.sd[3]),
+            Figure::new("cluster.floor.write_script", "µs", self.write_script_us)
+                .stddev(self.sd[4])
+                .lower_is_better(),
         ]
     }
 }
@@ -418,9 +428,18 @@ fn measure_floor(cluster: &LocalCluster, master: &str, args: &Args) -> anyhow::R
     check_interrupted()?;
     let n = args.floor_requests.to_string();
     let ping = redis_benchmark(master, &["-n", &n, "PING"])?;
-    let sha = load_script(master)?;
+    let sha = load_script(master, TRIVIAL_SCRIPT)?;
     let meta = format!("{{{VOLUME}}}:meta");
     let script = redis_benchmark(master, &["-n", &n, "EVALSHA", &sha, "1", &meta])?;
+    let wsha = load_script(master, WRITE_SCRIPT)?;
+    let scratch = format!("{{{VOLUME}}}:floor");
+    let written = redis_benchmark(master, &["-n", &n, "EVALSHA", &wsha, "1", &scratch]);
+    let mut meta_con = memfs_cluster::topology::connect(master, COMMAND_TIMEOUT)?;
+    redis::cmd("DEL")
+        .arg(&scratch)
+        .exec(&mut meta_con)
+        .context("DEL of the floor's key")?;
+    let written = written?;
     let topology = cluster.topology()?;
     let data = topology
         .master_of_key(BENCH_KEY.as_bytes())
@@ -446,19 +465,26 @@ fn measure_floor(cluster: &LocalCluster, master: &str, args: &Args) -> anyhow::R
     Ok(Floor {
         ping_us: 1e6 / rps(&ping, "PING")?,
         script_us: 1e6 / script.first().context("no EVALSHA result")?.1,
+        write_script_us: 1e6 / written.first().context("no EVALSHA result")?.1,
         set_mibs: rps(&sets, "SET")?,
         get_mibs: rps(&sets, "GET")?,
-        sd: [None; 4],
+        sd: [None; 5],
     })
 }
 
-/// Loads the trivial script on `master`: one read of `KEYS[1]`, the
-/// metadata key, so that the call is routed like a volume's scripts.
-fn load_script(master: &str) -> anyhow::Result<String> {
+/// The floor's script: one read of `KEYS[1]`, the metadata key, so that
+/// the call is routed like a volume's scripts.
+const TRIVIAL_SCRIPT: &str = "return redis.call('EXISTS', KEYS[1])";
+/// The floor's writing script: one `SET` of `KEYS[1]`, a scratch key in
+/// the volume's slot (deleted after).
+const WRITE_SCRIPT: &str = "return redis.call('SET', KEYS[1], '1')";
+
+/// Loads `script` on `master`; its sha.
+fn load_script(master: &str, script: &str) -> anyhow::Result<String> {
     let mut con = memfs_cluster::topology::connect(master, COMMAND_TIMEOUT)?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg("return redis.call('EXISTS', KEYS[1])")
+        .arg(script)
         .query(&mut con)
         .with_context(|| format!("SCRIPT LOAD on {master}"))?;
     Ok(sha)
@@ -1092,9 +1118,10 @@ mod tests {
         let floor = Floor {
             ping_us: 50.0,
             script_us: 80.0,
+            write_script_us: 110.0,
             set_mibs: 2000.0,
             get_mibs: 1800.0,
-            sd: [None; 4],
+            sd: [None; 5],
         };
         let runs = [ShapeRuns {
             shape: Shape {
