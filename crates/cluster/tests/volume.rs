@@ -1504,22 +1504,18 @@ fn diag_metadata_path(c: &LocalCluster) {
         let _: i64 = ten_writes.key(keys.meta()).arg(i).invoke(&mut con).unwrap();
     });
     let d = v.mkdir_umask(R, ROOT_INO, b"d", 0o755, 0o022).unwrap().ino;
+    let create = |n: String| {
+        let (a, _) = v
+            .create_umask(R, d, n.as_bytes(), 0o644, true, 0o022)
+            .unwrap();
+        v.release(a.ino);
+    };
     // Alternating rounds: the machine's noise moves whole runs.
     for round in 0..3 {
-        per_op("create+release", &mut |i| {
-            let n = format!("f{round}.{i}");
-            let (a, _) = v
-                .create_umask(R, d, n.as_bytes(), 0o644, true, 0o022)
-                .unwrap();
-            v.release(a.ino);
-        });
+        per_op("create+release", &mut |i| create(format!("f{round}.{i}")));
         assert!(v.pause_feed(true, T), "the feed reader parks");
         per_op("create+release, feed paused", &mut |i| {
-            let n = format!("g{round}.{i}");
-            let (a, _) = v
-                .create_umask(R, d, n.as_bytes(), 0o644, true, 0o022)
-                .unwrap();
-            v.release(a.ino);
+            create(format!("g{round}.{i}"))
         });
         assert!(v.pause_feed(false, T));
     }

@@ -373,9 +373,9 @@ struct Floor {
     /// One EVALSHA of a trivial script on the metadata slot, µs.
     script_us: f64,
     /// One EVALSHA of a script that writes one key in that slot, µs: the
-    /// least a change can cost. No target names it; beside `script_us` it
-    /// shows what replicating a write costs this machine (on one host the
-    /// master writes the replica's stream, waking it, before its reply).
+    /// least a change can cost (a write is also sent to the replica). No
+    /// target names it; beside `script_us` it says whether writing, not
+    /// the round trip, is what a change pays beyond the floor.
     write_script_us: f64,
     /// 1 MiB values, MiB/s.
     set_mibs: f64,
