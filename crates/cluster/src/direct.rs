@@ -477,8 +477,9 @@ impl Direct {
 
     /// The cluster's masters as this path knows them, or (`fresh`, or
     /// none known) as read now, which this path then routes by too. Not
-    /// held to [`REFETCH_EVERY`]: its one caller (an fsync's `WAIT` that
-    /// failed, once) asks at most once per fsync, and must see a failover.
+    /// held to [`REFETCH_EVERY`]: its one caller, an fsync's `WAIT`s, reads
+    /// at most twice per fsync (no map known, then a `WAIT` that failed),
+    /// and must see a failover.
     pub fn topology(&self, fresh: bool) -> crate::error::Result<Arc<Topology>> {
         if !fresh && let Some(r) = self.route.read().clone() {
             return Ok(r.topology.clone());

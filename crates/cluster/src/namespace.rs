@@ -56,20 +56,20 @@ local function touch_mc(r)
   return set_bytes(r, OFF_CTIME, NOW)
 end
 local function touch_c(r) return set_bytes(r, OFF_CTIME, NOW) end
--- A directory whose entries changed: size by `n` (clamped at 0), mtime and
--- ctime now; one concatenation (mtime and ctime are adjacent), where
--- add_size(touch_mc(r)) made three records on the way.
-local function entry_changed(r, n)
+-- A directory's size is 20 bytes per entry, `.` and `..` included, as the
+-- engine's: record `r`'s size plus `n`, clamped at 0.
+local function size_plus(r, n)
   local v = get_u64(r, OFF_SIZE) + n
   if v < 0 then v = 0 end
-  return string.sub(r, 1, OFF_SIZE) .. struct.pack('<I8', v) ..
-    string.sub(r, OFF_SIZE + 9, OFF_MTIME) .. NOW .. NOW .. string.sub(r, OFF_CTIME + 9)
+  return v
 end
--- A directory's size is 20 bytes per entry, `.` and `..` included, as the engine's.
-local function add_size(r, n)
-  local v = get_u64(r, OFF_SIZE) + n
-  if v < 0 then v = 0 end
-  return set_u64(r, OFF_SIZE, v)
+local function add_size(r, n) return set_u64(r, OFF_SIZE, size_plus(r, n)) end
+-- A directory whose entries changed: size by `n`, mtime and ctime now; one
+-- concatenation (mtime and ctime are adjacent), where add_size(touch_mc(r))
+-- made three records on the way.
+local function entry_changed(r, n)
+  return string.sub(r, 1, OFF_SIZE) .. struct.pack('<I8', size_plus(r, n)) ..
+    string.sub(r, OFF_SIZE + 9, OFF_MTIME) .. NOW .. NOW .. string.sub(r, OFF_CTIME + 9)
 end
 
 -- The directory record of `ino`, checked as the engine checks a parent.
